@@ -1,0 +1,16 @@
+#!/bin/sh
+# Slurm Prolog (or a prolog.d entry): records the job for slurm-gpu-exporter.
+#
+# slurmd runs prologs as root with a bare environment (no PATH), so every path
+# here is absolute. The install prefix can be changed with
+# SLURM_GPU_EXPORTER_PREFIX=... in /etc/default/slurm-gpu-exporter.
+# This script always exits 0: a failing prolog would drain the node.
+prefix=/opt/slurm-gpu-exporter
+if [ -r /etc/default/slurm-gpu-exporter ]; then
+    while IFS='=' read -r key value; do
+        [ "$key" = SLURM_GPU_EXPORTER_PREFIX ] && prefix=${value%\"} && prefix=${prefix#\"}
+    done < /etc/default/slurm-gpu-exporter
+fi
+"$prefix/bin/slurm-gpu-exporter-prolog" ||
+    echo "slurm-gpu-exporter: prolog helper $prefix/bin/slurm-gpu-exporter-prolog failed (exit $?); job ${SLURM_JOB_ID:-?} is not recorded" >&2
+exit 0
