@@ -33,6 +33,7 @@ _ENV_FIELDS: dict[str, tuple[str, ...]] = {
     "gpu_device_ordinal": ("GPU_DEVICE_ORDINAL",),
     "array_job_id": ("SLURM_ARRAY_JOB_ID",),
     "array_task_id": ("SLURM_ARRAY_TASK_ID",),
+    "sluid": ("SLURM_JOB_SLUID",),
 }
 
 

@@ -43,6 +43,7 @@ _STR_FIELDS = (
     "gpu_device_ordinal",
     "array_job_id",
     "array_task_id",
+    "sluid",
 )
 
 
@@ -84,6 +85,7 @@ class JobRecord:
     gpu_device_ordinal: str = ""
     array_job_id: str = ""
     array_task_id: str = ""
+    sluid: str = ""  # Slurm 26.05+: names the job's cgroup v2 directory
     start_time: float | None = None
     end_time: float | None = None
 

@@ -1,0 +1,159 @@
+"""``slurm-gpu-exporter``: the per-node agent.
+
+Flags follow Prometheus exporter conventions (``--web.listen-address``,
+``--web.config.file``, ``--log.level``). ``--simulate`` runs the real agent over a
+synthetic node (cgroups, /proc, spool and GPUs in a temporary directory), so
+it shows real-looking metrics anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from aiohttp import web
+
+from slurm_gpu_exporter import __version__
+from slurm_gpu_exporter.cgroups import CgroupFS
+from slurm_gpu_exporter.errors import SourceErrors
+from slurm_gpu_exporter.jobstats import JobStatsCollector
+from slurm_gpu_exporter.registry import Registry
+from slurm_gpu_exporter.sampler import Sampler
+from slurm_gpu_exporter.server import ExpositionHolder, make_app, parse_listen_address, start_server
+from slurm_gpu_exporter.slurm import SlurmMetadata, make_lookup
+from slurm_gpu_exporter.spool import DEFAULT_SPOOL_DIR
+from slurm_gpu_exporter.state import StateStore
+from slurm_gpu_exporter.webconfig import WebConfig, WebConfigError, load_web_config
+
+log = logging.getLogger("slurm_gpu_exporter")
+
+DEFAULT_LISTEN = ":9817"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="slurm-gpu-exporter",
+        description="Per-job GPU, CPU and memory metrics of a Slurm node, for Prometheus.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--web.listen-address", dest="listen", action="append",
+                   help=f"address to serve on; repeat for several (default {DEFAULT_LISTEN})")
+    p.add_argument("--web.config.file", dest="web_config", type=Path,
+                   help="exporter-toolkit web config (TLS, client certificates, basic auth)")
+    p.add_argument("--spool-dir", default=DEFAULT_SPOOL_DIR,
+                   help="where the prolog/epilog write job records")
+    p.add_argument("--state-dir", type=Path, default=Path("/var/lib/slurm-gpu-exporter"),
+                   help="where counters are kept across restarts")
+    p.add_argument("--cgroup-root", type=Path, default=Path("/sys/fs/cgroup"),
+                   help="cgroup filesystem root")
+    p.add_argument("--proc-root", type=Path, default=Path("/proc"), help="procfs root")
+    p.add_argument("--sample-interval", type=float, default=5.0,
+                   help="seconds between samples")
+    p.add_argument("--job-linger", type=float, default=120.0,
+                   help="seconds an ended job's series stay (longer than the scrape interval)")
+    p.add_argument("--cgroup-grace", type=float, default=30.0,
+                   help="seconds a job's cgroup may be gone, with no epilog, before the job "
+                        "counts as ended")
+    p.add_argument("--slurm-lookup", choices=("auto", "cli", "off"), default="auto",
+                   help="how to fill job metadata the prolog lacked: pyslurm where it matches "
+                        "the local Slurm, else the Slurm CLI (auto); the CLI only; or never")
+    p.add_argument("--node-name", default=os.uname().nodename.split(".")[0],
+                   help="this node's Slurm NodeName (for GPU indices of discovered jobs)")
+    p.add_argument("--simulate", action="store_true",
+                   help="run over a synthetic node (no GPU or Slurm needed)")
+    p.add_argument("--log.level", dest="log_level", default="info",
+                   choices=("debug", "info", "warn", "error"))
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return p
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level={"warn": logging.WARNING}.get(level, getattr(logging, level.upper())),
+        format="%(asctime)s level=%(levelname)s source=%(name)s msg=%(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    listen = args.listen or [DEFAULT_LISTEN]
+    try:
+        for address in listen:
+            parse_listen_address(address)
+        web_config = load_web_config(args.web_config) if args.web_config else WebConfig()
+    except (ValueError, WebConfigError) as exc:
+        log.error("%s", exc)
+        return 2
+    if args.sample_interval <= 0 or args.job_linger < 0:
+        log.error("--sample-interval must be > 0 and --job-linger >= 0")
+        return 2
+
+    with contextlib.ExitStack() as stack:
+        simulation = None
+        if args.simulate:
+            from slurm_gpu_exporter.simulate import SimulatedNode
+
+            base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sge-sim-")))
+            simulation = SimulatedNode(base)
+            simulation.start()
+            stack.callback(simulation.stop)
+            args.cgroup_root, args.proc_root = simulation.cgroup_root, simulation.proc_root
+            args.spool_dir, args.state_dir = str(simulation.spool_dir), simulation.state_dir
+            log.info("simulating a node with %d GPUs under %s", simulation.gpu_count, base)
+
+        errors = SourceErrors()
+        cgroups = CgroupFS(args.cgroup_root)
+        if simulation is not None:
+            lookup = simulation.slurm_lookup
+        elif args.slurm_lookup == "off":
+            lookup = None
+        else:
+            lookup = make_lookup(args.node_name, prefer_pyslurm=args.slurm_lookup == "auto")
+        registry = Registry(
+            args.spool_dir, cgroups, SlurmMetadata(lookup), errors,
+            proc_root=args.proc_root, job_linger=args.job_linger,
+            cgroup_grace=args.cgroup_grace, trusted_uids=frozenset({0, os.geteuid()}),
+        )
+        jobstats = JobStatsCollector(cgroups, args.proc_root, errors)
+        holder = ExpositionHolder(stale_after=max(120.0, 10 * args.sample_interval))
+        sampler = Sampler(
+            registry, jobstats, errors, args.sample_interval,
+            state=StateStore(args.state_dir),
+            publish=lambda snapshot, exposition: holder.publish(exposition),
+        )
+        try:
+            asyncio.run(_serve(make_app(holder, web_config), listen, web_config, sampler))
+        except OSError as exc:
+            log.error("cannot listen on %s: %s", ", ".join(listen), exc.strerror or exc)
+            return 1
+    return 0
+
+
+async def _serve(app: web.Application, listen: list[str], web_config: WebConfig,
+                 sampler: Sampler) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = await start_server(app, listen, web_config)
+    sampler.start()
+    log.info("slurm-gpu-exporter %s started; sampling every %g s", __version__, sampler.interval)
+    try:
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        await runner.cleanup()
+        await loop.run_in_executor(None, sampler.stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Per-source error accounting: every problem is counted, and logged without flooding.
+
+Each data source (spool, cgroup, slurm, nvml, state) fails alone and shows up
+as ``slurm_gpu_exporter_sample_errors_total{source=...}``. A message that
+repeats is logged once per ``quiet_period`` seconds, with how often it recurred.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("slurm_gpu_exporter")
+
+SOURCES = ("spool", "cgroup", "process", "slurm", "nvml", "state")
+
+
+class SourceErrors:
+    """Error counters by source (monotonic for the agent's life) with rate-limited logging."""
+
+    def __init__(self, quiet_period: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.quiet_period = quiet_period
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = dict.fromkeys(SOURCES, 0)
+        # message -> (time last logged, repeats since then)
+        self._logged: dict[str, tuple[float, int]] = {}
+
+    def count(self, source: str, message: str, *, log_it: bool = True) -> None:
+        """Count one error of ``source``; log ``message`` unless it was logged recently."""
+        with self._lock:
+            self._counts[source] = self._counts.get(source, 0) + 1
+            if not log_it:
+                return
+            now = self.clock()
+            last = self._logged.get(message)
+            if last is not None and now - last[0] < self.quiet_period:
+                self._logged[message] = (last[0], last[1] + 1)
+                return
+            repeats = last[1] if last else 0
+            self._logged[message] = (now, 0)
+            if len(self._logged) > 1000:  # bound memory on ever-changing messages
+                self._logged.clear()
+        suffix = f" (and {repeats} more times since last logged)" if repeats else ""
+        log.warning("%s: %s%s", source, message, suffix)
+
+    def snapshot(self) -> dict[str, int]:
+        """A copy of the counters."""
+        with self._lock:
+            return dict(self._counts)

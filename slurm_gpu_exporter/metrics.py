@@ -1,0 +1,262 @@
+"""Every metric family the agent exposes, built from one Snapshot.
+
+This is the only module that names metrics. ``render`` runs once per sample in
+the sampler thread and produces the bytes every scrape of that sample gets, in
+both exposition formats, plain and gzip-compressed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import platform
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.registry import Collector
+
+from slurm_gpu_exporter import __version__
+from slurm_gpu_exporter.snapshot import Snapshot
+
+JOB_LABELS = ["jobid", "user"]
+JOB_GPU_LABELS = ["jobid", "user", "gpu", "uuid"]
+GPU_LABELS = ["gpu", "uuid"]
+INFO_LABELS = ["jobid", "user", "uid", "account", "partition", "name", "array_job_id",
+               "array_task_id", "source"]
+
+
+def _gauge(name: str, doc: str, labels: list[str], unit: str = "") -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels, unit=unit)
+
+
+def _counter(name: str, doc: str, labels: list[str], unit: str = "") -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=labels, unit=unit)
+
+
+def job_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """slurm_job_* families: one series per job that is running or lingering."""
+    info = _gauge("slurm_job_info", "Slurm job metadata; value is always 1.", INFO_LABELS)
+    start = _gauge("slurm_job_start_time_seconds", "When the job started (Unix time).",
+                   JOB_LABELS)
+    end = _gauge("slurm_job_end_time_seconds",
+                 "When the job ended (Unix time); present while an ended job lingers.",
+                 JOB_LABELS)
+    cpus = _gauge("slurm_job_cpus", "CPUs allocated to the job on this node (its cpuset).",
+                  JOB_LABELS)
+    cpu_seconds = _counter("slurm_job_cpu_seconds", "CPU time used by the job on this node.",
+                           JOB_LABELS)
+    mem_used = _gauge("slurm_job_memory_used_bytes",
+                      "Memory the job uses on this node: cgroup usage minus inactive page "
+                      "cache (working set).", JOB_LABELS)
+    mem_limit = _gauge("slurm_job_memory_limit_bytes",
+                       "The job's memory limit on this node; absent when unlimited.",
+                       JOB_LABELS)
+    mem_peak = _gauge("slurm_job_memory_peak_bytes",
+                      "Highest memory usage of the job on this node (kernel high-water mark, "
+                      "page cache included).", JOB_LABELS)
+    ooms = _counter("slurm_job_oom_kills", "Processes of the job killed by the OOM killer.",
+                    JOB_LABELS)
+    procs = _gauge("slurm_job_processes", "Processes of the job on this node.", JOB_LABELS)
+    gpus = _gauge("slurm_job_gpus", "GPUs allocated to the job on this node.", JOB_LABELS)
+
+    for sample in snapshot.jobs:
+        job = sample.job
+        key = [job.jobid, job.user]
+        info.add_metric(
+            [job.jobid, job.user, "" if job.uid is None else str(job.uid), job.account,
+             job.partition, job.name, job.array_job_id, job.array_task_id, job.source],
+            1,
+        )
+        gpus.add_metric(key, sample.gpus)
+        _maybe(start, key, job.start_time)
+        _maybe(end, key, job.end_time)
+        _maybe(cpus, key, sample.cpus)
+        _maybe(cpu_seconds, key, sample.cpu_seconds)
+        _maybe(mem_used, key, sample.memory_used_bytes)
+        _maybe(mem_limit, key, sample.memory_limit_bytes)
+        _maybe(mem_peak, key, sample.memory_peak_bytes)
+        _maybe(ooms, key, sample.oom_kills)
+        _maybe(procs, key, sample.processes)
+    yield from (info, start, end, cpus, cpu_seconds, mem_used, mem_limit, mem_peak, ooms,
+                procs, gpus)
+
+
+def job_gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """slurm_job_gpu_* families: one series per job and GPU it holds."""
+    allocated = _counter("slurm_job_gpu_allocated_seconds",
+                         "Seconds the GPU has been allocated to the job.", JOB_GPU_LABELS)
+    busy = _counter("slurm_job_gpu_busy_seconds",
+                    "Seconds the GPU was busy for the job, integrated from the driver's "
+                    "utilization samples.", JOB_GPU_LABELS)
+    util = _gauge("slurm_job_gpu_utilization_ratio",
+                  "The job's share of GPU busy time over the last sample interval (0..1).",
+                  JOB_GPU_LABELS)
+    mem = _gauge("slurm_job_gpu_memory_used_bytes", "GPU memory used by the job's processes.",
+                 JOB_GPU_LABELS)
+    peak = _gauge("slurm_job_gpu_memory_peak_bytes",
+                  "Highest GPU memory used by the job's processes, as sampled.", JOB_GPU_LABELS)
+    energy = _counter("slurm_job_gpu_energy_joules",
+                      "GPU energy attributed to the job (split by busy share when shared).",
+                      JOB_GPU_LABELS)
+    procs = _gauge("slurm_job_gpu_processes", "Processes of the job on the GPU.",
+                   JOB_GPU_LABELS)
+    for s in snapshot.job_gpus:
+        key = [s.jobid, s.user, s.gpu, s.uuid]
+        allocated.add_metric(key, s.allocated_seconds)
+        _maybe(busy, key, s.busy_seconds)
+        _maybe(util, key, s.utilization)
+        mem.add_metric(key, s.memory_used_bytes)
+        peak.add_metric(key, s.memory_peak_bytes)
+        _maybe(energy, key, s.energy_joules)
+        procs.add_metric(key, s.processes)
+    yield from (allocated, busy, util, mem, peak, energy, procs)
+
+
+def gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """slurm_gpu_* device families."""
+    info = _gauge("slurm_gpu_info", "GPU device metadata; value is always 1.",
+                  [*GPU_LABELS, "name", "minor", "pci_bus_id", "parent_uuid"])
+    lost = _gauge("slurm_gpu_lost", "1 when the GPU stopped answering (fell off the bus).",
+                  GPU_LABELS)
+    util = _gauge("slurm_gpu_utilization_ratio",
+                  "GPU busy share over the last sample interval (0..1).", GPU_LABELS)
+    busy = _counter("slurm_gpu_busy_seconds", "Seconds the GPU was busy.", GPU_LABELS)
+    mem_used = _gauge("slurm_gpu_memory_used_bytes", "GPU memory in use.", GPU_LABELS)
+    mem_total = _gauge("slurm_gpu_memory_total_bytes", "GPU memory in total.", GPU_LABELS)
+    power = _gauge("slurm_gpu_power_watts", "GPU power draw.", GPU_LABELS)
+    energy = _counter("slurm_gpu_energy_joules", "GPU energy since the driver loaded.",
+                      GPU_LABELS)
+    temp = _gauge("slurm_gpu_temperature_celsius", "GPU temperature.", GPU_LABELS)
+    ecc = _counter("slurm_gpu_ecc_errors", "ECC errors since the driver loaded (volatile).",
+                   [*GPU_LABELS, "type"])
+    xid = _counter("slurm_gpu_xid_errors", "Xid errors seen by the agent, by Xid code.",
+                   [*GPU_LABELS, "xid"])
+    unattr_procs = _gauge("slurm_gpu_unattributed_processes",
+                          "GPU processes that belong to no Slurm job, by user.",
+                          [*GPU_LABELS, "user"])
+    unattr_mem = _gauge("slurm_gpu_unattributed_memory_bytes",
+                        "GPU memory of processes that belong to no Slurm job, by user.",
+                        [*GPU_LABELS, "user"])
+    for g in snapshot.gpus:
+        key = [g.gpu, g.uuid]
+        info.add_metric([*key, g.name, "" if g.minor is None else str(g.minor), g.pci_bus_id,
+                         g.parent_uuid], 1)
+        lost.add_metric(key, 1 if g.lost else 0)
+        _maybe(util, key, g.utilization)
+        _maybe(busy, key, g.busy_seconds)
+        _maybe(mem_used, key, g.memory_used_bytes)
+        _maybe(mem_total, key, g.memory_total_bytes)
+        _maybe(power, key, g.power_watts)
+        _maybe(energy, key, g.energy_joules)
+        _maybe(temp, key, g.temperature_celsius)
+        _maybe(ecc, [*key, "corrected"], g.ecc_corrected)
+        _maybe(ecc, [*key, "uncorrected"], g.ecc_uncorrected)
+        for code, count in g.xid_errors:
+            xid.add_metric([*key, str(code)], count)
+    for u in snapshot.unattributed:
+        unattr_procs.add_metric([u.gpu, u.uuid, u.user], u.processes)
+        unattr_mem.add_metric([u.gpu, u.uuid, u.user], u.memory_bytes)
+    yield from (info, lost, util, busy, mem_used, mem_total, power, energy, temp, ecc, xid,
+                unattr_procs, unattr_mem)
+
+
+def self_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """slurm_gpu_exporter_* families about the agent itself."""
+    build = _gauge("slurm_gpu_exporter_build_info", "Agent version; value is always 1.",
+                   ["version", "python_version"])
+    build.add_metric([__version__, platform.python_version()], 1)
+    yield build
+    if snapshot.nvml_up is not None:
+        nvml = _gauge("slurm_gpu_exporter_nvml_up",
+                      "1 when NVML answered in the last sample, 0 when it is missing or "
+                      "failing.", [])
+        nvml.add_metric([], 1 if snapshot.nvml_up else 0)
+        yield nvml
+    duration = _gauge("slurm_gpu_exporter_sample_duration_seconds",
+                      "Wall time of the last sample, by source.", ["source"])
+    up = _gauge("slurm_gpu_exporter_source_up",
+                "1 when the source worked in the last sample, by source.", ["source"])
+    for status in snapshot.sources:
+        duration.add_metric([status.name], status.duration_seconds)
+        up.add_metric([status.name], 1 if status.ok else 0)
+    duration.add_metric(["total"], snapshot.sample_duration_seconds)
+    errors = _counter("slurm_gpu_exporter_sample_errors",
+                      "Problems met while sampling, by source (bad spool files, unreadable "
+                      "cgroups, failed Slurm look-ups, NVML errors).", ["source"])
+    for source, count in sorted(snapshot.errors.items()):
+        errors.add_metric([source], count)
+    last = _gauge("slurm_gpu_exporter_last_sample_timestamp_seconds",
+                  "When the snapshot being served was taken (Unix time); a stale value means "
+                  "sampling is stuck.", [])
+    last.add_metric([], snapshot.timestamp)
+    jobs = _gauge("slurm_gpu_exporter_jobs", "Jobs tracked by the agent, by state.", ["state"])
+    running = sum(1 for s in snapshot.jobs if s.job.running)
+    jobs.add_metric(["running"], running)
+    jobs.add_metric(["ended"], len(snapshot.jobs) - running)
+    yield from (duration, up, errors, last, jobs)
+
+
+def _maybe(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str],
+           value: float | None) -> None:
+    """Add a sample only when the value is known: an unknown value is an absent series."""
+    if value is not None:
+        family.add_metric(labels, value)
+
+
+class SnapshotCollector(Collector):
+    """Yields fresh families from one snapshot (the client library's collector protocol)."""
+
+    def __init__(self, snapshot: Snapshot, extra: Iterable[Collector] = ()) -> None:
+        self.snapshot = snapshot
+        self.extra = tuple(extra)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from job_families(self.snapshot)
+        yield from job_gpu_families(self.snapshot)
+        if self.snapshot.nvml_up is not None:
+            yield from gpu_families(self.snapshot)
+        yield from self_families(self.snapshot)
+        for collector in self.extra:
+            yield from collector.collect()
+
+
+@dataclass(frozen=True)
+class Exposition:
+    """One snapshot rendered in both formats, plain and gzip-compressed."""
+
+    timestamp: float
+    text: bytes
+    text_gzip: bytes
+    openmetrics: bytes
+    openmetrics_gzip: bytes
+
+
+# The agent's own RSS, CPU and open files, read from the real /proc (not --proc-root).
+_PROCESS_COLLECTOR = ProcessCollector(registry=None)
+
+
+class _Collected:
+    """Families collected once, handed to both exposition writers."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def render(snapshot: Snapshot) -> Exposition:
+    """Render a snapshot once; every scrape until the next sample serves these bytes."""
+    collected = _Collected(list(SnapshotCollector(snapshot, (_PROCESS_COLLECTOR,)).collect()))
+    text = generate_latest(collected)  # type: ignore[arg-type]
+    openmetrics = generate_openmetrics(collected)  # type: ignore[arg-type]
+    return Exposition(
+        timestamp=snapshot.timestamp,
+        text=text,
+        text_gzip=gzip.compress(text, compresslevel=6, mtime=0),
+        openmetrics=openmetrics,
+        openmetrics_gzip=gzip.compress(openmetrics, compresslevel=6, mtime=0),
+    )

@@ -1,0 +1,398 @@
+"""The job registry: which jobs this node runs, from the spool and from cgroups.
+
+The spool (written by the prolog/epilog) is the primary source. cgroups fill
+the gaps: a job running in a Slurm cgroup with no record (the agent started
+late, the prolog is not installed) is discovered and its metadata completed
+through the Slurm adapter; a record whose cgroup vanished without an epilog is
+finalized after a grace period. Ended jobs stay for ``job_linger`` seconds so
+their last values are scraped, then they and their spool records go.
+
+Thread-confined to the sampler.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from slurm_gpu_exporter import spool
+from slurm_gpu_exporter.cgroups import CgroupFS, CgroupGone, JobCgroup
+from slurm_gpu_exporter.errors import SourceErrors
+from slurm_gpu_exporter.procfs import ProcessGone, read_uid
+from slurm_gpu_exporter.slurm import SlurmMetadata
+
+log = logging.getLogger(__name__)
+
+# A record whose cgroup was never seen is checked against Slurm after this long.
+NEVER_SEEN_CHECK_S = 120.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as the agent knows it; what crosses from the registry to the sampler."""
+
+    jobid: str
+    uid: int | None
+    user: str
+    account: str = ""
+    partition: str = ""
+    cluster: str = ""
+    name: str = ""
+    array_job_id: str = ""
+    array_task_id: str = ""
+    job_gpus: str = ""
+    cuda_visible_devices: str = ""
+    start_time: float | None = None
+    end_time: float | None = None
+    source: str = "spool"  # "spool" or "cgroup" (discovered without a record)
+    cgroup: JobCgroup | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.end_time is None
+
+
+@dataclass
+class _Tracked:
+    """Mutable bookkeeping behind one Job."""
+
+    jobid: str
+    record: spool.JobRecord | None = None
+    first_seen: float = 0.0
+    cgroup: JobCgroup | None = None
+    cgroup_seen: bool = False
+    cgroup_missing_since: float | None = None
+    end_time: float | None = None
+    uid_from_process: int | None = None
+
+
+@dataclass(frozen=True)
+class _FileKey:
+    ino: int
+    mtime_ns: int
+    size: int
+
+
+class Registry:
+    """Reconciles spool records, cgroups and Slurm metadata into the current job list."""
+
+    def __init__(
+        self,
+        spool_dir: str,
+        cgroups: CgroupFS | None,
+        metadata: SlurmMetadata,
+        errors: SourceErrors,
+        *,
+        proc_root: Path = Path("/proc"),
+        job_linger: float = 60.0,
+        cgroup_grace: float = 30.0,
+        trusted_uids: frozenset[int] = frozenset({0}),
+        remove_expired_records: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.spool_dir = spool_dir
+        self.cgroups = cgroups
+        self.metadata = metadata
+        self.errors = errors
+        self.proc_root = proc_root
+        self.job_linger = job_linger
+        self.cgroup_grace = cgroup_grace
+        self.trusted_uids = trusted_uids
+        self.remove_expired_records = remove_expired_records
+        self.clock = clock
+        self._jobs: dict[str, _Tracked] = {}
+        # spool file name -> (file version, parsed record or None when refused)
+        self._files: dict[str, tuple[_FileKey, spool.JobRecord | None]] = {}
+        # job id -> the spool file version that already expired (None: a job that had
+        # no record), so that a leftover file or cgroup does not revive it
+        self._expired: dict[str, _FileKey | None] = {}
+        self._spool_missing_logged = False
+
+    # -- public -------------------------------------------------------------
+
+    def refresh(self) -> list[Job]:
+        """Re-read the spool and cgroups; returns the jobs to report, running and lingering."""
+        now = self.clock()
+        records = self._read_spool()
+        cgroup_jobs = self._find_cgroup_jobs(records)
+        self._reconcile(now, records, cgroup_jobs)
+        self._fill_metadata(now)
+        self._expire(now)
+        return [self._job(t) for t in sorted(self._jobs.values(), key=lambda t: int(t.jobid))]
+
+    # -- spool --------------------------------------------------------------
+
+    def _read_spool(self) -> dict[str, tuple[_FileKey, spool.JobRecord]]:
+        try:
+            dir_fd = spool.open_spool_dir(self.spool_dir)
+        except FileNotFoundError:
+            if not self._spool_missing_logged:
+                log.warning("spool directory %s does not exist yet; jobs are found through "
+                            "cgroups only until the prolog creates it", self.spool_dir)
+                self._spool_missing_logged = True
+            return {}
+        except OSError as exc:
+            self.errors.count("spool", f"cannot open spool directory {self.spool_dir}: "
+                              f"{exc.strerror} (is it a symbolic link?)")
+            return {}
+        self._spool_missing_logged = False
+        records: dict[str, tuple[_FileKey, spool.JobRecord]] = {}
+        seen: set[str] = set()
+        try:
+            with os.scandir(dir_fd) as entries:
+                for entry in entries:
+                    if entry.name.startswith("."):
+                        continue  # a record being written by the prolog
+                    seen.add(entry.name)
+                    result = self._read_spool_entry(dir_fd, entry)
+                    if result is not None:
+                        key, record = result
+                        records[record.jobid] = (key, record)
+        finally:
+            os.close(dir_fd)
+        for name in [n for n in self._files if n not in seen]:
+            del self._files[name]
+        return records
+
+    def _read_spool_entry(
+        self, dir_fd: int, entry: os.DirEntry[str]
+    ) -> tuple[_FileKey, spool.JobRecord] | None:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            return None  # removed between listing and stat
+        key = _FileKey(st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = self._files.get(entry.name)
+        if cached is not None and cached[0] == key:
+            return (key, cached[1]) if cached[1] is not None else None
+        record: spool.JobRecord | None = None
+        if stat.S_ISLNK(st.st_mode):
+            reason = "record is a symbolic link"
+        else:
+            try:
+                record = spool.read_record(dir_fd, entry.name, self.trusted_uids)
+                reason = ""
+            except spool.SpoolError as exc:
+                reason = str(exc)
+        if record is None:
+            # Counted once per version of the file, not once per sample.
+            self.errors.count("spool", f"skipping spool file {entry.name!r}: {reason}")
+        self._files[entry.name] = (key, record)
+        return (key, record) if record is not None else None
+
+    # -- cgroups ------------------------------------------------------------
+
+    def _find_cgroup_jobs(
+        self, records: dict[str, tuple[_FileKey, spool.JobRecord]]
+    ) -> dict[str, JobCgroup] | None:
+        if self.cgroups is None:
+            return None
+        try:
+            found = self.cgroups.find_jobs()
+        except OSError as exc:
+            self.errors.count("cgroup", f"cannot scan cgroups under {self.cgroups.root}: {exc}")
+            return None
+        jobs = {key: job for key, job in found.items() if not job.is_sluid}
+        sluids = [key for key, job in found.items() if job.is_sluid]
+        if sluids:
+            # Slurm 26.05 names v2 job directories by SLUID: join on the prolog's record,
+            # else ask Slurm (scontrol accepts a SLUID); until then the job waits.
+            by_sluid = {r.sluid: jobid for jobid, (_, r) in records.items() if r.sluid}
+            unknown = [k for k in sluids if k not in by_sluid]
+            self.metadata.refresh(unknown)
+            for key in sluids:
+                info = self.metadata.get(key)
+                jobid = by_sluid.get(key) or (info.jobid if info else None)
+                if jobid:
+                    jobs[jobid] = found[key]
+        return jobs
+
+    # -- reconcile ----------------------------------------------------------
+
+    def _reconcile(
+        self,
+        now: float,
+        records: dict[str, tuple[_FileKey, spool.JobRecord]],
+        cgroup_jobs: dict[str, JobCgroup] | None,
+    ) -> None:
+        for jobid, (key, record) in records.items():
+            if self._expired.get(jobid) == key:
+                continue
+            self._expired.pop(jobid, None)
+            tracked = self._jobs.get(jobid)
+            if tracked is None:
+                tracked = self._jobs[jobid] = _Tracked(jobid, first_seen=now)
+            if tracked.record != record:
+                if tracked.record is not None and record.end_time is None and (
+                    tracked.record.start_time != record.start_time
+                ):
+                    tracked.end_time = None  # the job was requeued: a new prolog record
+                tracked.record = record
+            if record.end_time is not None and tracked.end_time is None:
+                tracked.end_time = record.end_time
+
+        # Forget expired jobs once neither their record nor their cgroup is left.
+        gone = [j for j in self._expired if j not in records and j not in (cgroup_jobs or {})]
+        for jobid in gone:
+            del self._expired[jobid]
+        if cgroup_jobs is None:
+            return
+        for jobid, cgroup in cgroup_jobs.items():
+            tracked = self._jobs.get(jobid)
+            if tracked is None:
+                if jobid in self._expired:
+                    continue  # its record expired; a cgroup left behind is not a new job
+                tracked = self._jobs[jobid] = _Tracked(jobid, first_seen=now)
+                log.info("job %s found in cgroups without a spool record (agent started "
+                         "late or prolog not installed); tracking it", jobid)
+            tracked.cgroup = cgroup
+            tracked.cgroup_seen = True
+            tracked.cgroup_missing_since = None
+        for tracked in self._jobs.values():
+            if tracked.jobid in cgroup_jobs or tracked.end_time is not None:
+                continue
+            tracked.cgroup = None
+            if tracked.cgroup_seen:
+                if tracked.cgroup_missing_since is None:
+                    tracked.cgroup_missing_since = now
+                elif now - tracked.cgroup_missing_since >= self.cgroup_grace or (
+                    tracked.record is None
+                ):
+                    # No epilog came (or there is no record to wait for): the job is over.
+                    tracked.end_time = tracked.cgroup_missing_since
+                    log.info("job %s: cgroup gone without an epilog; marked ended", tracked.jobid)
+
+    def _fill_metadata(self, now: float) -> None:
+        running = [t for t in self._jobs.values() if t.end_time is None]
+        # The prolog never knows the job name, and 22.05 gives it no account either:
+        # every job is looked up once (the answer is cached for its life).
+        need = [t.jobid for t in running]
+        check_state = [
+            t.jobid for t in running
+            if t.record is not None and not t.cgroup_seen and self.cgroups is not None
+            and now - t.first_seen >= NEVER_SEEN_CHECK_S
+        ]
+        failed = self.metadata.refresh(need, force_state=check_state)
+        for _ in range(failed):
+            self.errors.count("slurm", "a Slurm look-up failed (see the log line above)",
+                              log_it=False)
+        for jobid in check_state:
+            info = self.metadata.get(jobid)
+            if info is not None and info.finished:
+                self._jobs[jobid].end_time = now
+                log.info("job %s: Slurm reports it %s and it never had a cgroup here; "
+                         "marked ended", jobid, info.state)
+        for tracked in running:
+            if tracked.record is None and tracked.uid_from_process is None:
+                tracked.uid_from_process = self._uid_from_processes(tracked)
+
+    def _uid_from_processes(self, tracked: _Tracked) -> int | None:
+        if tracked.cgroup is None:
+            return None
+        if tracked.cgroup.uid is not None:
+            return tracked.cgroup.uid
+        assert self.cgroups is not None
+        try:
+            pids = self.cgroups.read_stats(tracked.cgroup).pids
+        except (CgroupGone, OSError):
+            return None
+        for pid in pids:
+            try:
+                uid = read_uid(self.proc_root, pid)
+            except (ProcessGone, OSError):
+                continue
+            if uid != 0:  # the extern step's sleep runs as root
+                return uid
+        return None
+
+    # -- expiry -------------------------------------------------------------
+
+    def _expire(self, now: float) -> None:
+        expired = [
+            t for t in self._jobs.values()
+            if t.end_time is not None and now - t.end_time >= self.job_linger
+        ]
+        if not expired:
+            return
+        dir_fd = None
+        try:
+            if self.remove_expired_records:
+                try:
+                    dir_fd = spool.open_spool_dir(self.spool_dir)
+                except OSError:
+                    dir_fd = None
+            for tracked in expired:
+                del self._jobs[tracked.jobid]
+                cached = self._files.get(tracked.jobid + spool.RECORD_SUFFIX)
+                if cached is not None and cached[1] is not None:
+                    self._expired[tracked.jobid] = cached[0]
+                    if dir_fd is not None:
+                        self._remove_record(dir_fd, tracked.jobid)
+                else:
+                    self._expired[tracked.jobid] = None
+            self.metadata.forget(self._jobs)
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
+
+    def _remove_record(self, dir_fd: int, jobid: str) -> None:
+        try:
+            spool.remove_record(dir_fd, jobid)
+        except OSError as exc:
+            # Not fatal: the expired version is remembered and ignored.
+            log.debug("cannot remove spool record of job %s: %s", jobid, exc.strerror)
+
+    # -- output -------------------------------------------------------------
+
+    def _job(self, tracked: _Tracked) -> Job:
+        record = tracked.record
+        info = self.metadata.get(tracked.jobid)
+        if record is not None:
+            job = Job(
+                jobid=record.jobid,
+                uid=record.uid,
+                user=record.user or (info.user if info else "") or _user_name(record.uid),
+                account=record.account or (info.account if info else ""),
+                partition=record.partition or (info.partition if info else ""),
+                cluster=record.cluster or (info.cluster if info else ""),
+                name=info.name if info else "",
+                array_job_id=record.array_job_id,
+                array_task_id=record.array_task_id,
+                job_gpus=record.job_gpus,
+                cuda_visible_devices=record.cuda_visible_devices,
+                start_time=record.start_time,
+                source="spool",
+            )
+        else:
+            uid = info.uid if info and info.uid is not None else tracked.uid_from_process
+            job = Job(
+                jobid=tracked.jobid,
+                uid=uid,
+                user=(info.user if info and info.user else "") or _user_name(uid),
+                account=info.account if info else "",
+                partition=info.partition if info else "",
+                cluster=info.cluster if info else "",
+                name=info.name if info else "",
+                array_job_id=info.array_job_id if info else "",
+                array_task_id=info.array_task_id if info else "",
+                job_gpus=info.job_gpus if info else "",
+                start_time=(info.start_time if info and info.start_time else None)
+                or tracked.first_seen,
+                source="cgroup",
+            )
+        return replace(job, end_time=tracked.end_time, cgroup=tracked.cgroup)
+
+
+def _user_name(uid: int | None) -> str:
+    if uid is None:
+        return ""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)

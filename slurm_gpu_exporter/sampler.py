@@ -1,0 +1,162 @@
+"""The sampler: a background thread that builds one immutable snapshot per interval.
+
+Each source (the job registry, cgroup statistics, the GPU backend, the state
+dir) is timed and fails alone: an exception in one leaves the others' data in
+the snapshot and shows as that source's error count. A scrape never waits for
+a sample; it serves the bytes of the last one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from slurm_gpu_exporter.errors import SourceErrors
+from slurm_gpu_exporter.jobstats import JobStatsCollector
+from slurm_gpu_exporter.metrics import Exposition, render
+from slurm_gpu_exporter.registry import Job, Registry
+from slurm_gpu_exporter.snapshot import (
+    GpuSample,
+    JobGpuSample,
+    JobSample,
+    Snapshot,
+    SourceStatus,
+    UnattributedSample,
+)
+from slurm_gpu_exporter.state import StateStore
+
+log = logging.getLogger(__name__)
+
+
+class GpuPart(Protocol):
+    """What a GPU sampler adds to a snapshot."""
+
+    nvml_up: bool
+    job_gpus: tuple[JobGpuSample, ...]
+    gpus: tuple[GpuSample, ...]
+    unattributed: tuple[UnattributedSample, ...]
+
+
+class GpuSampler(Protocol):
+    def sample(self, jobs: list[Job], now: float) -> GpuPart: ...
+    def export_state(self) -> dict[str, Any]: ...
+    def import_state(self, data: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+
+class Sampler:
+    """Runs the sources every ``interval`` seconds and publishes the rendered snapshot."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        jobstats: JobStatsCollector,
+        errors: SourceErrors,
+        interval: float,
+        *,
+        state: StateStore | None = None,
+        gpu: GpuSampler | None = None,
+        publish: Callable[[Snapshot, Exposition], None] = lambda s, e: None,
+    ) -> None:
+        self.registry = registry
+        self.jobstats = jobstats
+        self.errors = errors
+        self.interval = interval
+        self.state = state
+        self.gpu = gpu
+        self.publish = publish
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if state is not None:
+            saved = state.load()
+            jobstats.import_state(saved.get("jobs", {}))
+            if gpu is not None:
+                gpu.import_state(saved.get("gpu", {}))
+
+    def start(self) -> None:
+        """Take the first sample now, then keep sampling in a daemon thread."""
+        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self.gpu is not None:
+            self.gpu.close()
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.sample_once()
+            except Exception:  # a bug must not end sampling; the snapshot age shows it
+                log.exception("sample failed; serving the previous snapshot")
+            next_at += self.interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind (slow NVML?): skip missed ticks, keep the cadence
+                next_at = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+
+    def sample_once(self) -> Snapshot:
+        """Take one sample, save state, render and publish it; returns the snapshot."""
+        started = time.monotonic()
+        now = time.time()
+        statuses: list[SourceStatus] = []
+
+        jobs: list[Job] = self._timed("registry", statuses, self.registry.refresh, [])
+        job_samples: list[JobSample] = self._timed(
+            "cgroup", statuses, lambda: self.jobstats.collect(jobs), [])
+        gpu_part: GpuPart | None = None
+        if self.gpu is not None:
+            gpu_part = self._timed("nvml", statuses, lambda: self.gpu.sample(jobs, now), None)  # type: ignore[union-attr]
+        if self.state is not None:
+            self._timed("state", statuses, self._save_state, None)
+
+        snapshot = Snapshot(
+            timestamp=now,
+            jobs=tuple(job_samples),
+            job_gpus=gpu_part.job_gpus if gpu_part else (),
+            gpus=gpu_part.gpus if gpu_part else (),
+            unattributed=gpu_part.unattributed if gpu_part else (),
+            nvml_up=(gpu_part.nvml_up if gpu_part else False) if self.gpu else None,
+            sources=tuple(statuses),
+            errors=self.errors.snapshot(),
+            sample_duration_seconds=time.monotonic() - started,
+        )
+        self.publish(snapshot, render(snapshot))
+        return snapshot
+
+    def _timed(self, name: str, statuses: list[SourceStatus], fn: Callable[[], Any],
+               fallback: Any) -> Any:
+        before = sum(self.errors.snapshot().values())
+        t0 = time.monotonic()
+        ok = True
+        try:
+            result = fn()
+        except Exception as exc:
+            log.exception("source %s failed", name)
+            self.errors.count(_ERROR_SOURCE.get(name, name), f"{name} failed: {exc}",
+                              log_it=False)
+            result, ok = fallback, False
+        ok = ok and sum(self.errors.snapshot().values()) == before
+        statuses.append(SourceStatus(name, ok, time.monotonic() - t0))
+        return result
+
+    def _save_state(self) -> None:
+        assert self.state is not None
+        data: dict[str, Any] = {"jobs": self.jobstats.export_state()}
+        if self.gpu is not None:
+            data["gpu"] = self.gpu.export_state()
+        try:
+            self.state.save(data)
+        except OSError as exc:
+            self.errors.count("state", f"cannot save state to {self.state.path}: "
+                              f"{exc.strerror}; a restart may reset counters")
+
+
+_ERROR_SOURCE = {"registry": "spool", "nvml": "nvml", "cgroup": "cgroup", "state": "state"}

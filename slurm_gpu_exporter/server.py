@@ -1,0 +1,145 @@
+"""The HTTP side: the only module that knows HTTP.
+
+``/metrics`` ships the bytes the sampler rendered for the last snapshot, in the
+format and encoding the scraper asked for; it never reads NVML, /proc or
+cgroups. ``/-/healthy`` fails when sampling is stuck, ``/-/ready`` once the first
+sample is there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from slurm_gpu_exporter import __version__
+from slurm_gpu_exporter.metrics import Exposition
+from slurm_gpu_exporter.webconfig import WebConfig
+
+log = logging.getLogger(__name__)
+
+TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+LANDING_PAGE = """<!doctype html>
+<html><head><title>slurm-gpu-exporter</title></head>
+<body><h1>slurm-gpu-exporter {version}</h1>
+<p>Per-job GPU, CPU and memory metrics of this Slurm node.</p>
+<ul><li><a href="metrics">metrics</a></li><li><a href="-/healthy">healthy</a></li>
+<li><a href="-/ready">ready</a></li></ul></body></html>
+"""
+
+
+@dataclass
+class ExpositionHolder:
+    """The latest rendered snapshot; replaced whole by the sampler (an atomic reference swap)."""
+
+    current: Exposition | None = None
+    # Sampling counts as stuck when the snapshot is older than this (seconds).
+    stale_after: float = 300.0
+
+    def publish(self, exposition: Exposition) -> None:
+        self.current = exposition
+
+
+def _accepted(header: str, wanted: str) -> bool:
+    """True when an Accept or Accept-Encoding header lists ``wanted`` with a q above 0."""
+    for part in header.split(","):
+        name, *params = (p.strip() for p in part.split(";"))
+        if name.lower() != wanted:
+            continue
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip() == "q":
+                try:
+                    return float(value) > 0
+                except ValueError:
+                    return False
+        return True
+    return False
+
+
+def make_app(holder: ExpositionHolder, web_config: WebConfig | None = None) -> web.Application:
+    """Build the aiohttp application (tests start it on a random port)."""
+    config = web_config or WebConfig()
+
+    @web.middleware
+    async def security(request: web.Request,
+                       handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                       ) -> web.StreamResponse:
+        transport = request.transport
+        peercert = transport.get_extra_info("peercert") if transport else None
+        if not config.client_cert_allowed(peercert):
+            return web.Response(status=403, text="client certificate not allowed\n")
+        if not config.check_basic_auth(request.headers.get("Authorization")):
+            return web.Response(status=401, text="Unauthorized\n",
+                                headers={"WWW-Authenticate": 'Basic realm="slurm-gpu-exporter"'})
+        response = await handler(request)
+        response.headers.update(config.headers)
+        return response
+
+    async def metrics(request: web.Request) -> web.Response:
+        exposition = holder.current
+        if exposition is None:
+            return web.Response(status=503, text="no sample taken yet; retry shortly\n")
+        if _accepted(request.headers.get("Accept", ""), "application/openmetrics-text"):
+            plain, zipped, ctype = (exposition.openmetrics, exposition.openmetrics_gzip,
+                                    OPENMETRICS_TYPE)
+        else:
+            plain, zipped, ctype = exposition.text, exposition.text_gzip, TEXT_TYPE
+        headers = {"Content-Type": ctype, "Vary": "Accept, Accept-Encoding"}
+        if _accepted(request.headers.get("Accept-Encoding", ""), "gzip"):
+            headers["Content-Encoding"] = "gzip"
+            return web.Response(body=zipped, headers=headers)
+        return web.Response(body=plain, headers=headers)
+
+    async def healthy(request: web.Request) -> web.Response:
+        exposition = holder.current
+        if exposition is not None and time.time() - exposition.timestamp > holder.stale_after:
+            age = time.time() - exposition.timestamp
+            return web.Response(status=503, text=f"last sample is {age:.0f} s old: sampling "
+                                "is stuck (a hung NVML call?)\n")
+        return web.Response(text="Healthy\n")
+
+    async def ready(request: web.Request) -> web.Response:
+        if holder.current is None:
+            return web.Response(status=503, text="no sample taken yet\n")
+        return web.Response(text="Ready\n")
+
+    async def landing(request: web.Request) -> web.Response:
+        return web.Response(text=LANDING_PAGE.format(version=__version__),
+                            content_type="text/html")
+
+    app = web.Application(middlewares=[security])
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/-/healthy", healthy)
+    app.router.add_get("/-/ready", ready)
+    app.router.add_get("/", landing)
+    return app
+
+
+def parse_listen_address(address: str) -> tuple[str | None, int]:
+    """``:9817`` -> (None, 9817) (all addresses); ``127.0.0.1:9817``; ``[::1]:9817``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"listen address {address!r} is not [host]:port")
+    host = host.strip("[]")
+    return (host or None), int(port)
+
+
+async def start_server(app: web.Application, addresses: list[str],
+                       web_config: WebConfig | None) -> web.AppRunner:
+    """Start listening on every address; returns the runner to clean up."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    ssl_context = web_config.ssl_context() if web_config else None
+    for address in addresses:
+        host, port = parse_listen_address(address)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
+        await site.start()
+        scheme = "https" if ssl_context else "http"
+        log.info("listening on %s://%s:%d/metrics", scheme, host or "0.0.0.0", port)
+    return runner

@@ -1,0 +1,354 @@
+"""The Slurm adapter: job metadata by job id, for what the prolog could not tell.
+
+pyslurm is used when it imports and its version matches the local Slurm
+(pyslurm's major.minor follows Slurm's); otherwise the Slurm CLI:
+``scontrol -o -d show job <id>`` for jobs the controller still knows, then
+``sacct`` for finished ones. Results are cached for the job's life, failures are
+retried after a back-off, and every call has a timeout: the adapter runs in
+the sampler thread, never on a scrape.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+log = logging.getLogger(__name__)
+
+CLI_TIMEOUT_S = 5.0
+RETRY_AFTER_S = 60.0
+
+
+@dataclass(frozen=True)
+class SlurmJobInfo:
+    """Job metadata as the controller (or accounting) reports it."""
+
+    jobid: str
+    uid: int | None = None
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    cluster: str = ""
+    name: str = ""
+    state: str = ""
+    array_job_id: str = ""
+    array_task_id: str = ""
+    # GPU indices this node gave the job (gres IDX), "0,1" style; "" if none/unknown.
+    job_gpus: str = ""
+    start_time: float | None = None
+    sluid: str = ""  # Slurm 26.05+
+
+    @property
+    def finished(self) -> bool:
+        """True once Slurm considers the job over (any state but pending/running/suspended...)."""
+        return bool(self.state) and self.state not in _ACTIVE_STATES
+
+
+_ACTIVE_STATES = frozenset(
+    {"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "RESIZING", "REQUEUED",
+     "SIGNALING", "STAGE_OUT", "STOPPED"}
+)
+
+
+# --- parsing helpers (pure) -------------------------------------------------
+
+_KEY_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+
+
+def parse_scontrol_line(line: str) -> list[tuple[str, str]]:
+    """Split one ``scontrol -o show job`` line into (key, value) pairs, in order.
+
+    Values may contain spaces (JobName, Command), so a value runs until the next
+    `` Key=``. Keys may repeat (``-d`` prints Nodes=/GRES= per node).
+    """
+    matches = list(_KEY_RE.finditer(line))
+    pairs = []
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        pairs.append((match.group(1), line[match.end():end].strip()))
+    return pairs
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Expand a Slurm hostlist such as ``gpu[01-03,07],cpu1`` into names."""
+    hosts: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", expr):
+        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not match:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for item in ranges.split(","):
+            lo, _, hi = item.partition("-")
+            if not hi:
+                hosts.append(f"{prefix}{lo}{suffix}")
+                continue
+            width = len(lo)
+            for n in range(int(lo), int(hi) + 1):
+                hosts.append(f"{prefix}{n:0{width}d}{suffix}")
+    return hosts
+
+
+def gres_indices(gres: str) -> str:
+    """GPU indices from a ``-d`` GRES value, e.g. ``gpu:a100:2(IDX:0,2-3)`` -> ``0,2,3``."""
+    indices: list[str] = []
+    for match in re.finditer(r"gpu(?::[^:(,]+)*:\d+\(IDX:([^)]*)\)", gres):
+        for item in match.group(1).split(","):
+            lo, _, hi = item.partition("-")
+            if lo.isdigit() and hi.isdigit():
+                indices.extend(str(n) for n in range(int(lo), int(hi) + 1))
+            elif lo.isdigit():
+                indices.append(lo)
+    return ",".join(indices)
+
+
+def _name_and_id(value: str) -> tuple[str, int | None]:
+    """``alice(1001)`` -> ("alice", 1001)."""
+    match = re.fullmatch(r"(.*)\((\d+)\)", value)
+    if not match:
+        return value, None
+    return match.group(1), int(match.group(2))
+
+
+def _null(value: str) -> str:
+    return "" if value in ("(null)", "N/A", "None") else value
+
+
+def _local_time(value: str) -> float | None:
+    """Slurm prints times as local ISO timestamps without a zone; None for Unknown/None."""
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+def parse_scontrol_job(line: str, node: str) -> SlurmJobInfo | None:
+    """A SlurmJobInfo from one ``scontrol -o -d show job`` line, for this node's GPUs."""
+    pairs = parse_scontrol_line(line)
+    fields = dict(pairs)  # last wins; only per-node keys repeat and those are handled below
+    jobid = fields.get("JobId", "")
+    if not jobid.isdigit():
+        return None
+    user, uid = _name_and_id(fields.get("UserId", ""))
+    job_gpus = ""
+    current_nodes: list[str] = []
+    for key, value in pairs:
+        if key == "Nodes":
+            current_nodes = expand_hostlist(value)
+        elif key == "GRES" and node in current_nodes:
+            job_gpus = gres_indices(value)
+    return SlurmJobInfo(
+        jobid=jobid,
+        uid=uid,
+        user=user,
+        account=_null(fields.get("Account", "")),
+        partition=_null(fields.get("Partition", "")),
+        name=_null(fields.get("JobName", "")),
+        state=fields.get("JobState", "").split()[0] if fields.get("JobState") else "",
+        array_job_id=_null(fields.get("ArrayJobId", "")),
+        array_task_id=_null(fields.get("ArrayTaskId", "")),
+        job_gpus=job_gpus,
+        start_time=_local_time(fields.get("StartTime", "")),
+        sluid=_null(fields.get("SLUID", "")),
+    )
+
+
+SACCT_FIELDS = ("JobIDRaw", "User", "UID", "Account", "Partition", "Cluster", "JobName", "State")
+
+
+def parse_sacct(output: str, jobid: str) -> SlurmJobInfo | None:
+    """A SlurmJobInfo from ``sacct -X -n -P -o <SACCT_FIELDS>`` output."""
+    for line in output.splitlines():
+        values = line.split("|")
+        if len(values) != len(SACCT_FIELDS) or values[0] != jobid:
+            continue
+        row = dict(zip(SACCT_FIELDS, values, strict=True))
+        return SlurmJobInfo(
+            jobid=jobid,
+            uid=int(row["UID"]) if row["UID"].isdigit() else None,
+            user=row["User"],
+            account=row["Account"],
+            partition=row["Partition"],
+            cluster=row["Cluster"],
+            name=row["JobName"],
+            state=row["State"].split()[0] if row["State"] else "",
+        )
+    return None
+
+
+# --- sources ----------------------------------------------------------------
+
+JobLookup = Callable[[str], SlurmJobInfo | None]
+
+
+class SlurmCli:
+    """Job look-ups through scontrol, then sacct; raises RuntimeError when both fail."""
+
+    def __init__(self, node: str, bindir: str | None = None) -> None:
+        self.node = node
+        self._scontrol = shutil.which("scontrol", path=bindir)
+        self._sacct = shutil.which("sacct", path=bindir)
+        if not self._scontrol and not self._sacct:
+            raise RuntimeError("neither scontrol nor sacct is on PATH")
+
+    def __call__(self, jobid: str) -> SlurmJobInfo | None:
+        """Look a job up by job id (or, on Slurm 26.05+, by SLUID)."""
+        errors = []
+        if self._scontrol:
+            try:
+                out = self._run([self._scontrol, "-o", "-d", "show", "job", jobid])
+                for line in out.splitlines():
+                    info = parse_scontrol_job(line, self.node)
+                    if info and jobid in (info.jobid, info.sluid):
+                        return info
+            except RuntimeError as exc:
+                errors.append(str(exc))
+        if self._sacct and jobid.isdigit():
+            try:
+                out = self._run([self._sacct, "-X", "-n", "-P", "-j", jobid,
+                                 "-o", ",".join(SACCT_FIELDS)])
+                info = parse_sacct(out, jobid)
+                if info:
+                    return info
+            except RuntimeError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        return None
+
+    @staticmethod
+    def _run(argv: list[str]) -> str:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+                                  check=False, errors="replace")
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{argv[0]} did not answer within {CLI_TIMEOUT_S:g} s") from None
+        except OSError as exc:
+            raise RuntimeError(f"cannot run {argv[0]}: {exc.strerror}") from None
+        if proc.returncode != 0:
+            message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
+            if "Invalid job id" in message:
+                return ""  # the controller forgot it; sacct may still know
+            raise RuntimeError(f"{' '.join(argv[:2])} failed: {message or proc.returncode}")
+        return proc.stdout
+
+
+class PySlurm:
+    """Job look-ups through pyslurm (the >= 22.5 object API)."""
+
+    def __init__(self, node: str) -> None:
+        import pyslurm  # optional: only where it matches the local Slurm
+
+        self.node = node
+        self._pyslurm = pyslurm
+        if not hasattr(pyslurm, "Job"):
+            raise RuntimeError("this pyslurm has no Job API (pyslurm >= 22.5 needed)")
+
+    def __call__(self, jobid: str) -> SlurmJobInfo | None:
+        try:
+            job = self._pyslurm.Job.load(int(jobid))
+        except self._pyslurm.RPCError as exc:
+            if "Invalid job id" in str(exc):
+                return None
+            raise RuntimeError(f"pyslurm: {exc}") from None
+        return SlurmJobInfo(
+            jobid=jobid,
+            uid=getattr(job, "user_id", None),
+            user=str(getattr(job, "user_name", "") or ""),
+            account=str(getattr(job, "account", "") or ""),
+            partition=str(getattr(job, "partition", "") or ""),
+            cluster=str(getattr(job, "cluster", "") or ""),
+            name=str(getattr(job, "name", "") or ""),
+            state=str(getattr(job, "state", "") or ""),
+            array_job_id=str(getattr(job, "array_id", "") or ""),
+            array_task_id=str(getattr(job, "array_task_id", "") or ""),
+        )
+
+
+def make_lookup(node: str, prefer_pyslurm: bool = True) -> JobLookup | None:
+    """The best available job look-up for this node, or None when Slurm is not reachable."""
+    if prefer_pyslurm:
+        try:
+            return PySlurm(node)
+        except Exception as exc:  # ImportError, a libslurm mismatch, an old API
+            log.debug("pyslurm not usable (%s); using the Slurm CLI", exc)
+    try:
+        return SlurmCli(node)
+    except RuntimeError as exc:
+        log.warning("Slurm metadata look-ups disabled: %s. Jobs found only in cgroups "
+                    "will lack account/partition; install the Slurm client commands "
+                    "to fill them.", exc)
+        return None
+
+
+class SlurmMetadata:
+    """Cached job look-ups: each job asked once when found, failures retried after a back-off.
+
+    Thread-confined to the sampler.
+    """
+
+    def __init__(self, lookup: JobLookup | None, clock: Callable[[], float] = time.monotonic,
+                 max_per_refresh: int = 8) -> None:
+        self._lookup = lookup
+        self._clock = clock
+        self._max_per_refresh = max_per_refresh
+        self._known: dict[str, SlurmJobInfo] = {}
+        self._retry_at: dict[str, float] = {}
+        self.last_error: str | None = None
+
+    @property
+    def available(self) -> bool:
+        return self._lookup is not None
+
+    def get(self, jobid: str) -> SlurmJobInfo | None:
+        return self._known.get(jobid)
+
+    def refresh(self, jobids: Iterable[str], force_state: Iterable[str] = ()) -> int:
+        """Look up jobs not known yet (and re-check ``force_state`` ones); returns the errors.
+
+        At most ``max_per_refresh`` calls per refresh so a burst of unknown jobs cannot
+        stall a sample.
+        """
+        if self._lookup is None:
+            return 0
+        now = self._clock()
+        forced = set(force_state)
+        wanted = [j for j in jobids if j not in self._known]
+        wanted += [j for j in forced if j not in wanted]
+        errors = 0
+        calls = 0
+        for jobid in wanted:
+            if self._retry_at.get(jobid, 0.0) > now or calls >= self._max_per_refresh:
+                continue
+            calls += 1
+            try:
+                info = self._lookup(jobid)
+            except Exception as exc:
+                errors += 1
+                self.last_error = str(exc)
+                self._retry_at[jobid] = now + RETRY_AFTER_S
+                log.warning("Slurm look-up of job %s failed: %s (retrying in %.0f s)",
+                            jobid, exc, RETRY_AFTER_S)
+                continue
+            if info is not None:
+                self._known[jobid] = info
+            # Unknown jobs are asked again later; so are state re-checks, never every sample.
+            if info is None or jobid in forced:
+                self._retry_at[jobid] = now + RETRY_AFTER_S
+            else:
+                self._retry_at.pop(jobid, None)
+        return errors
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drop cached entries of jobs no longer tracked."""
+        keep = set(keep)
+        for jobid in [j for j in self._known if j not in keep]:
+            del self._known[jobid]
+        for jobid in [j for j in self._retry_at if j not in keep]:
+            del self._retry_at[jobid]

@@ -1,0 +1,71 @@
+"""The state directory: what must survive an agent restart.
+
+Per-job counters (CPU seconds gathered from processes, GPU busy/allocated
+seconds and energy) and memory peaks are saved after every sample, atomically,
+so that a restart never makes a counter go down. A state file that cannot be
+read is moved aside (never deleted) and the agent starts fresh.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+STATE_FILE = "state.json"
+
+
+class StateStore:
+    """Load and save one JSON document in the state directory."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.path = state_dir / STATE_FILE
+
+    def load(self) -> dict[str, Any]:
+        """The saved state, or {} when there is none or it is unreadable."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            log.warning("cannot read state file %s: %s; counters start from their current "
+                        "values", self.path, exc.strerror)
+            return {}
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+                raise ValueError(f"unknown state format (version {data.get('version')!r})"
+                                 if isinstance(data, dict) else "not a JSON object")
+        except ValueError as exc:
+            aside = self.path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
+            try:
+                os.replace(self.path, aside)
+                where = f"moved aside to {aside}"
+            except OSError:
+                where = "left in place"
+            log.warning("state file %s is unusable (%s); %s, starting fresh",
+                        self.path, exc, where)
+            return {}
+        return data
+
+    def save(self, data: dict[str, Any]) -> None:
+        """Write the state atomically; raises OSError (the caller counts it)."""
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        payload = json.dumps({**data, "version": STATE_VERSION}, separators=(",", ":"))
+        tmp = self.path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(payload)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise

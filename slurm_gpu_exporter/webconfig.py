@@ -1,0 +1,238 @@
+"""``--web.config.file``: TLS, client certificates and basic auth, in the exporter-toolkit format.
+
+The same YAML that node_exporter and every other Go exporter read::
+
+    tls_server_config:
+      cert_file: /etc/slurm-gpu-exporter/tls.crt
+      key_file: /etc/slurm-gpu-exporter/tls.key
+      client_auth_type: RequireAndVerifyClientCert   # optional
+      client_ca_file: /etc/slurm-gpu-exporter/ca.crt
+      min_version: TLS12
+    http_server_config:
+      headers: {Strict-Transport-Security: max-age=31536000}
+    basic_auth_users:
+      prometheus: $2y$10$...   # bcrypt hash (htpasswd -nBC 10 prometheus)
+
+Unknown keys are an error, as in exporter-toolkit, so a typo cannot silently
+turn security off. Go-only knobs (cipher_suites, curve_preferences,
+prefer_server_cipher_suites, http2) are accepted and ignored with a warning.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import logging
+import ssl
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import yaml
+
+log = logging.getLogger(__name__)
+
+_CLIENT_AUTH = {
+    "": ssl.CERT_NONE,
+    "NoClientCert": ssl.CERT_NONE,
+    "RequestClientCert": ssl.CERT_OPTIONAL,
+    "RequireAnyClientCert": ssl.CERT_REQUIRED,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version",
+             "max_version", "client_allowed_sans"}
+_TLS_IGNORED = {"cipher_suites", "curve_preferences", "prefer_server_cipher_suites"}
+_HTTP_KEYS = {"headers"}
+_HTTP_IGNORED = {"http2"}
+_TOP_KEYS = {"tls_server_config", "http_server_config", "basic_auth_users"}
+# Headers exporter-toolkit refuses to let the config set, since the server owns them.
+_RESERVED_HEADERS = {"authorization", "content-type", "content-encoding", "content-length",
+                     "www-authenticate", "server"}
+
+
+class WebConfigError(Exception):
+    """The web config file is missing, unreadable or invalid; the message says which."""
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    cert_file: Path
+    key_file: Path
+    client_auth_type: str = ""
+    client_ca_file: Path | None = None
+    min_version: str = "TLS12"
+    max_version: str = ""
+    client_allowed_sans: tuple[str, ...] = ()
+
+
+@dataclass
+class WebConfig:
+    """A parsed web config: an optional TLS setup, extra headers and basic-auth users."""
+
+    tls: TlsSettings | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    users: dict[str, bytes] = field(default_factory=dict)
+    # Successful (user, password) checks, keyed by a hash, so bcrypt runs once per
+    # credential rather than once per scrape.
+    _verified: set[bytes] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The server TLS context, or None for plain HTTP."""
+        if self.tls is None:
+            return None
+        tls = self.tls
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            ctx.load_cert_chain(tls.cert_file, tls.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise WebConfigError(f"cannot load TLS certificate {tls.cert_file} / key "
+                                 f"{tls.key_file}: {exc}") from None
+        ctx.minimum_version = _TLS_VERSIONS[tls.min_version]
+        if tls.max_version:
+            ctx.maximum_version = _TLS_VERSIONS[tls.max_version]
+        ctx.verify_mode = _CLIENT_AUTH[tls.client_auth_type]
+        if tls.client_ca_file is not None:
+            try:
+                ctx.load_verify_locations(cafile=str(tls.client_ca_file))
+            except (OSError, ssl.SSLError) as exc:
+                raise WebConfigError(f"cannot load client CA file {tls.client_ca_file}: "
+                                     f"{exc}") from None
+        return ctx
+
+    def check_basic_auth(self, header: str | None) -> bool:
+        """True when basic auth is off, or the Authorization header names a valid user."""
+        if not self.users:
+            return True
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            decoded = base64.b64decode(header[6:], validate=True).decode()
+            user, sep, password = decoded.partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        hashed = self.users.get(user)
+        if not sep or hashed is None:
+            return False
+        key = hashlib.sha256(user.encode() + b"\0" + password.encode() + b"\0" + hashed).digest()
+        with self._lock:
+            if key in self._verified:
+                return True
+        if not bcrypt.checkpw(password.encode(), hashed):
+            return False
+        with self._lock:
+            self._verified.add(key)
+        return True
+
+    def client_cert_allowed(self, peercert: dict[str, Any] | None) -> bool:
+        """True unless client_allowed_sans is set and the client certificate has none of them."""
+        if self.tls is None or not self.tls.client_allowed_sans:
+            return True
+        if not peercert:
+            return False
+        sans = {value for _, value in peercert.get("subjectAltName", ())}
+        return any(hmac.compare_digest(a, b) for a in self.tls.client_allowed_sans for b in sans)
+
+
+def _check_keys(section: str, data: dict[str, Any], allowed: set[str], ignored: set[str]) -> None:
+    unknown = set(data) - allowed - ignored
+    if unknown:
+        raise WebConfigError(f"{section}: unknown key(s) {', '.join(sorted(unknown))}")
+    for key in sorted(set(data) & ignored):
+        log.warning("web config: %s.%s is not supported by this exporter and is ignored",
+                    section, key)
+
+
+def parse_web_config(data: Any, base: Path) -> WebConfig:
+    """Validate a loaded YAML document; relative paths are resolved against ``base``."""
+    if data is None:
+        return WebConfig()
+    if not isinstance(data, dict):
+        raise WebConfigError("the web config must be a YAML mapping")
+    _check_keys("web config", data, _TOP_KEYS, set())
+    config = WebConfig()
+
+    tls = data.get("tls_server_config") or {}
+    if not isinstance(tls, dict):
+        raise WebConfigError("tls_server_config must be a mapping")
+    _check_keys("tls_server_config", tls, _TLS_KEYS, _TLS_IGNORED)
+    cert, key = tls.get("cert_file") or "", tls.get("key_file") or ""
+    if bool(cert) != bool(key):
+        raise WebConfigError("tls_server_config needs both cert_file and key_file")
+    auth_type = tls.get("client_auth_type") or ""
+    if auth_type not in _CLIENT_AUTH:
+        raise WebConfigError(f"tls_server_config.client_auth_type {auth_type!r} is not one of "
+                             f"{', '.join(k for k in _CLIENT_AUTH if k)}")
+    for name in ("min_version", "max_version"):
+        if tls.get(name) and tls[name] not in _TLS_VERSIONS:
+            raise WebConfigError(f"tls_server_config.{name} {tls[name]!r} is not one of "
+                                 f"{', '.join(_TLS_VERSIONS)}")
+    if cert:
+        ca = tls.get("client_ca_file")
+        if auth_type not in ("", "NoClientCert") and not ca:
+            # Python's TLS cannot ask for a client certificate without verifying it,
+            # so every mode that asks for one needs the CA to verify against.
+            raise WebConfigError(f"client_auth_type {auth_type} needs client_ca_file")
+        sans = tls.get("client_allowed_sans") or []
+        if not isinstance(sans, list) or not all(isinstance(s, str) for s in sans):
+            raise WebConfigError("tls_server_config.client_allowed_sans must be a list of "
+                                 "strings")
+        config.tls = TlsSettings(
+            cert_file=base / cert,
+            key_file=base / key,
+            client_auth_type=auth_type,
+            client_ca_file=base / ca if ca else None,
+            min_version=tls.get("min_version") or "TLS12",
+            max_version=tls.get("max_version") or "",
+            client_allowed_sans=tuple(sans),
+        )
+    elif auth_type or tls.get("client_ca_file"):
+        raise WebConfigError("client certificate settings need cert_file and key_file")
+
+    http = data.get("http_server_config") or {}
+    if not isinstance(http, dict):
+        raise WebConfigError("http_server_config must be a mapping")
+    _check_keys("http_server_config", http, _HTTP_KEYS, _HTTP_IGNORED)
+    headers = http.get("headers") or {}
+    if not isinstance(headers, dict):
+        raise WebConfigError("http_server_config.headers must be a mapping")
+    for name, value in headers.items():
+        if str(name).lower() in _RESERVED_HEADERS:
+            raise WebConfigError(f"http_server_config.headers: {name} cannot be set here")
+        config.headers[str(name)] = str(value)
+
+    users = data.get("basic_auth_users") or {}
+    if not isinstance(users, dict):
+        raise WebConfigError("basic_auth_users must be a mapping of user: bcrypt hash")
+    for user, hashed in users.items():
+        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+            raise WebConfigError(f"basic_auth_users.{user}: not a bcrypt hash "
+                                 "(make one with: htpasswd -nBC 10 USER)")
+        config.users[str(user)] = hashed.encode()
+    return config
+
+
+def load_web_config(path: Path) -> WebConfig:
+    """Read and validate a web config file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WebConfigError(f"cannot read web config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise WebConfigError(f"web config {path} is not valid YAML: {exc}") from None
+    config = parse_web_config(data, path.parent)
+    config.ssl_context()  # fail at start-up, not at the first scrape
+    return config

@@ -1,0 +1,190 @@
+"""The prolog and epilog always exit 0, say what went wrong on stderr, and never block."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu_exporter import jobhooks, spool
+from tests.support import require
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+# What slurmd 22.05 gave a real prolog (tests/fixtures/slurm-22.05/prolog-env.txt).
+PROLOG_ENV = dict(
+    line.split("=", 1)
+    for line in (REPO / "tests/fixtures/slurm-22.05/prolog-env.txt").read_text().splitlines()
+    if "=" in line
+)
+
+
+def run_hook(kind: str, env: dict[str, str] | dict[bytes, bytes], spool_dir: Path | str
+             ) -> subprocess.CompletedProcess[str]:
+    """Run the installed entry point as slurmd would: bare environment, absolute path."""
+    return subprocess.run(
+        [str(BIN / f"slurm-gpu-exporter-{kind}"), "--spool-dir", str(spool_dir)],
+        env=env, capture_output=True, text=True, timeout=10, check=False,
+    )
+
+
+def test_prolog_records_what_slurmd_gave_it(tmp_path: Path) -> None:
+    result = run_hook("prolog", PROLOG_ENV, tmp_path / "spool")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    data = json.loads((tmp_path / "spool" / f"{PROLOG_ENV['SLURM_JOB_ID']}.json").read_text())
+    assert data["uid"] == int(PROLOG_ENV["SLURM_JOB_UID"])
+    assert data["user"] == PROLOG_ENV["SLURM_JOB_USER"]
+    assert data["job_gpus"] == PROLOG_ENV["SLURM_JOB_GPUS"]
+    assert data["cuda_visible_devices"] == PROLOG_ENV["CUDA_VISIBLE_DEVICES"]
+    assert data["partition"] == PROLOG_ENV["SLURM_JOB_PARTITION"]
+    assert data["node"] == PROLOG_ENV["SLURMD_NODENAME"]
+    assert data["end_time"] is None and data["start_time"] > 0
+
+
+def test_epilog_marks_the_record_ended_and_keeps_the_rest(tmp_path: Path) -> None:
+    run_hook("prolog", PROLOG_ENV, tmp_path)
+    result = run_hook("epilog", PROLOG_ENV, tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = json.loads((tmp_path / f"{PROLOG_ENV['SLURM_JOB_ID']}.json").read_text())
+    assert data["end_time"] >= data["start_time"]
+    assert data["job_gpus"] == PROLOG_ENV["SLURM_JOB_GPUS"]
+
+
+def test_epilog_without_a_prolog_record_writes_an_ended_record(tmp_path: Path) -> None:
+    result = run_hook("epilog", PROLOG_ENV, tmp_path)
+    assert result.returncode == 0
+    data = json.loads((tmp_path / f"{PROLOG_ENV['SLURM_JOB_ID']}.json").read_text())
+    assert data["start_time"] is None and data["end_time"] > 0
+
+
+@pytest.mark.parametrize("kind", ["prolog", "epilog"])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"SLURM_JOB_ID": "../../etc/passwd", "SLURM_JOB_UID": "0"},
+        {"SLURM_JOB_ID": "12", "SLURM_JOB_UID": "root"},
+        {"SLURM_JOB_ID": '"12"', "SLURM_JOB_UID": "0"},
+        {"SLURM_JOB_ID": "12; rm -rf /", "SLURM_JOB_UID": "0"},
+    ],
+)
+def test_a_bad_job_id_or_uid_is_refused_with_exit_0(tmp_path: Path, kind: str,
+                                                     env: dict[str, str]) -> None:
+    result = run_hook(kind, env, tmp_path)
+    assert result.returncode == 0
+    assert f"slurm-gpu-exporter-{kind}:" in result.stderr
+    assert "refusing job id" in result.stderr or "is not a uid" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["prolog", "epilog"])
+def test_garbage_environment_values_are_cleaned_not_fatal(tmp_path: Path, kind: str) -> None:
+    env = {
+        b"SLURM_JOB_ID": b"77",
+        b"SLURM_JOB_UID": b"1001",
+        b"SLURM_JOB_USER": b"al\xffice\x1b[31m",
+        b"SLURM_JOB_PARTITION": b"p" * 100_000,
+        b"CUDA_VISIBLE_DEVICES": b"\x00"[:0] + b"GPU-\xfe",
+    }
+    result = run_hook(kind, env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    record = spool.parse_record((tmp_path / "77.json").read_bytes(), "77")
+    assert record.user == "al\ufffdice\ufffd[31m"
+    assert len(record.partition) == spool.MAX_FIELD_CHARS
+
+
+@pytest.mark.parametrize("kind", ["prolog", "epilog"])
+def test_unusable_spool_path_exits_0_with_a_message(tmp_path: Path, kind: str) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    for spool_dir in (blocker, blocker / "sub", "/proc/sys/no-such-dir"):
+        result = run_hook(kind, PROLOG_ENV, spool_dir)
+        assert result.returncode == 0
+        assert f"slurm-gpu-exporter-{kind}: job {PROLOG_ENV['SLURM_JOB_ID']}:" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["prolog", "epilog"])
+def test_spool_dir_that_is_a_symlink_is_not_followed(tmp_path: Path, kind: str) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "spool").symlink_to(target)
+    result = run_hook(kind, PROLOG_ENV, tmp_path / "spool")
+    assert result.returncode == 0
+    assert "Too many levels of symbolic links" in result.stderr or "Not a directory" in (
+        result.stderr)
+    assert list(target.iterdir()) == []
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A tiny tmpfs of our own, to make the spool read-only or full for real."""
+    require(os.geteuid() == 0 and shutil.which("mount") is not None,
+            "mounting a tmpfs needs root")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k,mode=755", "tmpfs", str(mnt)],
+                   check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("kind", ["prolog", "epilog"])
+def test_read_only_spool_exits_0_with_a_message(tmpfs: Path, kind: str) -> None:
+    (tmpfs / "spool").mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    result = run_hook(kind, PROLOG_ENV, tmpfs / "spool")
+    assert result.returncode == 0
+    assert "Read-only file system" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["prolog", "epilog"])
+def test_full_disk_exits_0_and_leaves_no_partial_record(tmpfs: Path, kind: str) -> None:
+    spool_dir = tmpfs / "spool"
+    spool_dir.mkdir()
+    fd = os.open(tmpfs / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"x" * 4096):
+            pass
+    except OSError:
+        pass  # ENOSPC: the disk is full, as wanted
+    finally:
+        os.close(fd)
+    result = run_hook(kind, PROLOG_ENV, spool_dir)
+    assert result.returncode == 0
+    assert "No space left on device" in result.stderr
+    assert list(spool_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("script", ["prolog", "epilog"])
+def test_shell_wrapper_exits_0_when_the_helper_is_missing_or_failing(script: str) -> None:
+    result = subprocess.run(["/bin/sh", str(REPO / script / "slurm-gpu-exporter.sh")],
+                            env={"SLURM_JOB_ID": "not-a-job"}, capture_output=True, text=True,
+                            timeout=10, check=False)
+    assert result.returncode == 0
+    assert result.stderr, "the wrapper or the helper must say what went wrong"
+
+
+def test_prolog_is_fast_enough_for_slurmd(tmp_path: Path) -> None:
+    started = time.monotonic()
+    run_hook("prolog", PROLOG_ENV, tmp_path)
+    elapsed = time.monotonic() - started
+    # Not a benchmark (bench/ measures it); a guard against something pathological.
+    assert elapsed < 2.0
+
+
+def test_spool_dir_comes_from_the_defaults_file(tmp_path: Path) -> None:
+    defaults = tmp_path / "defaults"
+    defaults.write_text('# comment\nSLURM_GPU_EXPORTER_SPOOL_DIR="/srv/spool"\nOTHER=1\n')
+    assert jobhooks.spool_dir_from([], jobhooks.read_defaults(str(defaults))) == "/srv/spool"
+    assert jobhooks.spool_dir_from(["--spool-dir=/x"], {}) == "/x"
+    assert jobhooks.spool_dir_from([], {}) == spool.DEFAULT_SPOOL_DIR

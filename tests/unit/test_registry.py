@@ -1,0 +1,242 @@
+"""The registry reconciles spool records, cgroups and Slurm metadata into the job list."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu_exporter import spool
+from slurm_gpu_exporter.cgroups import CgroupFS
+from slurm_gpu_exporter.errors import SourceErrors
+from slurm_gpu_exporter.registry import Registry
+from slurm_gpu_exporter.slurm import JobLookup, SlurmJobInfo, SlurmMetadata
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Node:
+    """A synthetic cgroup v1 node plus its spool, built in a temporary directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.cgroup_root = root / "cgroup"
+        self.spool_dir = root / "spool"
+        self.spool_dir.mkdir()
+        for ctrl in ("memory", "freezer"):
+            (self.cgroup_root / ctrl / "slurm_node1").mkdir(parents=True)
+
+    def start_cgroup(self, jobid: str, uid: int = 1001) -> None:
+        for ctrl in ("memory", "freezer"):
+            task = self.cgroup_root / ctrl / "slurm_node1" / f"uid_{uid}" / f"job_{jobid}"
+            (task / "step_0" / "task_0").mkdir(parents=True)
+            (task / "step_0" / "task_0" / "cgroup.procs").write_text("")
+
+    def end_cgroup(self, jobid: str, uid: int = 1001) -> None:
+        for ctrl in ("memory", "freezer"):
+            job_dir = self.cgroup_root / ctrl / "slurm_node1" / f"uid_{uid}" / f"job_{jobid}"
+            for path in sorted(job_dir.rglob("*"), reverse=True):
+                path.unlink() if path.is_file() else path.rmdir()
+            job_dir.rmdir()
+
+    def record(self, jobid: str, **fields: object) -> None:
+        fd = spool.open_spool_dir(str(self.spool_dir))
+        try:
+            spool.write_record(fd, spool.JobRecord(jobid=jobid, uid=1001, user="alice",
+                                                   **fields))  # type: ignore[arg-type]
+        finally:
+            os.close(fd)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+def make_registry(node: Node, clock: Clock, lookup: JobLookup | None = None,
+                  errors: SourceErrors | None = None) -> Registry:
+    return Registry(
+        str(node.spool_dir), CgroupFS(node.cgroup_root, rescan_interval=0),
+        SlurmMetadata(lookup, clock=clock),
+        errors or SourceErrors(), job_linger=60, cgroup_grace=30,
+        trusted_uids=frozenset({0, os.geteuid()}), clock=clock,
+    )
+
+
+def test_job_with_spool_record_and_cgroup_is_running(node: Node) -> None:
+    node.record("10", start_time=5.0, job_gpus="0,1", account="phys")
+    node.start_cgroup("10")
+    [job] = make_registry(node, Clock()).refresh()
+    assert (job.jobid, job.user, job.account, job.source) == ("10", "alice", "phys", "spool")
+    assert job.running and job.cgroup is not None and job.job_gpus == "0,1"
+
+
+def test_job_without_spool_record_is_discovered_with_slurm_metadata(node: Node) -> None:
+    node.start_cgroup("11", uid=1002)
+    asked: list[str] = []
+
+    def lookup(jobid: str) -> SlurmJobInfo:
+        asked.append(jobid)
+        return SlurmJobInfo(jobid=jobid, uid=1002, user="bob", account="chem",
+                            partition="gpu", name="train", job_gpus="2", start_time=123.0)
+
+    registry = make_registry(node, Clock(), lookup)
+    [job] = registry.refresh()
+    registry.refresh()
+    assert (job.jobid, job.user, job.account, job.partition, job.name) == (
+        "11", "bob", "chem", "gpu", "train")
+    assert job.source == "cgroup" and job.job_gpus == "2" and job.start_time == 123.0
+    assert asked == ["11"], "metadata is looked up once per job, not per sample"
+
+
+def test_discovered_job_without_slurm_keeps_uid_from_the_cgroup_path(node: Node) -> None:
+    node.start_cgroup("12", uid=0)
+    [job] = make_registry(node, Clock(), lookup=None).refresh()
+    assert job.uid == 0 and job.user == "root"
+
+
+def test_record_whose_cgroup_vanished_without_epilog_ends_after_the_grace(node: Node) -> None:
+    clock = Clock()
+    node.record("13", start_time=1.0)
+    node.start_cgroup("13")
+    registry = make_registry(node, clock)
+    registry.refresh()
+    node.end_cgroup("13")
+    gone_at = clock.now = clock.now + 5
+    assert registry.refresh()[0].running, "the epilog may still come"
+    clock.now += 29
+    assert registry.refresh()[0].running
+    clock.now += 2
+    [job] = registry.refresh()
+    assert job.end_time == gone_at
+
+
+def test_epilog_ends_the_job_and_it_lingers_then_goes_with_its_record(node: Node) -> None:
+    clock = Clock()
+    node.record("14", start_time=1.0)
+    node.start_cgroup("14")
+    registry = make_registry(node, clock)
+    registry.refresh()
+    node.record("14", start_time=1.0, end_time=clock.now)
+    node.end_cgroup("14")
+    clock.now += 59
+    [job] = registry.refresh()
+    assert not job.running
+    clock.now += 2
+    assert registry.refresh() == []
+    assert not (node.spool_dir / "14.json").exists()
+    assert registry.refresh() == []
+
+
+def test_leftover_cgroup_of_an_expired_job_does_not_revive_it(node: Node) -> None:
+    clock = Clock()
+    node.start_cgroup("15")
+    node.record("15", start_time=1.0, end_time=clock.now)
+    registry = make_registry(node, clock)
+    registry.refresh()
+    clock.now += 61
+    assert registry.refresh() == []
+    clock.now += 10
+    assert registry.refresh() == []
+
+
+def test_requeued_job_with_a_new_prolog_record_runs_again(node: Node) -> None:
+    clock = Clock()
+    node.record("16", start_time=1.0, end_time=clock.now)
+    registry = make_registry(node, clock)
+    assert not registry.refresh()[0].running
+    node.record("16", start_time=3.0)
+    assert registry.refresh()[0].running
+
+
+def test_hostile_spool_files_are_skipped_counted_once_and_others_unaffected(node: Node) -> None:
+    node.record("20", start_time=1.0)
+    (node.spool_dir / "21.json").write_text("{not json")
+    (node.spool_dir / "22.json").write_bytes(b"x" * (spool.MAX_RECORD_BYTES + 10))
+    (node.spool_dir / "23.json").symlink_to(node.spool_dir / "20.json")
+    (node.spool_dir / "..json").write_text("{}")
+    (node.spool_dir / "notes.txt").write_text("hello")
+    errors = SourceErrors()
+    registry = make_registry(node, Clock(), errors=errors)
+    jobs = registry.refresh()
+    registry.refresh()
+    assert [j.jobid for j in jobs] == ["20"]
+    assert errors.snapshot()["spool"] == 4, "notes.txt and .json also refused, once each"
+
+
+def test_a_changed_bad_file_is_counted_again(node: Node) -> None:
+    errors = SourceErrors()
+    registry = make_registry(node, Clock(), errors=errors)
+    (node.spool_dir / "30.json").write_text("{bad")
+    registry.refresh()
+    (node.spool_dir / "30.json").write_text("{still bad, but new}")
+    registry.refresh()
+    assert errors.snapshot()["spool"] == 2
+
+
+def test_missing_spool_dir_is_not_an_error(node: Node, tmp_path: Path) -> None:
+    node.spool_dir.rmdir()
+    errors = SourceErrors()
+    assert make_registry(node, Clock(), errors=errors).refresh() == []
+    assert errors.snapshot()["spool"] == 0
+
+
+def test_record_never_seen_in_cgroups_ends_when_slurm_says_so(node: Node) -> None:
+    clock = Clock()
+    node.record("40", start_time=1.0)
+    states = {"40": "RUNNING"}
+
+    def lookup(jobid: str) -> SlurmJobInfo:
+        return SlurmJobInfo(jobid=jobid, state=states[jobid])
+
+    registry = make_registry(node, clock, lookup)
+    registry.refresh()
+    clock.now += 200
+    assert registry.refresh()[0].running
+    states["40"] = "COMPLETED"
+    clock.now += 30
+    assert registry.refresh()[0].running, "state is re-checked after a back-off, not per sample"
+    clock.now += 31
+    assert not registry.refresh()[0].running
+
+
+def _v2_sluid_node(root: Path, sluid: str) -> Path:
+    cg = root / "cg2"
+    task = cg / "system.slice" / "slurmstepd.scope" / sluid / "step_0" / "user" / "task_0"
+    task.mkdir(parents=True)
+    (cg / "cgroup.controllers").write_text("cpuset cpu memory pids\n")
+    (task / "cgroup.procs").write_text("")
+    return cg
+
+
+def test_sluid_named_cgroup_joins_the_record_carrying_that_sluid(node: Node,
+                                                                  tmp_path: Path) -> None:
+    cg = _v2_sluid_node(tmp_path, "sEKNKTV3WPV500")
+    node.record("50", start_time=1.0, sluid="sEKNKTV3WPV500")
+    registry = Registry(str(node.spool_dir), CgroupFS(cg, rescan_interval=0),
+                        SlurmMetadata(None), SourceErrors(),
+                        trusted_uids=frozenset({0, os.geteuid()}))
+    [job] = registry.refresh()
+    assert job.jobid == "50" and job.cgroup is not None and job.cgroup.is_sluid
+
+
+def test_sluid_named_cgroup_without_record_is_resolved_through_slurm(node: Node,
+                                                                      tmp_path: Path) -> None:
+    cg = _v2_sluid_node(tmp_path, "sEKNKTV3WPV501")
+
+    def lookup(key: str) -> SlurmJobInfo | None:
+        if key in ("sEKNKTV3WPV501", "51"):
+            return SlurmJobInfo(jobid="51", sluid="sEKNKTV3WPV501", uid=1003, user="carol",
+                                state="RUNNING")
+        return None
+
+    registry = Registry(str(node.spool_dir), CgroupFS(cg, rescan_interval=0),
+                        SlurmMetadata(lookup), SourceErrors())
+    [job] = registry.refresh()
+    assert (job.jobid, job.user, job.source) == ("51", "carol", "cgroup")
