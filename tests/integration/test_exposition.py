@@ -1,0 +1,115 @@
+"""The agent's output, checked by Prometheus' own tools and scraped by a real Prometheus."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.agent import Agent, series
+from tests.support import free_port, require
+
+
+@pytest.fixture(scope="module")
+def simulated_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    log = tmp_path_factory.mktemp("agent") / "agent.log"
+    agent = Agent(["--simulate", "--sample-interval", "1"], log_path=log)
+    try:
+        agent.wait_ready()
+        time.sleep(1.5)  # a second sample, so counters have moved
+        yield agent
+    finally:
+        agent.stop()
+
+
+def test_promtool_check_metrics_passes_on_agent_output(simulated_agent: Agent) -> None:
+    promtool = shutil.which("promtool")
+    require(promtool is not None, "promtool (Debian package prometheus) is not installed")
+    text = simulated_agent.metrics()
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                            text=True, timeout=30, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "" and result.stderr.strip() == ""
+
+
+def test_every_job_series_carries_jobid_and_user(simulated_agent: Agent) -> None:
+    text = simulated_agent.metrics()
+    names = [line.split("{")[0] for line in text.splitlines()
+             if line.startswith("slurm_job_")]
+    assert names
+    for name in set(names):
+        for labels, _ in series(text, name):
+            assert labels.get("jobid") and labels.get("user"), (name, labels)
+
+
+def test_openmetrics_and_gzip_are_served_when_asked(simulated_agent: Agent) -> None:
+    status, headers, body = simulated_agent.get(headers={
+        "Accept": "application/openmetrics-text;version=1.0.0,text/plain;q=0.5",
+        "Accept-Encoding": "gzip"})
+    assert status == 200
+    assert headers["Content-Type"].startswith("application/openmetrics-text")
+    assert headers["Content-Encoding"] == "gzip"
+    text = gzip.decompress(body).decode()
+    assert text.endswith("# EOF\n")
+    assert "slurm_job_cpu_seconds_total{" in text
+    status, headers, body = simulated_agent.get()
+    assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert b"# EOF" not in body
+
+
+def test_health_and_readiness_endpoints_answer(simulated_agent: Agent) -> None:
+    assert simulated_agent.get("/-/healthy")[0] == 200
+    assert simulated_agent.get("/-/ready")[0] == 200
+    assert simulated_agent.get("/nope")[0] == 404
+
+
+def test_a_real_prometheus_scrapes_jobs_with_their_labels(simulated_agent: Agent,
+                                                          tmp_path: Path) -> None:
+    prometheus = shutil.which("prometheus")
+    require(prometheus is not None, "prometheus (Debian package prometheus) is not installed")
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: slurm-gpu\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{simulated_agent.port}']}}]\n"
+    )
+    proc = subprocess.Popen(
+        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("wb"),
+    )
+    try:
+        result = _wait_for_query(port, "slurm_job_info", timeout=30)
+        assert result, (tmp_path / "prometheus.log").read_text()[-2000:]
+        for item in result:
+            assert item["metric"]["jobid"] and item["metric"]["user"]
+        up = _wait_for_query(port, 'up{job="slurm-gpu"} == 1', timeout=10)
+        assert up
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def _wait_for_query(port: int, query: str, timeout: float) -> list[dict]:  # type: ignore[type-arg]
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                data = json.load(resp)
+            if data["status"] == "success" and data["data"]["result"]:
+                return data["data"]["result"]
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return []
