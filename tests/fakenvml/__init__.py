@@ -1,0 +1,645 @@
+"""A fake ``libnvidia-ml.so.1`` for tests, driven by a state file.
+
+The library is built from ``fake_nvml.c`` with the system C compiler and the
+``nvml.h`` shipped by the ``nvidia-nvml-dev`` package.  A program started with
+:meth:`FakeNvml.env` loads it instead of the real NVML (through
+``LD_LIBRARY_PATH``), so the real nvidia-ml-py talks to it.  Tests describe the
+node with the dataclasses below and call :meth:`FakeNvml.write` whenever it
+should change; the library notices the new file on its next call.
+
+Utilization is described by :class:`Pattern` traces over wall-clock time, and
+the library answers the sample-buffer calls (``nvmlDeviceGetSamples``,
+``nvmlDeviceGetProcessUtilization``) with the exact mean of the trace over each
+sample period, so tests can compute the true busy time with
+:meth:`Pattern.integral`.  See README.md for the file format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Literal
+
+__all__ = [
+    "ERROR_NAMES",
+    "Device",
+    "FakeNvml",
+    "FakeNvmlUnavailable",
+    "MigInstance",
+    "NvmlState",
+    "Pattern",
+    "Process",
+    "XidEvent",
+    "build_library",
+    "fake_nvml_or_skip",
+    "find_nvml_header",
+]
+
+SOURCE = Path(__file__).with_name("fake_nvml.c")
+LIB_NAME = "libnvidia-ml.so.1"
+CFLAGS = (
+    "-std=c11",
+    "-shared",
+    "-fPIC",
+    "-O2",
+    "-Wall",
+    "-Wextra",
+    "-Werror",
+    "-pthread",
+    f"-Wl,-soname,{LIB_NAME}",
+)
+
+#: Error names accepted in ``errors``/``init_error`` (NVML_ERROR_<name>).
+ERROR_NAMES = frozenset(
+    {
+        "UNINITIALIZED", "INVALID_ARGUMENT", "NOT_SUPPORTED", "NO_PERMISSION",
+        "ALREADY_INITIALIZED", "NOT_FOUND", "INSUFFICIENT_SIZE", "INSUFFICIENT_POWER",
+        "DRIVER_NOT_LOADED", "TIMEOUT", "IRQ_ISSUE", "LIBRARY_NOT_FOUND",
+        "FUNCTION_NOT_FOUND", "CORRUPTED_INFOROM", "GPU_IS_LOST", "RESET_REQUIRED",
+        "OPERATING_SYSTEM", "LIB_RM_VERSION_MISMATCH", "IN_USE", "MEMORY", "NO_DATA",
+        "INSUFFICIENT_RESOURCES", "ARGUMENT_VERSION_MISMATCH", "DEPRECATED", "NOT_READY",
+        "GPU_NOT_FOUND", "INVALID_STATE", "UNKNOWN",
+    }
+)  # fmt: skip
+
+ProcessKind = Literal["compute", "graphics", "mps", "compute+graphics"]
+
+
+class FakeNvmlUnavailable(RuntimeError):
+    """The fake library cannot be built here (no C compiler or no nvml.h)."""
+
+
+# --------------------------------------------------------------------- model
+
+
+@dataclass
+class Pattern:
+    """A piecewise-constant utilization trace, in percent, over wall-clock time.
+
+    ``segments`` are ``(duration_s, percent)`` pairs starting at ``origin``
+    (epoch seconds).  With ``repeat`` the sequence repeats forever in both
+    directions; without it the value is 0 outside ``[origin, origin + period)``.
+    """
+
+    segments: list[tuple[float, float]]
+    origin: float = 0.0
+    repeat: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.segments:
+            raise ValueError("a Pattern needs at least one segment")
+        for dur, pct in self.segments:
+            if not (dur > 0 and math.isfinite(dur)):
+                raise ValueError(f"segment duration must be > 0, got {dur!r}")
+            if not 0 <= pct <= 100:
+                raise ValueError(f"segment percent must be within 0..100, got {pct!r}")
+        if not math.isfinite(self.origin):
+            raise ValueError("origin must be finite")
+
+    @classmethod
+    def constant(cls, percent: float) -> Pattern:
+        """The same value at every instant."""
+        return cls([(1.0, float(percent))], 0.0, True)
+
+    @classmethod
+    def square(
+        cls, busy_s: float, period_s: float, percent: float = 100.0, origin: float = 0.0
+    ) -> Pattern:
+        """``percent`` for ``busy_s`` seconds, then 0 until ``period_s``, repeating."""
+        if not 0 < busy_s < period_s:
+            raise ValueError("need 0 < busy_s < period_s")
+        return cls([(busy_s, percent), (period_s - busy_s, 0.0)], origin, True)
+
+    @property
+    def period(self) -> float:
+        """Length of one pass over the segments, in seconds."""
+        return sum(d for d, _ in self.segments)
+
+    def value_at(self, t: float) -> float:
+        """The percent at epoch time ``t``."""
+        u = t - self.origin
+        if self.repeat:
+            u -= math.floor(u / self.period) * self.period
+        elif not 0 <= u < self.period:
+            return 0.0
+        c = 0.0
+        for dur, pct in self.segments:
+            c += dur
+            if u < c:
+                return pct
+        return self.segments[-1][1]
+
+    def _cumulative(self, t: float) -> float:
+        """Integral of the trace from ``origin`` to ``t`` (percent-seconds)."""
+        per = self.period
+        u = t - self.origin
+        whole = 0.0
+        if self.repeat:
+            n = math.floor(u / per)
+            whole = n * sum(d * p for d, p in self.segments)
+            u -= n * per
+        else:
+            u = min(max(u, 0.0), per)
+        acc, c = 0.0, 0.0
+        for dur, pct in self.segments:
+            if u <= c:
+                break
+            acc += pct * (min(u, c + dur) - c)
+            c += dur
+        return whole + acc
+
+    def integral(self, a: float, b: float) -> float:
+        """Exact integral over ``[a, b]`` in percent-seconds (100 = one busy second)."""
+        return self._cumulative(b) - self._cumulative(a)
+
+    def mean(self, a: float, b: float) -> float:
+        """Exact mean percent over ``(a, b]``."""
+        return self.integral(a, b) / (b - a) if b > a else 0.0
+
+
+@dataclass
+class Process:
+    """A process with a GPU context.
+
+    ``sm`` drives ``nvmlDeviceGetProcessUtilization`` (and the device's
+    utilization when ``Device.util`` is None); a process without it reports no
+    utilization samples.  ``start_time`` is when its trace begins (epoch s;
+    None: the first :meth:`FakeNvml.write` that lists it).
+    """
+
+    pid: int
+    used_memory: int = 0
+    kind: ProcessKind = "compute"
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    sm: Pattern | None = None
+    start_time: float | None = None
+
+
+@dataclass
+class MigInstance:
+    """A MIG device (one compute instance of one GPU instance)."""
+
+    gpu_instance_id: int
+    compute_instance_id: int = 0
+    uuid: str = ""  # "": derived from the parent's index and the ids
+    memory_total: int = 10 * 1024**3
+    memory_used: int = 0
+    name: str = "NVIDIA A100-SXM4-80GB MIG 1g.10gb"
+
+
+@dataclass
+class XidEvent:
+    """An Xid error.  ``seq`` must be unique and increase within a device.
+
+    ``time`` is when it happened (epoch s; None: when first written).  Event
+    sets registered after that time do not get it, as with real NVML; 0 means
+    "deliver to every set".
+    """
+
+    seq: int
+    xid: int
+    time: float | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass
+class Device:
+    """One GPU.  Only ``index`` is required; the rest has plausible defaults.
+
+    ``memory_used`` None means the sum of the processes' memory.  ``util`` None
+    means derived: ``min(100, sum of the processes' sm)`` at each instant.
+    Energy is ``energy_base_mj + power_w * 1000 * (now - energy_origin)``;
+    with ``energy_origin`` None, the first write starts the counter at
+    ``energy_base_mj`` and later writes continue it (a power change applies
+    from that write on).  ``errors`` maps an NVML function name (or "*") to
+    an error name; ``sleeps`` maps a function name (or "*") to seconds of
+    delay before it answers.  A name without its ``_vN`` suffix also matches
+    the versioned symbol.
+    """
+
+    index: int
+    uuid: str = ""
+    minor: int | None = None
+    name: str = "NVIDIA A100-SXM4-80GB"
+    pci_bus_id: str = ""
+    serial: str = ""
+    pci_device_id: int = 0x20B210DE
+    pci_subsystem_id: int = 0x147F10DE
+    memory_total: int = 80 * 1024**3
+    memory_reserved: int = 0
+    memory_used: int | None = None
+    power_w: float = 60.0
+    energy_base_mj: int = 0
+    energy_origin: float | None = None
+    temperature_c: int = 35
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    processes: list[Process] = field(default_factory=list)
+    util: Pattern | None = None
+    mig: list[MigInstance] = field(default_factory=list)
+    xid_events: list[XidEvent] = field(default_factory=list)
+    lost: bool = False
+    errors: dict[str, str] = field(default_factory=dict)
+    sleeps: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < 64:
+            raise ValueError("device index must be within 0..63")
+        if not self.uuid:
+            self.uuid = f"GPU-{self.index:08x}-fa4e-4c0d-9000-{self.index:012x}"
+        if self.minor is None:
+            self.minor = self.index
+        if not self.pci_bus_id:
+            self.pci_bus_id = f"00000000:{0x10 + self.index:02X}:00.0"
+        if not self.serial:
+            self.serial = f"16500{self.index:08d}"
+
+
+@dataclass
+class NvmlState:
+    """Everything the fake library reports.
+
+    ``process_util_mode`` "grid" gives one process sample per sample period;
+    "latest" gives only each process's newest sample (closer to what drivers
+    have been seen to return).  Samples of 0 % are left out, as the driver
+    does, unless ``process_zero_samples``.  ``errors``/``sleeps`` here apply to
+    every call, device or not (e.g. ``nvmlDeviceGetCount_v2``).
+    """
+
+    devices: list[Device] = field(default_factory=list)
+    driver_version: str = "550.54.15"
+    nvml_version: str | None = None  # None: "12." + driver_version
+    cuda_driver_version: int = 12040
+    sample_period_ms: int = 167
+    buffer_samples: int = 120
+    init_error: str | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+    sleeps: dict[str, float] = field(default_factory=dict)
+    process_util_mode: Literal["grid", "latest"] = "grid"
+    process_zero_samples: bool = False
+
+
+# ------------------------------------------------------------------- build
+
+_BUILT: dict[str, Path] = {}
+
+
+def find_nvml_header() -> Path:
+    """Locate ``nvml.h``: $NVML_INCLUDE_DIR, then the nvidia-nvml-dev package."""
+    override = os.environ.get("NVML_INCLUDE_DIR")
+    if override:
+        header = Path(override) / "nvml.h"
+        if header.is_file():
+            return header
+        raise FakeNvmlUnavailable(f"NVML_INCLUDE_DIR is set but has no nvml.h: {override}")
+    try:
+        dist = metadata.distribution("nvidia-nvml-dev")
+    except metadata.PackageNotFoundError:
+        dist = None
+    if dist is not None:
+        for f in dist.files or ():
+            if f.name == "nvml.h":
+                header = Path(str(dist.locate_file(f)))
+                if header.is_file():
+                    return header
+    raise FakeNvmlUnavailable(
+        "nvml.h not found: install nvidia-nvml-dev (the project's 'test' extra) "
+        "or set NVML_INCLUDE_DIR"
+    )
+
+
+def _find_compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        raise FakeNvmlUnavailable("no C compiler found (install gcc, or set CC)")
+    return cc
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    root = Path(base) / "slurm-gpu-exporter" / "fakenvml"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if os.access(root, os.W_OK):
+            return root
+    except OSError:
+        pass
+    root = Path(tempfile.gettempdir()) / f"slurm-gpu-exporter-fakenvml-{os.getuid()}"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def build_library(cache_dir: Path | None = None) -> Path:
+    """Compile the fake library (once per source version) and return its directory.
+
+    The output lands in a cache directory keyed by a hash of the source, the
+    header and the flags, never in the repository.  Raises
+    :class:`FakeNvmlUnavailable` when the compiler or ``nvml.h`` is missing and
+    :class:`RuntimeError` when compilation fails.
+    """
+    header = find_nvml_header()
+    cc = _find_compiler()
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), header.read_bytes(), " ".join((cc, *CFLAGS)).encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    key = digest.hexdigest()[:16]
+    if key in _BUILT and (_BUILT[key] / LIB_NAME).is_file():
+        return _BUILT[key]
+    out_dir = (cache_dir or _cache_root()) / key
+    lib = out_dir / LIB_NAME
+    if not lib.is_file():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / f".{LIB_NAME}.{os.getpid()}.tmp"
+        cmd = [cc, *CFLAGS, f"-I{header.parent}", "-o", str(tmp), str(SOURCE), "-lm"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        except OSError as exc:
+            raise FakeNvmlUnavailable(f"cannot run the C compiler {cc!r}: {exc}") from exc
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise RuntimeError(
+                f"building the fake NVML library failed ({' '.join(cmd)}):\n{proc.stderr}"
+            )
+        os.replace(tmp, lib)  # atomic: parallel builders never see half a file
+    _BUILT[key] = out_dir
+    return out_dir
+
+
+# -------------------------------------------------------------- state file
+
+
+def _word(value: str, what: str) -> str:
+    if not value or any(c.isspace() for c in value):
+        raise ValueError(f"{what} must be one word without spaces: {value!r}")
+    return value
+
+
+def _text(value: str, what: str) -> str:
+    if not value.strip() or "\n" in value or "\r" in value:
+        raise ValueError(f"{what} must be one non-empty line: {value!r}")
+    return value.strip()
+
+
+def _error(name: str) -> str:
+    short = name.removeprefix("NVML_ERROR_")
+    if short not in ERROR_NAMES:
+        raise ValueError(f"unknown NVML error name {name!r}")
+    return short
+
+
+def _id(value: int | None) -> str:
+    return "-" if value is None else str(int(value))
+
+
+def _trace(key: str, start: float, pattern: Pattern | None, none_word: str) -> str:
+    if pattern is None:
+        return f"{key} {start!r} {none_word}"
+    segs = " ".join(f"{float(d)!r}:{float(p)!r}" for d, p in pattern.segments)
+    return f"{key} {start!r} {float(pattern.origin)!r} {int(pattern.repeat)} {segs}"
+
+
+def _injections(errors: Mapping[str, str], sleeps: Mapping[str, float]) -> list[str]:
+    lines = [f"error {_word(fn, 'function name')} {_error(e)}" for fn, e in errors.items()]
+    for fn, secs in sleeps.items():
+        if not 0 <= secs <= 3600:
+            raise ValueError(f"sleep for {fn} must be within 0..3600 s")
+        lines.append(f"sleep {_word(fn, 'function name')} {float(secs)!r}")
+    return lines
+
+
+_History = list[tuple[float, "Pattern | None"]]
+
+
+class FakeNvml:
+    """One fake node: a state file in ``workdir`` and the library that reads it."""
+
+    def __init__(self, workdir: Path) -> None:
+        """Use ``workdir`` (created if needed) for the state file."""
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.state_path = self.workdir / "nvml-state"
+        self._lib_dir: Path | None = None
+        self._util: dict[str, _History] = {}
+        self._psm: dict[tuple[str, int], _History] = {}
+        self._energy: dict[str, tuple[float, float, float]] = {}
+        self._xid_time: dict[tuple[str, int], float] = {}
+        self._last_mtime_ns = 0
+
+    @property
+    def lib_dir(self) -> Path:
+        """Directory holding ``libnvidia-ml.so.1`` (built on first use)."""
+        return self.build()
+
+    def build(self) -> Path:
+        """Build the library if needed; return the directory that holds it."""
+        if self._lib_dir is None:
+            self._lib_dir = build_library()
+        return self._lib_dir
+
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """A full environment (``base`` or os.environ) that loads the fake NVML.
+
+        Adds ``LD_LIBRARY_PATH=<lib_dir>[:existing]`` and
+        ``FAKE_NVML_STATE=<state_path>``.  It takes effect only in a new process.
+        """
+        env = dict(os.environ if base is None else base)
+        old = env.get("LD_LIBRARY_PATH")
+        env["LD_LIBRARY_PATH"] = f"{self.lib_dir}:{old}" if old else str(self.lib_dir)
+        env["FAKE_NVML_STATE"] = str(self.state_path)
+        return env
+
+    def write(self, state: NvmlState) -> None:
+        """Atomically replace the state file with ``state``.
+
+        Keeps the history the library needs so that values already in its
+        sample buffers do not change: a changed utilization pattern applies
+        from this call on, energy counters continue, and Xid events keep the
+        time they were first written.
+        """
+        now = time.time()
+        text = self.render(state, now)
+        tmp = self.state_path.with_name(f".{self.state_path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        # A strictly newer mtime makes every version distinguishable even if
+        # the filesystem reuses an inode number within one clock tick.
+        mtime = max(time.time_ns(), self._last_mtime_ns + 1000)
+        self._last_mtime_ns = mtime
+        os.utime(tmp, ns=(mtime, mtime))
+        os.replace(tmp, self.state_path)
+
+    def write_raw(self, text: str) -> None:
+        """Atomically replace the state file with ``text`` as is (for odd inputs)."""
+        tmp = self.state_path.with_name(f".{self.state_path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        mtime = max(time.time_ns(), self._last_mtime_ns + 1000)
+        self._last_mtime_ns = mtime
+        os.utime(tmp, ns=(mtime, mtime))
+        os.replace(tmp, self.state_path)
+
+    # -- rendering
+
+    def _history(self, hist: _History, pattern: Pattern | None, start: float, now: float,
+                 horizon: float) -> _History:  # fmt: skip
+        if not hist:
+            hist.append((start, pattern))
+        elif hist[-1][1] != pattern:
+            hist.append((max(now, hist[-1][0]), pattern))
+        # Entries superseded before the oldest instant any buffer can reach
+        # are never read again.
+        while len(hist) > 1 and hist[1][0] <= now - horizon:
+            hist.pop(0)
+        return hist
+
+    def render(self, state: NvmlState, now: float | None = None) -> str:
+        """The state file text for ``state`` (updating the kept history)."""
+        now = time.time() if now is None else now
+        if not 1 <= state.sample_period_ms <= 600_000:
+            raise ValueError("sample_period_ms must be within 1..600000")
+        if not 1 <= state.buffer_samples <= 100_000:
+            raise ValueError("buffer_samples must be within 1..100000")
+        if state.process_util_mode not in ("grid", "latest"):
+            raise ValueError("process_util_mode must be 'grid' or 'latest'")
+        horizon = state.buffer_samples * state.sample_period_ms / 1000.0 + 60.0
+        out = [
+            "fakenvml 1",
+            f"driver_version {_word(state.driver_version, 'driver_version')}",
+            f"cuda_driver_version {int(state.cuda_driver_version)}",
+            f"sample_period_ms {int(state.sample_period_ms)}",
+            f"buffer_samples {int(state.buffer_samples)}",
+            f"process_util_mode {state.process_util_mode}",
+            f"process_zero_samples {int(state.process_zero_samples)}",
+        ]
+        if state.nvml_version:
+            out.append(f"nvml_version {_word(state.nvml_version, 'nvml_version')}")
+        if state.init_error:
+            out.append(f"init_error {_error(state.init_error)}")
+        out += _injections(state.errors, state.sleeps)
+
+        seen_idx: set[int] = set()
+        seen_uuid: set[str] = set()
+        live_util: set[str] = set()
+        live_psm: set[tuple[str, int]] = set()
+        for dev in state.devices:
+            if dev.index in seen_idx:
+                raise ValueError(f"duplicate device index {dev.index}")
+            if dev.uuid in seen_uuid:
+                raise ValueError(f"duplicate device uuid {dev.uuid}")
+            seen_idx.add(dev.index)
+            seen_uuid.add(dev.uuid)
+            out += self._render_device(dev, now, horizon)
+            live_util.add(dev.uuid)
+            live_psm.update((dev.uuid, p.pid) for p in dev.processes)
+        # Forget the history of devices and processes that are gone.
+        for key in set(self._util) - live_util:
+            del self._util[key]
+        for pkey in set(self._psm) - live_psm:
+            del self._psm[pkey]
+        return "\n".join(out) + "\n"
+
+    def _render_device(self, dev: Device, now: float, horizon: float) -> list[str]:
+        uid = _word(dev.uuid, "uuid")
+        out = [
+            f"device {dev.index}",
+            f"uuid {uid}",
+            f"minor {int(dev.minor if dev.minor is not None else dev.index)}",
+            f"name {_text(dev.name, 'name')}",
+            f"serial {_word(dev.serial, 'serial')}",
+            f"pci_bus_id {_word(dev.pci_bus_id, 'pci_bus_id')}",
+            f"pci_device_id {int(dev.pci_device_id):#x}",
+            f"pci_subsystem_id {int(dev.pci_subsystem_id):#x}",
+            f"memory_total {int(dev.memory_total)}",
+            f"memory_reserved {int(dev.memory_reserved)}",
+            "memory_used " + ("auto" if dev.memory_used is None else str(int(dev.memory_used))),
+            f"power_w {float(dev.power_w)!r}",
+        ]
+        # Energy: continue the counter across rewrites unless pinned.
+        if dev.energy_origin is not None:
+            base, origin = float(dev.energy_base_mj), float(dev.energy_origin)
+        elif uid in self._energy:
+            pbase, ppower, porigin = self._energy[uid]
+            if ppower == dev.power_w:
+                base, origin = pbase, porigin
+            else:
+                base, origin = pbase + ppower * 1000.0 * max(0.0, now - porigin), now
+        else:
+            base, origin = float(dev.energy_base_mj), now
+        self._energy[uid] = (base, float(dev.power_w), origin)
+        out += [
+            f"energy {base!r} {origin!r}",
+            f"temperature {int(dev.temperature_c)}",
+            f"ecc {int(dev.ecc_corrected)} {int(dev.ecc_uncorrected)}",
+            f"lost {int(dev.lost)}",
+        ]
+        hist = self._history(self._util.setdefault(uid, []), dev.util, 0.0, now, horizon)
+        out += [_trace("util", start, pat, "derived") for start, pat in hist]
+
+        pids: set[int] = set()
+        for proc in dev.processes:
+            if proc.pid in pids or not 0 < proc.pid < 2**32:
+                raise ValueError(f"bad or duplicate pid {proc.pid} on device {dev.index}")
+            pids.add(proc.pid)
+            if proc.kind not in ("compute", "graphics", "mps", "compute+graphics"):
+                raise ValueError(f"bad process kind {proc.kind!r}")
+            out.append(
+                f"process {proc.pid} {proc.kind} {int(proc.used_memory)} "
+                f"{_id(proc.gpu_instance_id)} {_id(proc.compute_instance_id)}"
+            )
+            start = now if proc.start_time is None else float(proc.start_time)
+            phist = self._history(
+                self._psm.setdefault((uid, proc.pid), []), proc.sm, start, now, horizon
+            )
+            out += [_trace("psm", s, pat, "none") for s, pat in phist]
+
+        if len(dev.mig) > 8:
+            raise ValueError("at most 8 MIG instances per device")
+        for m in dev.mig:
+            muuid = m.uuid or (
+                f"MIG-{dev.index:08x}-{m.gpu_instance_id:04x}-"
+                f"{m.compute_instance_id:04x}-8000-{dev.index:012x}"
+            )
+            out.append(
+                f"mig {int(m.gpu_instance_id)} {int(m.compute_instance_id)} "
+                f"{int(m.memory_total)} {int(m.memory_used)} {_word(muuid, 'MIG uuid')} "
+                f"{_text(m.name, 'MIG name')}"
+            )
+        last_seq: int | None = None
+        for ev in sorted(dev.xid_events, key=lambda e: e.seq):
+            if last_seq is not None and ev.seq <= last_seq:
+                raise ValueError(f"duplicate Xid seq {ev.seq} on device {dev.index}")
+            last_seq = ev.seq
+            when = ev.time
+            if when is None:
+                when = self._xid_time.setdefault((uid, ev.seq), now)
+            out.append(
+                f"xid {int(ev.seq)} {int(ev.xid)} {float(when)!r} "
+                f"{_id(ev.gpu_instance_id)} {_id(ev.compute_instance_id)}"
+            )
+        out += _injections(dev.errors, dev.sleeps)
+        out.append("end")
+        return out
+
+
+def fake_nvml_or_skip(workdir: Path) -> FakeNvml:
+    """A built :class:`FakeNvml`, or skip the test (fail under ``CI=true``)."""
+    import pytest  # only tests call this
+
+    fake = FakeNvml(workdir)
+    try:
+        fake.build()
+    except FakeNvmlUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"fake NVML unavailable under CI=true: {exc}")
+        pytest.skip(f"fake NVML unavailable: {exc}")
+    return fake

@@ -1,0 +1,2049 @@
+/*
+ * A fake libnvidia-ml.so.1 for tests.
+ *
+ * The real nvidia-ml-py loads it through LD_LIBRARY_PATH.  Everything it
+ * reports comes from a line-based state file named by $FAKE_NVML_STATE
+ * (format: README.md next to this file).  The file is re-read whenever its
+ * inode, size or mtime changes, so a test can rewrite it while the program
+ * under test runs.
+ *
+ * Time-varying values (utilization) are pure functions of the wall clock
+ * and of piecewise-constant patterns, so the driver's "sample buffers" are
+ * computed on demand: sample k covers (t_{k-1}, t_k] with t_k = k * period
+ * microseconds since the epoch, and its value is the exact mean of the
+ * pattern over that interval (rounded to an integer percent).
+ *
+ * Never crash the host: every malformed input becomes an NVML error plus one
+ * line on stderr.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* strtok_r, st_mtim */
+#endif
+#define NVML_NO_UNVERSIONED_FUNC_DEFS /* we define the _vN symbols ourselves */
+#include <nvml.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define MAX_DEV 64      /* device index must be below this */
+#define MAX_MIG 8       /* MIG devices per parent (real GPUs: at most 7) */
+#define MAX_SETS 64     /* live event sets */
+#define STR_LEN 128
+#define NO_ID 0xFFFFFFFFu
+#define MAX_FILE (64u << 20)
+
+#define KIND_COMPUTE 1u
+#define KIND_GRAPHICS 2u
+#define KIND_MPS 4u
+
+#define SUPPORTED_EVENTS                                                     \
+    (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError |       \
+     nvmlEventTypePState | nvmlEventTypeXidCriticalError | nvmlEventTypeClock)
+
+/* ------------------------------------------------------------------ state */
+
+typedef struct {
+    double dur, pct;
+} seg_t;
+
+/* One piecewise-constant pattern, in effect from `from` (epoch s) until the
+ * next trace's `from`.  Keeping a short history lets a rewrite change a
+ * pattern without rewriting samples that are still in the buffer. */
+typedef struct {
+    double from;
+    int derived; /* device: min(100, sum of processes); process: no samples */
+    double origin;
+    int repeat;
+    int nseg;
+    seg_t *segs;
+    double period;
+} trace_t;
+
+typedef struct {
+    int n, cap;
+    trace_t *v;
+} tracelist_t;
+
+typedef struct {
+    unsigned pid;
+    unsigned kinds;
+    unsigned long long mem;
+    unsigned gi, ci;
+    tracelist_t sm;
+} proc_t;
+
+typedef struct {
+    unsigned gi, ci;
+    unsigned long long total, used;
+    char uuid[STR_LEN], name[STR_LEN];
+} mig_t;
+
+typedef struct {
+    long long seq;
+    unsigned long long xid;
+    double time; /* 0: deliver even to sets registered after it */
+    unsigned gi, ci;
+} xid_t;
+
+typedef struct {
+    char fn[STR_LEN];
+    nvmlReturn_t err;
+    double secs;
+} inject_t;
+
+typedef struct {
+    int n, cap;
+    inject_t *v;
+} injlist_t;
+
+typedef struct {
+    int present;
+    unsigned index, minor;
+    char uuid[STR_LEN], name[STR_LEN], serial[STR_LEN], pci[STR_LEN];
+    unsigned pci_device_id, pci_subsystem_id;
+    unsigned long long mem_total, mem_reserved;
+    long long mem_used; /* -1: sum of the processes */
+    double power_w, energy_base_mj, energy_origin;
+    int temp;
+    unsigned long long ecc_c, ecc_u;
+    int lost;
+    tracelist_t util;
+    int nproc, capproc;
+    proc_t *procs;
+    int nmig;
+    mig_t mig[MAX_MIG];
+    int nxid, capxid;
+    xid_t *xids;
+    injlist_t errors, sleeps;
+} fdev_t;
+
+typedef struct {
+    char driver[STR_LEN], nvml_version[STR_LEN];
+    int cuda_version;
+    unsigned period_ms, buffer_samples;
+    int proc_latest;  /* process_util_mode latest */
+    int zero_samples; /* report processes' 0 % samples too */
+    nvmlReturn_t init_error;
+    injlist_t errors, sleeps;
+    int ndev;
+    fdev_t dev[MAX_DEV]; /* by NVML index */
+} state_t;
+
+/* Handles are addresses in these static tables, so a handle stays valid (and
+ * keeps meaning "device index i" / "MIG device j of i") across reloads. */
+struct nvmlDevice_st {
+    int slot, mig; /* mig < 0: the parent device */
+};
+static struct nvmlDevice_st g_parent[MAX_DEV];
+static struct nvmlDevice_st g_mig[MAX_DEV][MAX_MIG];
+
+struct nvmlEventSet_st {
+    int used;
+    unsigned long long mask[MAX_DEV];
+    double reg_time[MAX_DEV];
+    long long last_seq[MAX_DEV];
+    int has_last[MAX_DEV];
+};
+static struct nvmlEventSet_st g_sets[MAX_SETS];
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static int g_refcount;
+static state_t *g_state;
+/* Identity of the file g_state came from, and of the last bad file (so each
+ * bad version is reported once, not on every call). */
+static struct stat g_loaded_st, g_bad_st;
+static int g_have_loaded, g_have_bad, g_warned_unset;
+
+static void init_tables(void)
+{
+    for (int i = 0; i < MAX_DEV; i++) {
+        g_parent[i].slot = i;
+        g_parent[i].mig = -1;
+        for (int j = 0; j < MAX_MIG; j++) {
+            g_mig[i][j].slot = i;
+            g_mig[i][j].mig = j;
+        }
+    }
+}
+
+/* ----------------------------------------------------------------- errors */
+
+static const struct {
+    const char *name;
+    nvmlReturn_t code;
+    const char *text;
+} g_errors[] = {
+    {"SUCCESS", NVML_SUCCESS, "Success"},
+    {"UNINITIALIZED", NVML_ERROR_UNINITIALIZED, "Uninitialized"},
+    {"INVALID_ARGUMENT", NVML_ERROR_INVALID_ARGUMENT, "Invalid Argument"},
+    {"NOT_SUPPORTED", NVML_ERROR_NOT_SUPPORTED, "Not Supported"},
+    {"NO_PERMISSION", NVML_ERROR_NO_PERMISSION, "Insufficient Permissions"},
+    {"ALREADY_INITIALIZED", NVML_ERROR_ALREADY_INITIALIZED, "Already Initialized"},
+    {"NOT_FOUND", NVML_ERROR_NOT_FOUND, "Not Found"},
+    {"INSUFFICIENT_SIZE", NVML_ERROR_INSUFFICIENT_SIZE, "Insufficient Size"},
+    {"INSUFFICIENT_POWER", NVML_ERROR_INSUFFICIENT_POWER, "Insufficient External Power"},
+    {"DRIVER_NOT_LOADED", NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded"},
+    {"TIMEOUT", NVML_ERROR_TIMEOUT, "Timeout"},
+    {"IRQ_ISSUE", NVML_ERROR_IRQ_ISSUE, "Interrupt Request Issue"},
+    {"LIBRARY_NOT_FOUND", NVML_ERROR_LIBRARY_NOT_FOUND, "NVML Shared Library Not Found"},
+    {"FUNCTION_NOT_FOUND", NVML_ERROR_FUNCTION_NOT_FOUND, "Function Not Found"},
+    {"CORRUPTED_INFOROM", NVML_ERROR_CORRUPTED_INFOROM, "Corrupted infoROM"},
+    {"GPU_IS_LOST", NVML_ERROR_GPU_IS_LOST, "GPU is lost"},
+    {"RESET_REQUIRED", NVML_ERROR_RESET_REQUIRED, "GPU requires restart"},
+    {"OPERATING_SYSTEM", NVML_ERROR_OPERATING_SYSTEM, "The operating system has blocked the request"},
+    {"LIB_RM_VERSION_MISMATCH", NVML_ERROR_LIB_RM_VERSION_MISMATCH, "Driver/library version mismatch"},
+    {"IN_USE", NVML_ERROR_IN_USE, "In use by another client"},
+    {"MEMORY", NVML_ERROR_MEMORY, "Insufficient Memory"},
+    {"NO_DATA", NVML_ERROR_NO_DATA, "No data"},
+    {"INSUFFICIENT_RESOURCES", NVML_ERROR_INSUFFICIENT_RESOURCES, "Insufficient resources"},
+    {"ARGUMENT_VERSION_MISMATCH", NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "Argument version mismatch"},
+    {"DEPRECATED", NVML_ERROR_DEPRECATED, "Deprecated"},
+    {"NOT_READY", NVML_ERROR_NOT_READY, "Not ready"},
+    {"GPU_NOT_FOUND", NVML_ERROR_GPU_NOT_FOUND, "No GPUs were found"},
+    {"INVALID_STATE", NVML_ERROR_INVALID_STATE, "Invalid state"},
+    {"UNKNOWN", NVML_ERROR_UNKNOWN, "Unknown Error"},
+};
+
+const char *nvmlErrorString(nvmlReturn_t result)
+{
+    for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++)
+        if (g_errors[i].code == result)
+            return g_errors[i].text;
+    return "Unknown Error";
+}
+
+static int parse_error_name(const char *s, nvmlReturn_t *out)
+{
+    if (strncmp(s, "NVML_ERROR_", 11) == 0)
+        s += 11;
+    for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++) {
+        if (strcmp(g_errors[i].name, s) == 0) {
+            *out = g_errors[i].code;
+            return 0;
+        }
+    }
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < 0 || v > 100000)
+        return -1;
+    *out = (nvmlReturn_t)v;
+    return 0;
+}
+
+/* ----------------------------------------------------------------- memory */
+
+static void free_tracelist(tracelist_t *tl)
+{
+    for (int i = 0; i < tl->n; i++)
+        free(tl->v[i].segs);
+    free(tl->v);
+    tl->v = NULL;
+    tl->n = tl->cap = 0;
+}
+
+static void free_state(state_t *st)
+{
+    if (!st)
+        return;
+    for (int i = 0; i < MAX_DEV; i++) {
+        fdev_t *d = &st->dev[i];
+        free_tracelist(&d->util);
+        for (int p = 0; p < d->nproc; p++)
+            free_tracelist(&d->procs[p].sm);
+        free(d->procs);
+        free(d->xids);
+        free(d->errors.v);
+        free(d->sleeps.v);
+    }
+    free(st->errors.v);
+    free(st->sleeps.v);
+    free(st);
+}
+
+/* Grow *v (of *cap elements of size sz) to hold n + 1; 0 on success. */
+static int grow(void **v, int *cap, int n, size_t sz)
+{
+    if (n < *cap)
+        return 0;
+    int ncap = *cap ? *cap * 2 : 8;
+    void *nv = realloc(*v, (size_t)ncap * sz);
+    if (!nv)
+        return -1;
+    *v = nv;
+    *cap = ncap;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- parsing */
+
+typedef struct {
+    const char *path;
+    int line;
+    char msg[256];
+} perr_t;
+
+static int fail(perr_t *pe, const char *fmt, const char *arg)
+{
+    snprintf(pe->msg, sizeof pe->msg, fmt, arg ? arg : "");
+    return -1;
+}
+
+static char *next_tok(char **p)
+{
+    char *s = *p;
+    while (*s == ' ' || *s == '\t')
+        s++;
+    if (!*s) {
+        *p = s;
+        return NULL;
+    }
+    char *t = s;
+    while (*s && *s != ' ' && *s != '\t')
+        s++;
+    if (*s)
+        *s++ = '\0';
+    *p = s;
+    return t;
+}
+
+static char *rest_of_line(char **p)
+{
+    char *s = *p;
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        s[--n] = '\0';
+    *p = s + n;
+    return s;
+}
+
+/* Decimal, or hexadecimal with 0x (never octal: "010" is ten). */
+static int num_base(const char *s)
+{
+    if (*s == '-' || *s == '+')
+        s++;
+    return s[0] == '0' && (s[1] == 'x' || s[1] == 'X') ? 16 : 10;
+}
+
+static int parse_ull(const char *s, unsigned long long *out)
+{
+    if (!s || !*s || *s == '-')
+        return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, num_base(s));
+    if (errno || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_uint(const char *s, unsigned *out)
+{
+    unsigned long long v;
+    if (parse_ull(s, &v) || v > UINT_MAX)
+        return -1;
+    *out = (unsigned)v;
+    return 0;
+}
+
+static int parse_ll(const char *s, long long *out)
+{
+    if (!s || !*s)
+        return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, num_base(s));
+    if (errno || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_dbl(const char *s, double *out)
+{
+    if (!s || !*s)
+        return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* "-" means "not set" for instance ids. */
+static int parse_id(const char *s, unsigned *out)
+{
+    if (s && strcmp(s, "-") == 0) {
+        *out = NO_ID;
+        return 0;
+    }
+    return parse_uint(s, out);
+}
+
+static int copy_str(char *dst, const char *src)
+{
+    if (!src || strlen(src) >= STR_LEN)
+        return -1;
+    strcpy(dst, src);
+    return 0;
+}
+
+/* util|psm FROM derived|none
+ * util|psm FROM ORIGIN REPEAT DUR:PCT [DUR:PCT ...] */
+static int parse_trace(char **p, tracelist_t *tl, perr_t *pe)
+{
+    trace_t tr;
+    memset(&tr, 0, sizeof tr);
+    if (parse_dbl(next_tok(p), &tr.from))
+        return fail(pe, "bad FROM time in trace", NULL);
+    if (tl->n && tr.from < tl->v[tl->n - 1].from)
+        return fail(pe, "trace FROM times must not decrease", NULL);
+    char *t = next_tok(p);
+    if (!t)
+        return fail(pe, "trace needs 'derived'/'none' or ORIGIN REPEAT segments", NULL);
+    if (strcmp(t, "derived") == 0 || strcmp(t, "none") == 0) {
+        tr.derived = 1;
+    } else {
+        unsigned rep;
+        if (parse_dbl(t, &tr.origin))
+            return fail(pe, "bad ORIGIN in trace: %s", t);
+        if (parse_uint(next_tok(p), &rep) || rep > 1)
+            return fail(pe, "trace REPEAT must be 0 or 1", NULL);
+        tr.repeat = (int)rep;
+        int cap = 0;
+        char *s;
+        while ((s = next_tok(p)) != NULL) {
+            char *colon = strchr(s, ':');
+            seg_t sg;
+            if (!colon)
+                return fail(pe, "segment must be DUR:PCT, got %s", s);
+            *colon = '\0';
+            if (parse_dbl(s, &sg.dur) || parse_dbl(colon + 1, &sg.pct) ||
+                sg.dur <= 0 || sg.pct < 0 || sg.pct > 100) {
+                free(tr.segs);
+                return fail(pe, "bad segment (need DUR>0, 0<=PCT<=100) near %s", s);
+            }
+            if (grow((void **)&tr.segs, &cap, tr.nseg, sizeof(seg_t))) {
+                free(tr.segs);
+                return fail(pe, "out of memory", NULL);
+            }
+            tr.segs[tr.nseg++] = sg;
+            tr.period += sg.dur;
+        }
+        if (!tr.nseg)
+            return fail(pe, "trace has no segments", NULL);
+    }
+    if (grow((void **)&tl->v, &tl->cap, tl->n, sizeof(trace_t))) {
+        free(tr.segs);
+        return fail(pe, "out of memory", NULL);
+    }
+    tl->v[tl->n++] = tr;
+    return 0;
+}
+
+static int parse_inject(char **p, injlist_t *l, int is_sleep, perr_t *pe)
+{
+    inject_t in;
+    memset(&in, 0, sizeof in);
+    if (copy_str(in.fn, next_tok(p)))
+        return fail(pe, "injection needs a function name", NULL);
+    char *v = next_tok(p);
+    if (is_sleep) {
+        if (parse_dbl(v, &in.secs) || in.secs < 0 || in.secs > 3600)
+            return fail(pe, "bad sleep seconds for %s", in.fn);
+    } else if (!v || parse_error_name(v, &in.err)) {
+        return fail(pe, "bad error name for %s", in.fn);
+    }
+    if (grow((void **)&l->v, &l->cap, l->n, sizeof(inject_t)))
+        return fail(pe, "out of memory", NULL);
+    l->v[l->n++] = in;
+    return 0;
+}
+
+static int parse_kinds(const char *s, unsigned *out)
+{
+    if (!s)
+        return -1;
+    char buf[STR_LEN];
+    if (copy_str(buf, s))
+        return -1;
+    unsigned k = 0;
+    for (char *save = NULL, *t = strtok_r(buf, "+", &save); t; t = strtok_r(NULL, "+", &save)) {
+        if (strcmp(t, "compute") == 0)
+            k |= KIND_COMPUTE;
+        else if (strcmp(t, "graphics") == 0)
+            k |= KIND_GRAPHICS;
+        else if (strcmp(t, "mps") == 0)
+            k |= KIND_MPS;
+        else
+            return -1;
+    }
+    if (!k)
+        return -1;
+    *out = k;
+    return 0;
+}
+
+static int parse_pci(const char *s, unsigned *dom, unsigned *bus, unsigned *dev, unsigned *fn)
+{
+    char tail;
+    if (!s || sscanf(s, "%x:%x:%x.%x%c", dom, bus, dev, fn, &tail) != 4)
+        return -1;
+    return 0;
+}
+
+static int parse_device_line(fdev_t *d, const char *key, char **p, perr_t *pe)
+{
+    char *v;
+    if (strcmp(key, "uuid") == 0) {
+        if (copy_str(d->uuid, next_tok(p)))
+            return fail(pe, "bad uuid", NULL);
+    } else if (strcmp(key, "name") == 0) {
+        if (copy_str(d->name, rest_of_line(p)))
+            return fail(pe, "bad name", NULL);
+    } else if (strcmp(key, "serial") == 0) {
+        if (copy_str(d->serial, next_tok(p)))
+            return fail(pe, "bad serial", NULL);
+    } else if (strcmp(key, "minor") == 0) {
+        if (parse_uint(next_tok(p), &d->minor))
+            return fail(pe, "bad minor", NULL);
+    } else if (strcmp(key, "pci_bus_id") == 0) {
+        unsigned a, b, c, e;
+        v = next_tok(p);
+        if (parse_pci(v, &a, &b, &c, &e) || copy_str(d->pci, v))
+            return fail(pe, "bad pci_bus_id (want DDDDDDDD:BB:DD.F)", NULL);
+    } else if (strcmp(key, "pci_device_id") == 0) {
+        if (parse_uint(next_tok(p), &d->pci_device_id))
+            return fail(pe, "bad pci_device_id", NULL);
+    } else if (strcmp(key, "pci_subsystem_id") == 0) {
+        if (parse_uint(next_tok(p), &d->pci_subsystem_id))
+            return fail(pe, "bad pci_subsystem_id", NULL);
+    } else if (strcmp(key, "memory_total") == 0) {
+        if (parse_ull(next_tok(p), &d->mem_total))
+            return fail(pe, "bad memory_total", NULL);
+    } else if (strcmp(key, "memory_reserved") == 0) {
+        if (parse_ull(next_tok(p), &d->mem_reserved))
+            return fail(pe, "bad memory_reserved", NULL);
+    } else if (strcmp(key, "memory_used") == 0) {
+        v = next_tok(p);
+        unsigned long long u;
+        if (v && strcmp(v, "auto") == 0)
+            d->mem_used = -1;
+        else if (parse_ull(v, &u) || u > (unsigned long long)LLONG_MAX)
+            return fail(pe, "bad memory_used (bytes or 'auto')", NULL);
+        else
+            d->mem_used = (long long)u;
+    } else if (strcmp(key, "power_w") == 0) {
+        if (parse_dbl(next_tok(p), &d->power_w) || d->power_w < 0 || d->power_w > 1e6)
+            return fail(pe, "bad power_w (0..1e6)", NULL);
+    } else if (strcmp(key, "energy") == 0) {
+        if (parse_dbl(next_tok(p), &d->energy_base_mj) || d->energy_base_mj < 0 ||
+            d->energy_base_mj > 1e18 || parse_dbl(next_tok(p), &d->energy_origin))
+            return fail(pe, "energy needs BASE_MJ ORIGIN", NULL);
+    } else if (strcmp(key, "temperature") == 0) {
+        long long t;
+        if (parse_ll(next_tok(p), &t) || t < -273 || t > 1000)
+            return fail(pe, "bad temperature", NULL);
+        d->temp = (int)t;
+    } else if (strcmp(key, "ecc") == 0) {
+        if (parse_ull(next_tok(p), &d->ecc_c) || parse_ull(next_tok(p), &d->ecc_u))
+            return fail(pe, "ecc needs CORRECTED UNCORRECTED", NULL);
+    } else if (strcmp(key, "lost") == 0) {
+        unsigned l;
+        if (parse_uint(next_tok(p), &l) || l > 1)
+            return fail(pe, "lost must be 0 or 1", NULL);
+        d->lost = (int)l;
+    } else if (strcmp(key, "util") == 0) {
+        return parse_trace(p, &d->util, pe);
+    } else if (strcmp(key, "process") == 0) {
+        proc_t pr;
+        memset(&pr, 0, sizeof pr);
+        if (parse_uint(next_tok(p), &pr.pid) || parse_kinds(next_tok(p), &pr.kinds) ||
+            parse_ull(next_tok(p), &pr.mem) || parse_id(next_tok(p), &pr.gi) ||
+            parse_id(next_tok(p), &pr.ci))
+            return fail(pe, "process needs PID KIND MEMORY GI CI", NULL);
+        if (grow((void **)&d->procs, &d->capproc, d->nproc, sizeof(proc_t)))
+            return fail(pe, "out of memory", NULL);
+        d->procs[d->nproc++] = pr;
+    } else if (strcmp(key, "psm") == 0) {
+        if (!d->nproc)
+            return fail(pe, "psm before any process line", NULL);
+        return parse_trace(p, &d->procs[d->nproc - 1].sm, pe);
+    } else if (strcmp(key, "mig") == 0) {
+        if (d->nmig >= MAX_MIG)
+            return fail(pe, "too many mig lines (max 8)", NULL);
+        mig_t *m = &d->mig[d->nmig];
+        memset(m, 0, sizeof *m);
+        if (parse_uint(next_tok(p), &m->gi) || parse_uint(next_tok(p), &m->ci) ||
+            parse_ull(next_tok(p), &m->total) || parse_ull(next_tok(p), &m->used) ||
+            copy_str(m->uuid, next_tok(p)) || copy_str(m->name, rest_of_line(p)) ||
+            !m->name[0])
+            return fail(pe, "mig needs GI CI MEMORY_TOTAL MEMORY_USED UUID NAME", NULL);
+        d->nmig++;
+    } else if (strcmp(key, "xid") == 0) {
+        xid_t x;
+        if (parse_ll(next_tok(p), &x.seq) || parse_ull(next_tok(p), &x.xid) ||
+            parse_dbl(next_tok(p), &x.time) || parse_id(next_tok(p), &x.gi) ||
+            parse_id(next_tok(p), &x.ci))
+            return fail(pe, "xid needs SEQ XID TIME GI CI", NULL);
+        if (d->nxid && x.seq <= d->xids[d->nxid - 1].seq)
+            return fail(pe, "xid SEQ must increase", NULL);
+        if (grow((void **)&d->xids, &d->capxid, d->nxid, sizeof(xid_t)))
+            return fail(pe, "out of memory", NULL);
+        d->xids[d->nxid++] = x;
+    } else if (strcmp(key, "error") == 0) {
+        return parse_inject(p, &d->errors, 0, pe);
+    } else if (strcmp(key, "sleep") == 0) {
+        return parse_inject(p, &d->sleeps, 1, pe);
+    } else {
+        return fail(pe, "unknown device key '%s'", key);
+    }
+    if (next_tok(p))
+        return fail(pe, "trailing text after '%s'", key);
+    return 0;
+}
+
+static int parse_global_line(state_t *st, const char *key, char **p, perr_t *pe)
+{
+    char *v;
+    if (strcmp(key, "fakenvml") == 0) {
+        v = next_tok(p);
+        if (!v || strcmp(v, "1") != 0)
+            return fail(pe, "unsupported format version (want 'fakenvml 1')", NULL);
+    } else if (strcmp(key, "driver_version") == 0) {
+        if (copy_str(st->driver, next_tok(p)))
+            return fail(pe, "bad driver_version", NULL);
+    } else if (strcmp(key, "nvml_version") == 0) {
+        if (copy_str(st->nvml_version, next_tok(p)))
+            return fail(pe, "bad nvml_version", NULL);
+    } else if (strcmp(key, "cuda_driver_version") == 0) {
+        long long c;
+        if (parse_ll(next_tok(p), &c) || c < 0 || c > INT_MAX)
+            return fail(pe, "bad cuda_driver_version", NULL);
+        st->cuda_version = (int)c;
+    } else if (strcmp(key, "sample_period_ms") == 0) {
+        if (parse_uint(next_tok(p), &st->period_ms) || !st->period_ms || st->period_ms > 600000)
+            return fail(pe, "bad sample_period_ms", NULL);
+    } else if (strcmp(key, "buffer_samples") == 0) {
+        if (parse_uint(next_tok(p), &st->buffer_samples) || !st->buffer_samples ||
+            st->buffer_samples > 100000)
+            return fail(pe, "bad buffer_samples", NULL);
+    } else if (strcmp(key, "process_util_mode") == 0) {
+        v = next_tok(p);
+        if (v && strcmp(v, "grid") == 0)
+            st->proc_latest = 0;
+        else if (v && strcmp(v, "latest") == 0)
+            st->proc_latest = 1;
+        else
+            return fail(pe, "process_util_mode must be grid or latest", NULL);
+    } else if (strcmp(key, "process_zero_samples") == 0) {
+        unsigned z;
+        if (parse_uint(next_tok(p), &z) || z > 1)
+            return fail(pe, "process_zero_samples must be 0 or 1", NULL);
+        st->zero_samples = (int)z;
+    } else if (strcmp(key, "init_error") == 0) {
+        v = next_tok(p);
+        if (!v || (strcmp(v, "none") != 0 && parse_error_name(v, &st->init_error)))
+            return fail(pe, "bad init_error", NULL);
+        if (strcmp(v, "none") == 0)
+            st->init_error = NVML_SUCCESS;
+    } else if (strcmp(key, "error") == 0) {
+        return parse_inject(p, &st->errors, 0, pe);
+    } else if (strcmp(key, "sleep") == 0) {
+        return parse_inject(p, &st->sleeps, 1, pe);
+    } else {
+        return fail(pe, "unknown key '%s'", key);
+    }
+    if (next_tok(p))
+        return fail(pe, "trailing text after '%s'", key);
+    return 0;
+}
+
+static int validate(state_t *st, perr_t *pe)
+{
+    for (int i = 0; i < MAX_DEV; i++) {
+        fdev_t *d = &st->dev[i];
+        if (!d->present)
+            continue;
+        if (!d->uuid[0])
+            return fail(pe, "a device has no uuid", NULL);
+        for (int j = 0; j < MAX_DEV; j++)
+            if (j != i && st->dev[j].present && strcmp(st->dev[j].uuid, d->uuid) == 0)
+                return fail(pe, "duplicate uuid %s", d->uuid);
+    }
+    return 0;
+}
+
+/* Parse a whole state file; NULL (and pe filled) on error. */
+static state_t *parse_state(const char *path, perr_t *pe)
+{
+    pe->path = path;
+    pe->line = 0;
+    pe->msg[0] = '\0';
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fail(pe, "cannot open: %s", strerror(errno));
+        return NULL;
+    }
+    char *buf = malloc(MAX_FILE + 1);
+    size_t len = buf ? fread(buf, 1, MAX_FILE + 1, f) : 0;
+    int rerr = ferror(f);
+    fclose(f);
+    if (!buf || rerr || len > MAX_FILE) {
+        free(buf);
+        fail(pe, "cannot read (or larger than 64 MiB)", NULL);
+        return NULL;
+    }
+    buf[len] = '\0';
+
+    state_t *st = calloc(1, sizeof *st);
+    if (!st) {
+        free(buf);
+        fail(pe, "out of memory", NULL);
+        return NULL;
+    }
+    strcpy(st->driver, "550.54.15");
+    st->cuda_version = 12040;
+    st->period_ms = 167;
+    st->buffer_samples = 120;
+
+    fdev_t *cur = NULL;
+    int ok = 0, saw_header = 0;
+    char *line = buf;
+    while (line && *line) {
+        char *nl = strchr(line, '\n');
+        if (nl)
+            *nl = '\0';
+        pe->line++;
+        char *cr = strchr(line, '\r');
+        if (cr)
+            *cr = '\0';
+        char *p = line;
+        line = nl ? nl + 1 : NULL;
+        char *key = next_tok(&p);
+        if (!key || key[0] == '#')
+            continue;
+        if (!saw_header) {
+            if (strcmp(key, "fakenvml") != 0) {
+                fail(pe, "first line must be 'fakenvml 1'", NULL);
+                goto out;
+            }
+            saw_header = 1;
+        }
+        if (strcmp(key, "device") == 0) {
+            unsigned idx;
+            if (parse_uint(next_tok(&p), &idx) || idx >= MAX_DEV || next_tok(&p)) {
+                fail(pe, "device needs an index below 64", NULL);
+                goto out;
+            }
+            if (st->dev[idx].present) {
+                fail(pe, "duplicate device index", NULL);
+                goto out;
+            }
+            cur = &st->dev[idx];
+            cur->present = 1;
+            cur->index = idx;
+            cur->minor = idx;
+            cur->mem_used = -1;
+            cur->temp = 35;
+            cur->pci_device_id = 0x20B210DEu;
+            cur->pci_subsystem_id = 0x147F10DEu;
+            snprintf(cur->name, STR_LEN, "NVIDIA A100-SXM4-80GB");
+            snprintf(cur->serial, STR_LEN, "16500%08u", idx);
+            snprintf(cur->pci, STR_LEN, "00000000:%02X:00.0", 0x10 + idx);
+            st->ndev++;
+            continue;
+        }
+        if (strcmp(key, "end") == 0) {
+            cur = NULL;
+            continue;
+        }
+        int r = cur ? parse_device_line(cur, key, &p, pe) : parse_global_line(st, key, &p, pe);
+        if (r)
+            goto out;
+    }
+    if (!saw_header) {
+        pe->line = 0;
+        fail(pe, "empty state (first line must be 'fakenvml 1')", NULL);
+        goto out;
+    }
+    pe->line = 0;
+    if (validate(st, pe))
+        goto out;
+    if (!st->nvml_version[0])
+        snprintf(st->nvml_version, STR_LEN, "12.%.120s", st->driver);
+    ok = 1;
+out:
+    free(buf);
+    if (!ok) {
+        free_state(st);
+        return NULL;
+    }
+    return st;
+}
+
+static int same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+/* With g_lock held: make g_state match the file.  One stat() when nothing
+ * changed.  Returns NVML_SUCCESS, or the error every call should give while
+ * the file is missing (missing_err) or malformed (NVML_ERROR_UNKNOWN). */
+static nvmlReturn_t refresh_state(nvmlReturn_t missing_err)
+{
+    const char *path = getenv("FAKE_NVML_STATE");
+    struct stat sb;
+    if (!path || !*path) {
+        if (!g_warned_unset)
+            fprintf(stderr, "fake-nvml: FAKE_NVML_STATE is not set\n");
+        g_warned_unset = 1;
+        return missing_err;
+    }
+    if (stat(path, &sb) != 0) {
+        struct stat none;
+        memset(&none, 0, sizeof none);
+        none.st_ino = 1; /* marks "missing" without matching a real file */
+        none.st_size = -1;
+        if (!g_have_bad || !same_file(&g_bad_st, &none)) {
+            fprintf(stderr, "fake-nvml: %s: %s\n", path, strerror(errno));
+            g_bad_st = none;
+            g_have_bad = 1;
+        }
+        return missing_err;
+    }
+    if (g_state && g_have_loaded && same_file(&sb, &g_loaded_st)) {
+        g_have_bad = 0;
+        return NVML_SUCCESS;
+    }
+    if (g_have_bad && same_file(&sb, &g_bad_st))
+        return NVML_ERROR_UNKNOWN;
+    perr_t pe;
+    state_t *st = parse_state(path, &pe);
+    if (!st) {
+        if (pe.line)
+            fprintf(stderr, "fake-nvml: %s:%d: %s\n", path, pe.line, pe.msg);
+        else
+            fprintf(stderr, "fake-nvml: %s: %s\n", path, pe.msg);
+        g_bad_st = sb;
+        g_have_bad = 1;
+        return NVML_ERROR_UNKNOWN;
+    }
+    free_state(g_state);
+    g_state = st;
+    g_loaded_st = sb;
+    g_have_loaded = 1;
+    g_have_bad = 0;
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------- time */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static unsigned long long now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000ull;
+}
+
+static void sleep_s(double s)
+{
+    if (s <= 0)
+        return;
+    struct timespec ts;
+    ts.tv_sec = (time_t)s;
+    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+/* ------------------------------------------------------- pattern algebra */
+
+#define TEPS 1e-6 /* boundaries closer than 1 us are merged */
+
+static double trace_value(const trace_t *tr, double t)
+{
+    if (tr->derived)
+        return 0;
+    double u = t - tr->origin;
+    if (tr->repeat)
+        u -= floor(u / tr->period) * tr->period;
+    else if (u < 0 || u >= tr->period)
+        return 0;
+    double c = 0;
+    for (int i = 0; i < tr->nseg; i++) {
+        c += tr->segs[i].dur;
+        if (u < c)
+            return tr->segs[i].pct;
+    }
+    return tr->segs[tr->nseg - 1].pct;
+}
+
+/* Next instant after t where the trace's value may change. */
+static double trace_next(const trace_t *tr, double t)
+{
+    if (tr->derived)
+        return INFINITY;
+    double base;
+    if (tr->repeat) {
+        base = tr->origin + floor((t - tr->origin) / tr->period) * tr->period;
+    } else {
+        if (t < tr->origin - TEPS)
+            return tr->origin;
+        if (t >= tr->origin + tr->period - TEPS)
+            return INFINITY;
+        base = tr->origin;
+    }
+    for (int cyc = 0; cyc < 3; cyc++) {
+        double c = base + cyc * tr->period;
+        for (int i = 0; i < tr->nseg; i++) {
+            c += tr->segs[i].dur;
+            if (c > t + TEPS)
+                return c;
+        }
+        if (!tr->repeat)
+            return INFINITY;
+    }
+    return t + tr->period;
+}
+
+/* The trace in effect at t, or NULL before the first one. */
+static const trace_t *tl_at(const tracelist_t *tl, double t)
+{
+    const trace_t *cur = NULL;
+    for (int i = 0; i < tl->n && tl->v[i].from <= t; i++)
+        cur = &tl->v[i];
+    return cur;
+}
+
+static double tl_value(const tracelist_t *tl, double t)
+{
+    const trace_t *tr = tl_at(tl, t);
+    return tr ? trace_value(tr, t) : 0;
+}
+
+static double tl_next(const tracelist_t *tl, double t)
+{
+    double n = INFINITY;
+    const trace_t *tr = tl_at(tl, t);
+    if (tr)
+        n = trace_next(tr, t);
+    for (int i = 0; i < tl->n; i++)
+        if (tl->v[i].from > t + TEPS) {
+            n = fmin(n, tl->v[i].from);
+            break;
+        }
+    return n;
+}
+
+static int has_samples(const tracelist_t *tl)
+{
+    for (int i = 0; i < tl->n; i++)
+        if (!tl->v[i].derived)
+            return 1;
+    return 0;
+}
+
+static double dev_value(const fdev_t *d, double t)
+{
+    const trace_t *tr = tl_at(&d->util, t);
+    if (tr && !tr->derived)
+        return trace_value(tr, t);
+    double s = 0;
+    for (int i = 0; i < d->nproc; i++)
+        s += tl_value(&d->procs[i].sm, t);
+    return fmin(100.0, s);
+}
+
+static double dev_next(const fdev_t *d, double t)
+{
+    double n = tl_next(&d->util, t);
+    const trace_t *tr = tl_at(&d->util, t);
+    if (!tr || tr->derived)
+        for (int i = 0; i < d->nproc; i++)
+            n = fmin(n, tl_next(&d->procs[i].sm, t));
+    return n;
+}
+
+/* Exact mean over (a, b] of a piecewise-constant signal: walk from change
+ * to change and take the value in the middle of each piece. */
+static double mean_dev(const fdev_t *d, const tracelist_t *tl, double a, double b)
+{
+    double acc = 0, t = a;
+    for (int guard = 0; t < b && guard < 10000000; guard++) {
+        double n = fmin(b, d ? dev_next(d, t) : tl_next(tl, t));
+        if (!(n > t))
+            n = fmin(b, t + TEPS);
+        double mid = 0.5 * (t + n);
+        acc += (d ? dev_value(d, mid) : tl_value(tl, mid)) * (n - t);
+        t = n;
+    }
+    return b > a ? acc / (b - a) : 0;
+}
+
+static unsigned pct_round(double v)
+{
+    long r = lround(v);
+    return r < 0 ? 0u : r > 100 ? 100u : (unsigned)r;
+}
+
+/* Range of sample indices k (t_k = k * period) that a query with
+ * lastSeenTimeStamp may return: the newest complete one and those still in
+ * the buffer.  Returns 0 when there is none. */
+static int sample_range(const state_t *st, unsigned long long last_seen, unsigned long long *k_lo,
+                        unsigned long long *k_hi)
+{
+    unsigned long long per = (unsigned long long)st->period_ms * 1000ull;
+    unsigned long long hi = now_us() / per;
+    unsigned long long lo = hi >= st->buffer_samples ? hi - st->buffer_samples + 1 : 0;
+    unsigned long long after = last_seen / per + 1;
+    if (after > lo)
+        lo = after;
+    *k_lo = lo;
+    *k_hi = hi;
+    return lo <= hi;
+}
+
+static double k_time(const state_t *st, unsigned long long k)
+{
+    return (double)k * (double)st->period_ms / 1000.0;
+}
+
+/* --------------------------------------------------------- call plumbing */
+
+typedef struct {
+    fdev_t *dev;   /* parent device */
+    mig_t *mig;    /* MIG device, or NULL for a parent handle */
+    int slot, mig_index;
+} target_t;
+
+/* Handle lookups are not covered by "*": a device whose queries all fail
+ * can still be enumerated ("lost" models one that cannot). */
+static int star_applies(const char *fn)
+{
+    return strcmp(fn, "nvmlDeviceGetHandleByIndex_v2") != 0 &&
+           strcmp(fn, "nvmlDeviceGetHandleByUUID") != 0;
+}
+
+static const inject_t *find_inject(const injlist_t *l, const char *fn)
+{
+    /* Exact name first, then without a _vN suffix (so "nvmlDeviceGetMemoryInfo"
+     * also covers nvmlDeviceGetMemoryInfo_v2), then "*". */
+    for (int i = 0; i < l->n; i++)
+        if (strcmp(l->v[i].fn, fn) == 0)
+            return &l->v[i];
+    const char *us = strrchr(fn, '_');
+    if (us && us[1] == 'v' && us[2] >= '0' && us[2] <= '9') {
+        size_t n = (size_t)(us - fn);
+        for (int i = 0; i < l->n; i++)
+            if (strlen(l->v[i].fn) == n && strncmp(l->v[i].fn, fn, n) == 0)
+                return &l->v[i];
+    }
+    if (star_applies(fn))
+        for (int i = 0; i < l->n; i++)
+            if (strcmp(l->v[i].fn, "*") == 0)
+                return &l->v[i];
+    return NULL;
+}
+
+static double sleep_for(const fdev_t *d, const char *fn)
+{
+    const inject_t *in = find_inject(&g_state->sleeps, fn);
+    double s = in ? in->secs : 0;
+    if (d && (in = find_inject(&d->sleeps, fn)) != NULL)
+        s += in->secs;
+    return s;
+}
+
+static nvmlReturn_t error_for(const fdev_t *d, const char *fn)
+{
+    const inject_t *in = find_inject(&g_state->errors, fn);
+    if (in)
+        return in->err;
+    if (d && (in = find_inject(&d->errors, fn)) != NULL)
+        return in->err;
+    return NVML_SUCCESS;
+}
+
+/* Locks; checks init; reloads the state; honours injected sleeps (without
+ * holding the lock, so a hung call in one thread does not stall another)
+ * and errors.  On NVML_SUCCESS the lock is held and must be released with
+ * done(). */
+static nvmlReturn_t begin(const char *fn)
+{
+    pthread_mutex_lock(&g_lock);
+    if (g_refcount == 0) {
+        pthread_mutex_unlock(&g_lock);
+        return NVML_ERROR_UNINITIALIZED;
+    }
+    nvmlReturn_t r = refresh_state(NVML_ERROR_UNKNOWN);
+    if (r == NVML_SUCCESS) {
+        double s = sleep_for(NULL, fn);
+        if (s > 0) {
+            pthread_mutex_unlock(&g_lock);
+            sleep_s(s);
+            pthread_mutex_lock(&g_lock);
+            r = g_refcount ? refresh_state(NVML_ERROR_UNKNOWN) : NVML_ERROR_UNINITIALIZED;
+        }
+    }
+    if (r == NVML_SUCCESS)
+        r = error_for(NULL, fn);
+    if (r != NVML_SUCCESS)
+        pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+static nvmlReturn_t done(nvmlReturn_t r)
+{
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* Decode a handle without trusting it: it must point into our tables. */
+static int decode_handle(nvmlDevice_t h, int *slot, int *mig)
+{
+    uintptr_t a = (uintptr_t)h;
+    uintptr_t p0 = (uintptr_t)&g_parent[0], p1 = (uintptr_t)&g_parent[MAX_DEV];
+    uintptr_t m0 = (uintptr_t)&g_mig[0][0], m1 = (uintptr_t)&g_mig[MAX_DEV - 1][MAX_MIG];
+    if (a >= p0 && a < p1 && (a - p0) % sizeof(struct nvmlDevice_st) == 0) {
+        *slot = (int)((a - p0) / sizeof(struct nvmlDevice_st));
+        *mig = -1;
+        return 0;
+    }
+    if (a >= m0 && a < m1 && (a - m0) % sizeof(struct nvmlDevice_st) == 0) {
+        size_t i = (a - m0) / sizeof(struct nvmlDevice_st);
+        *slot = (int)(i / MAX_MIG);
+        *mig = (int)(i % MAX_MIG);
+        return 0;
+    }
+    return -1;
+}
+
+/* Resolve a handle against the current state (lock held). */
+static nvmlReturn_t resolve(nvmlDevice_t h, target_t *t)
+{
+    int slot, mig;
+    if (decode_handle(h, &slot, &mig))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    fdev_t *d = &g_state->dev[slot];
+    if (!d->present)
+        return NVML_ERROR_GPU_IS_LOST; /* the GPU vanished from the state */
+    t->dev = d;
+    t->slot = slot;
+    t->mig_index = mig;
+    t->mig = NULL;
+    if (mig >= 0) {
+        if (mig >= d->nmig)
+            return NVML_ERROR_INVALID_ARGUMENT; /* that MIG device is gone */
+        t->mig = &d->mig[mig];
+    }
+    return NVML_SUCCESS;
+}
+
+enum { PARENT_ONLY = 0, MIG_OK = 1 };
+
+/* begin() for calls on a device handle: also sleeps/errors of the device,
+ * GPU_IS_LOST for lost devices, NOT_SUPPORTED for MIG handles unless the
+ * call works on them. */
+static nvmlReturn_t begin_dev(const char *fn, nvmlDevice_t h, int mig_ok, target_t *t)
+{
+    nvmlReturn_t r = begin(fn);
+    if (r != NVML_SUCCESS)
+        return r;
+    r = resolve(h, t);
+    if (r == NVML_SUCCESS) {
+        double s = sleep_for(t->dev, fn) - sleep_for(NULL, fn);
+        if (s > 0) {
+            pthread_mutex_unlock(&g_lock);
+            sleep_s(s);
+            pthread_mutex_lock(&g_lock);
+            r = g_refcount ? refresh_state(NVML_ERROR_UNKNOWN) : NVML_ERROR_UNINITIALIZED;
+            if (r == NVML_SUCCESS)
+                r = resolve(h, t);
+        }
+    }
+    if (r == NVML_SUCCESS && t->dev->lost)
+        r = NVML_ERROR_GPU_IS_LOST;
+    if (r == NVML_SUCCESS)
+        r = error_for(t->dev, fn);
+    if (r == NVML_SUCCESS && t->mig && !mig_ok)
+        r = NVML_ERROR_NOT_SUPPORTED;
+    if (r != NVML_SUCCESS)
+        pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+static nvmlReturn_t put_str(char *dst, unsigned len, const char *src)
+{
+    if (!dst)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > len)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(dst, src);
+    return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------ init, system */
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;
+    pthread_once(&g_once, init_tables);
+    pthread_mutex_lock(&g_lock);
+    nvmlReturn_t r = refresh_state(NVML_ERROR_DRIVER_NOT_LOADED);
+    if (r == NVML_SUCCESS && g_state->init_error != NVML_SUCCESS)
+        r = g_state->init_error;
+    if (r == NVML_SUCCESS)
+        r = error_for(NULL, "nvmlInitWithFlags");
+    if (r == NVML_SUCCESS)
+        g_refcount++;
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+nvmlReturn_t nvmlInit_v2(void)
+{
+    return nvmlInitWithFlags(0);
+}
+
+nvmlReturn_t nvmlShutdown(void)
+{
+    pthread_mutex_lock(&g_lock);
+    nvmlReturn_t r = NVML_ERROR_UNINITIALIZED;
+    if (g_refcount > 0) {
+        g_refcount--;
+        r = NVML_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+    nvmlReturn_t r = begin(__func__);
+    if (r != NVML_SUCCESS)
+        return r;
+    return done(put_str(version, length, g_state->driver));
+}
+
+nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
+{
+    nvmlReturn_t r = begin(__func__);
+    if (r != NVML_SUCCESS)
+        return r;
+    return done(put_str(version, length, g_state->nvml_version));
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
+{
+    nvmlReturn_t r = begin(__func__);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!cudaDriverVersion)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *cudaDriverVersion = g_state->cuda_version;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
+{
+    nvmlReturn_t r = begin(__func__);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!cudaDriverVersion)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *cudaDriverVersion = g_state->cuda_version;
+    return done(NVML_SUCCESS);
+}
+
+/* ------------------------------------------------------- device discovery */
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
+{
+    nvmlReturn_t r = begin(__func__);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!deviceCount)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *deviceCount = (unsigned)g_state->ndev;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    nvmlReturn_t r = begin(__func__);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!device || index >= MAX_DEV || !g_state->dev[index].present)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    fdev_t *d = &g_state->dev[index];
+    if (d->lost)
+        return done(NVML_ERROR_GPU_IS_LOST);
+    r = error_for(d, __func__);
+    if (r == NVML_SUCCESS)
+        *device = &g_parent[index];
+    return done(r);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    nvmlReturn_t r = begin(__func__);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!uuid || !device)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    /* Documented: GPU_IS_LOST if *any* GPU has fallen off the bus. */
+    for (int i = 0; i < MAX_DEV; i++)
+        if (g_state->dev[i].present && g_state->dev[i].lost)
+            return done(NVML_ERROR_GPU_IS_LOST);
+    for (int i = 0; i < MAX_DEV; i++) {
+        fdev_t *d = &g_state->dev[i];
+        if (!d->present)
+            continue;
+        if (strcmp(d->uuid, uuid) == 0) {
+            *device = &g_parent[i];
+            return done(error_for(d, __func__));
+        }
+        for (int j = 0; j < d->nmig; j++)
+            if (strcmp(d->mig[j].uuid, uuid) == 0) {
+                *device = &g_mig[i][j];
+                return done(error_for(d, __func__));
+            }
+    }
+    return done(NVML_ERROR_NOT_FOUND);
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!index)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *index = t.dev->index;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, MIG_OK, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    return done(put_str(uuid, length, t.mig ? t.mig->uuid : t.dev->uuid));
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, MIG_OK, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    return done(put_str(name, length, t.mig ? t.mig->name : t.dev->name));
+}
+
+nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    return done(put_str(serial, length, t.dev->serial));
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!minorNumber)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *minorNumber = t.dev->minor;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!pci)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned dom = 0, bus = 0, dv = 0, fn = 0;
+    parse_pci(t.dev->pci, &dom, &bus, &dv, &fn); /* validated at load */
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.%X", dom, bus, dv, fn);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", dom & 0xFFFFu,
+             bus & 0xFFu, dv & 0x1Fu, fn & 0xFu);
+    pci->domain = dom;
+    pci->bus = bus;
+    pci->device = dv;
+    pci->pciDeviceId = t.dev->pci_device_id;
+    pci->pciSubSystemId = t.dev->pci_subsystem_id;
+    return done(NVML_SUCCESS);
+}
+
+/* ------------------------------------------------------------ gauges */
+
+static unsigned long long procs_memory(const fdev_t *d, const mig_t *m)
+{
+    unsigned long long s = 0;
+    for (int i = 0; i < d->nproc; i++) {
+        const proc_t *p = &d->procs[i];
+        if (m && (p->gi != m->gi || (p->ci != NO_ID && p->ci != m->ci)))
+            continue;
+        s += p->mem;
+    }
+    return s;
+}
+
+static void memory_of(const target_t *t, unsigned long long *total, unsigned long long *reserved,
+                      unsigned long long *used)
+{
+    if (t->mig) {
+        *total = t->mig->total;
+        *reserved = 0;
+        *used = t->mig->used;
+    } else {
+        *total = t->dev->mem_total;
+        *reserved = t->dev->mem_reserved;
+        *used = t->dev->mem_used >= 0 ? (unsigned long long)t->dev->mem_used
+                                      : procs_memory(t->dev, NULL);
+    }
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, MIG_OK, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!memory)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned long long total, reserved, used;
+    memory_of(&t, &total, &reserved, &used);
+    /* v1 counts the driver's reservation as used. */
+    memory->total = total;
+    memory->used = used + reserved > total ? total : used + reserved;
+    memory->free = total - memory->used;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, MIG_OK, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!memory)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (memory->version != nvmlMemory_v2)
+        return done(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    unsigned long long total, reserved, used;
+    memory_of(&t, &total, &reserved, &used);
+    memory->total = total;
+    memory->reserved = reserved;
+    memory->used = used;
+    memory->free = used + reserved > total ? 0 : total - used - reserved;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!power)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *power = (unsigned)llround(t.dev->power_w * 1000.0);
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!energy)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    double dt = now_s() - t.dev->energy_origin;
+    double mj = t.dev->energy_base_mj + (dt > 0 ? t.dev->power_w * 1000.0 * dt : 0);
+    *energy = mj < 1.8e19 ? (unsigned long long)mj : ULLONG_MAX; /* no UB on odd input */
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensorType,
+                                      unsigned int *temp)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!temp || (unsigned)sensorType >= (unsigned)NVML_TEMPERATURE_COUNT)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *temp = t.dev->temp < 0 ? 0u : (unsigned)t.dev->temp;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!temperature || (unsigned)temperature->sensorType >= (unsigned)NVML_TEMPERATURE_COUNT)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (temperature->version != nvmlTemperature_v1)
+        return done(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    temperature->temperature = t.dev->temp;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
+                                         nvmlEccCounterType_t counterType,
+                                         unsigned long long *eccCounts)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!eccCounts || (unsigned)counterType > (unsigned)NVML_AGGREGATE_ECC)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    /* Volatile and aggregate counters are the same: no driver reloads here. */
+    if (errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED)
+        *eccCounts = t.dev->ecc_c;
+    else if (errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
+        *eccCounts = t.dev->ecc_u;
+    else
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!utilization)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (t.dev->nmig) /* documented: not supported on MIG-enabled GPUs */
+        return done(NVML_ERROR_NOT_SUPPORTED);
+    unsigned long long k = now_us() / ((unsigned long long)g_state->period_ms * 1000ull);
+    double m = mean_dev(t.dev, NULL, k_time(g_state, k ? k - 1 : 0), k_time(g_state, k));
+    utilization->gpu = pct_round(m);
+    utilization->memory = pct_round(m * 0.5);
+    return done(NVML_SUCCESS);
+}
+
+/* --------------------------------------------------------------- processes */
+
+static nvmlReturn_t list_procs(const char *fn, nvmlDevice_t device, unsigned kind,
+                               unsigned int *infoCount, nvmlProcessInfo_t *infos)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(fn, device, MIG_OK, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!infoCount)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    const fdev_t *d = t.dev;
+    unsigned n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            if (n == 0) {
+                *infoCount = 0;
+                return done(NVML_SUCCESS);
+            }
+            if (*infoCount < n || !infos) {
+                *infoCount = n;
+                return done(NVML_ERROR_INSUFFICIENT_SIZE);
+            }
+            n = 0;
+        }
+        for (int i = 0; i < d->nproc; i++) {
+            const proc_t *p = &d->procs[i];
+            if (!(p->kinds & kind))
+                continue;
+            /* A MIG handle lists only its own compute instance's processes;
+             * the parent lists all of them, with their instance ids. */
+            if (t.mig && (p->gi != t.mig->gi || (p->ci != NO_ID && p->ci != t.mig->ci)))
+                continue;
+            if (pass == 1) {
+                infos[n].pid = p->pid;
+                infos[n].usedGpuMemory = p->mem;
+                infos[n].gpuInstanceId = d->nmig ? p->gi : NO_ID;
+                infos[n].computeInstanceId = d->nmig ? p->ci : NO_ID;
+            }
+            n++;
+        }
+    }
+    *infoCount = n;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                     nvmlProcessInfo_t *infos)
+{
+    return list_procs(__func__, device, KIND_COMPUTE, infoCount, infos);
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
+                                                      unsigned int *infoCount,
+                                                      nvmlProcessInfo_t *infos)
+{
+    return list_procs(__func__, device, KIND_GRAPHICS, infoCount, infos);
+}
+
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                        unsigned int *infoCount,
+                                                        nvmlProcessInfo_t *infos)
+{
+    return list_procs(__func__, device, KIND_MPS, infoCount, infos);
+}
+
+/* ------------------------------------------------------------ sample buffers */
+
+nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
+                                  unsigned long long lastSeenTimeStamp,
+                                  nvmlValueType_t *sampleValType, unsigned int *sampleCount,
+                                  nvmlSample_t *samples)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!sampleCount || !sampleValType || (samples && *sampleCount == 0))
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (type != NVML_TOTAL_POWER_SAMPLES && type != NVML_GPU_UTILIZATION_SAMPLES &&
+        type != NVML_MEMORY_UTILIZATION_SAMPLES)
+        return done(NVML_ERROR_NOT_SUPPORTED);
+    if (t.dev->nmig && type != NVML_TOTAL_POWER_SAMPLES) /* documented for MIG */
+        return done(NVML_ERROR_NOT_SUPPORTED);
+    unsigned long long lo, hi;
+    if (!sample_range(g_state, lastSeenTimeStamp, &lo, &hi))
+        return done(NVML_ERROR_NOT_FOUND);
+    *sampleValType = NVML_VALUE_TYPE_UNSIGNED_INT;
+    unsigned long long avail = hi - lo + 1;
+    if (!samples) {
+        *sampleCount = (unsigned)avail;
+        return done(NVML_SUCCESS);
+    }
+    /* Oldest first; a short buffer gets the oldest ones, so a caller that
+     * continues from the newest timestamp it got loses nothing. */
+    unsigned n = avail < *sampleCount ? (unsigned)avail : *sampleCount;
+    unsigned long long per_us = (unsigned long long)g_state->period_ms * 1000ull;
+    for (unsigned i = 0; i < n; i++) {
+        unsigned long long k = lo + i;
+        samples[i].timeStamp = k * per_us;
+        unsigned v;
+        if (type == NVML_TOTAL_POWER_SAMPLES) {
+            v = (unsigned)llround(t.dev->power_w * 1000.0);
+        } else {
+            double m = mean_dev(t.dev, NULL, k_time(g_state, k - 1), k_time(g_state, k));
+            v = pct_round(type == NVML_GPU_UTILIZATION_SAMPLES ? m : m * 0.5);
+        }
+        samples[i].sampleValue.uiVal = v;
+    }
+    *sampleCount = n;
+    return done(NVML_SUCCESS);
+}
+
+typedef struct {
+    unsigned pid;
+    unsigned long long ts;
+    unsigned sm;
+} psample_t;
+
+/* Collect process samples after last_seen (lock held).  Grid mode: one per
+ * process and sample period, oldest period first; latest mode: only each
+ * process's newest one.  Samples of 0 % are left out unless
+ * process_zero_samples is set (the driver reports processes "that had some
+ * non-zero utilization").  Returns the count, or -1 when out of memory. */
+static long collect_psamples(const fdev_t *d, unsigned long long last_seen, psample_t **out,
+                             unsigned long long *first_k)
+{
+    *out = NULL;
+    unsigned long long lo, hi;
+    if (!sample_range(g_state, last_seen, &lo, &hi))
+        return 0;
+    *first_k = lo;
+    unsigned long long per_us = (unsigned long long)g_state->period_ms * 1000ull;
+    size_t cap = 0, n = 0;
+    psample_t *v = NULL;
+    for (unsigned long long k = lo; k <= hi; k++) {
+        for (int i = 0; i < d->nproc; i++) {
+            const proc_t *p = &d->procs[i];
+            if (!has_samples(&p->sm))
+                continue;
+            unsigned sm = pct_round(mean_dev(NULL, &p->sm, k_time(g_state, k - 1), k_time(g_state, k)));
+            if (sm == 0 && !g_state->zero_samples)
+                continue;
+            if (g_state->proc_latest) {
+                /* keep only the newest sample per pid: overwrite an older one */
+                size_t j;
+                for (j = 0; j < n && v[j].pid != p->pid; j++)
+                    ;
+                if (j < n) {
+                    v[j].ts = k * per_us;
+                    v[j].sm = sm;
+                    continue;
+                }
+            }
+            if (n == cap) {
+                size_t ncap = cap ? cap * 2 : 64;
+                psample_t *nv = realloc(v, ncap * sizeof *nv);
+                if (!nv) {
+                    free(v);
+                    return -1;
+                }
+                v = nv;
+                cap = ncap;
+            }
+            v[n].pid = p->pid;
+            v[n].ts = k * per_us;
+            v[n].sm = sm;
+            n++;
+        }
+    }
+    *out = v;
+    return (long)n;
+}
+
+static int cmp_psample(const void *a, const void *b)
+{
+    const psample_t *x = a, *y = b;
+    if (x->ts != y->ts)
+        return x->ts < y->ts ? -1 : 1;
+    return x->pid < y->pid ? -1 : x->pid > y->pid;
+}
+
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                             nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *processSamplesCount,
+                                             unsigned long long lastSeenTimeStamp)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!processSamplesCount)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (t.dev->nmig) /* documented: not supported on MIG-enabled GPUs */
+        return done(NVML_ERROR_NOT_SUPPORTED);
+    psample_t *v;
+    unsigned long long first_k = 0;
+    long n = collect_psamples(t.dev, lastSeenTimeStamp, &v, &first_k);
+    if (n < 0)
+        return done(NVML_ERROR_MEMORY);
+    if (n == 0) {
+        free(v);
+        return done(NVML_ERROR_NOT_FOUND);
+    }
+    /* Oldest first (latest mode collects them in pid order). */
+    qsort(v, (size_t)n, sizeof *v, cmp_psample);
+    if (!utilization || *processSamplesCount < (unsigned long)n) {
+        if (!utilization || *processSamplesCount == 0) {
+            *processSamplesCount = (unsigned)n;
+            free(v);
+            return done(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        /* Buffer sized by an earlier call and a period has ended since: drop
+         * whole newest periods, so no period is ever split. */
+        long keep = (long)*processSamplesCount;
+        while (keep > 0 && keep < n && v[keep].ts == v[keep - 1].ts)
+            keep--;
+        if (keep == 0) {
+            *processSamplesCount = (unsigned)n;
+            free(v);
+            return done(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        n = keep;
+    }
+    for (long i = 0; i < n; i++) {
+        utilization[i].pid = v[i].pid;
+        utilization[i].timeStamp = v[i].ts;
+        utilization[i].smUtil = v[i].sm;
+        utilization[i].memUtil = pct_round(v[i].sm * 0.5);
+        utilization[i].encUtil = 0;
+        utilization[i].decUtil = 0;
+    }
+    *processSamplesCount = (unsigned)n;
+    free(v);
+    return done(NVML_SUCCESS);
+}
+
+/* --------------------------------------------------------------------- MIG */
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
+                                  unsigned int *pendingMode)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!currentMode || !pendingMode)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *currentMode = *pendingMode = t.dev->nmig ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!count)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    /* The maximum, not the current number: 7 on A100/H100, 0 without MIG. */
+    *count = t.dev->nmig ? (unsigned)(t.dev->nmig > 7 ? t.dev->nmig : 7) : 0;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                 nvmlDevice_t *migDevice)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!migDevice)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (!t.dev->nmig)
+        return done(NVML_ERROR_NOT_SUPPORTED);
+    unsigned max = (unsigned)(t.dev->nmig > 7 ? t.dev->nmig : 7);
+    if (index >= max)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (index >= (unsigned)t.dev->nmig)
+        return done(NVML_ERROR_NOT_FOUND);
+    *migDevice = &g_mig[t.slot][index];
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, MIG_OK, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!isMigDevice)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *isMigDevice = t.mig ? 1u : 0u;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice,
+                                                          nvmlDevice_t *device)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, migDevice, MIG_OK, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!device || !t.mig)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *device = &g_parent[t.slot];
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, MIG_OK, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!id || !t.mig)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *id = t.mig->gi;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, MIG_OK, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!id || !t.mig)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *id = t.mig->ci;
+    return done(NVML_SUCCESS);
+}
+
+/* ------------------------------------------------------------------ events */
+
+static struct nvmlEventSet_st *check_set(nvmlEventSet_t set)
+{
+    uintptr_t a = (uintptr_t)set, s0 = (uintptr_t)&g_sets[0], s1 = (uintptr_t)&g_sets[MAX_SETS];
+    if (a < s0 || a >= s1 || (a - s0) % sizeof(struct nvmlEventSet_st) != 0)
+        return NULL;
+    return set->used ? set : NULL;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!eventTypes)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *eventTypes = SUPPORTED_EVENTS;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    nvmlReturn_t r = begin(__func__);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!set)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < MAX_SETS; i++) {
+        if (!g_sets[i].used) {
+            memset(&g_sets[i], 0, sizeof g_sets[i]);
+            g_sets[i].used = 1;
+            *set = &g_sets[i];
+            return done(NVML_SUCCESS);
+        }
+    }
+    return done(NVML_ERROR_INSUFFICIENT_RESOURCES);
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                      nvmlEventSet_t set)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    struct nvmlEventSet_st *s = check_set(set);
+    if (!s || !eventTypes)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (eventTypes & ~(unsigned long long)SUPPORTED_EVENTS)
+        return done(NVML_ERROR_NOT_SUPPORTED);
+    /* Events that happened before registration are not recorded. */
+    if (!s->mask[t.slot])
+        s->reg_time[t.slot] = now_s();
+    s->mask[t.slot] |= eventTypes;
+    return done(NVML_SUCCESS);
+}
+
+/* Next undelivered Xid for the set (lock held): fills data, returns 1. */
+static int take_xid(struct nvmlEventSet_st *s, nvmlEventData_t *data, nvmlReturn_t *err)
+{
+    for (int i = 0; i < MAX_DEV; i++) {
+        if (!s->mask[i])
+            continue;
+        fdev_t *d = &g_state->dev[i];
+        if (!d->present || d->lost) {
+            *err = NVML_ERROR_GPU_IS_LOST;
+            return 0;
+        }
+        nvmlReturn_t e = error_for(d, "nvmlEventSetWait_v2");
+        if (e != NVML_SUCCESS) {
+            *err = e;
+            return 0;
+        }
+        if (!(s->mask[i] & nvmlEventTypeXidCriticalError))
+            continue;
+        for (int j = 0; j < d->nxid; j++) {
+            const xid_t *x = &d->xids[j];
+            if (s->has_last[i] && x->seq <= s->last_seq[i])
+                continue;
+            if (x->time != 0 && x->time < s->reg_time[i])
+                continue;
+            s->has_last[i] = 1;
+            s->last_seq[i] = x->seq;
+            data->device = &g_parent[i];
+            data->eventType = nvmlEventTypeXidCriticalError;
+            data->eventData = x->xid;
+            data->gpuInstanceId = d->nmig ? x->gi : NO_ID;
+            data->computeInstanceId = d->nmig ? x->ci : NO_ID;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    nvmlReturn_t r = begin(__func__);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!check_set(set) || !data)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    /* Injected sleeps of the registered devices delay the answer too. */
+    double extra = 0;
+    for (int i = 0; i < MAX_DEV; i++)
+        if (set->mask[i] && g_state->dev[i].present)
+            extra = fmax(extra, sleep_for(&g_state->dev[i], __func__) - sleep_for(NULL, __func__));
+    pthread_mutex_unlock(&g_lock);
+    sleep_s(extra);
+
+    double deadline = now_s() + timeoutms / 1000.0;
+    for (;;) {
+        pthread_mutex_lock(&g_lock);
+        if (!g_refcount) {
+            r = NVML_ERROR_UNINITIALIZED;
+        } else if ((r = refresh_state(NVML_ERROR_UNKNOWN)) == NVML_SUCCESS) {
+            if (!check_set(set)) {
+                r = NVML_ERROR_INVALID_ARGUMENT; /* freed while we waited */
+            } else {
+                nvmlReturn_t e = NVML_SUCCESS;
+                if (take_xid(set, data, &e))
+                    r = NVML_SUCCESS;
+                else if (e != NVML_SUCCESS)
+                    r = e;
+                else
+                    r = NVML_ERROR_TIMEOUT;
+            }
+        }
+        pthread_mutex_unlock(&g_lock);
+        if (r != NVML_ERROR_TIMEOUT)
+            return r;
+        double left = deadline - now_s();
+        if (left <= 0)
+            return NVML_ERROR_TIMEOUT;
+        sleep_s(fmin(left, 0.01)); /* poll the state file every 10 ms */
+    }
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    nvmlReturn_t r = begin(__func__);
+    if (r != NVML_SUCCESS)
+        return r;
+    struct nvmlEventSet_st *s = check_set(set);
+    if (!s)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    s->used = 0;
+    return done(NVML_SUCCESS);
+}
