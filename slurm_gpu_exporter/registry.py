@@ -362,8 +362,9 @@ class Registry:
                 partition=record.partition or (info.partition if info else ""),
                 cluster=record.cluster or (info.cluster if info else ""),
                 name=info.name if info else "",
-                array_job_id=record.array_job_id,
-                array_task_id=record.array_task_id,
+                # slurmd 22.05 gives the prolog no array ids; Slurm knows them.
+                array_job_id=record.array_job_id or (info.array_job_id if info else ""),
+                array_task_id=record.array_task_id or (info.array_task_id if info else ""),
                 job_gpus=record.job_gpus,
                 cuda_visible_devices=record.cuda_visible_devices,
                 start_time=record.start_time,
