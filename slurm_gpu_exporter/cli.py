@@ -23,6 +23,8 @@ from aiohttp import web
 from slurm_gpu_exporter import __version__
 from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.errors import SourceErrors
+from slurm_gpu_exporter.gpu.backend import GpuBackend
+from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.jobstats import JobStatsCollector
 from slurm_gpu_exporter.registry import Registry
 from slurm_gpu_exporter.sampler import Sampler
@@ -124,10 +126,21 @@ def main(argv: list[str] | None = None) -> int:
             cgroup_grace=args.cgroup_grace, trusted_uids=frozenset({0, os.geteuid()}),
         )
         jobstats = JobStatsCollector(cgroups, args.proc_root, errors)
+        backend: GpuBackend
+        if simulation is not None:
+            from slurm_gpu_exporter.gpu.simulated import SimulatedBackend
+
+            backend = SimulatedBackend(simulation)
+        else:
+            from slurm_gpu_exporter.gpu.nvml import NvmlBackend
+
+            backend = NvmlBackend()
+        gpu = GpuSampler(backend, args.proc_root, errors, cgroups=cgroups,
+                         poll_timeout=max(1.0, 0.8 * args.sample_interval))
         holder = ExpositionHolder(stale_after=max(120.0, 10 * args.sample_interval))
         sampler = Sampler(
             registry, jobstats, errors, args.sample_interval,
-            state=StateStore(args.state_dir),
+            state=StateStore(args.state_dir), gpu=gpu,
             publish=lambda snapshot, exposition: holder.publish(exposition),
         )
         try:

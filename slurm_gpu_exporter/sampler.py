@@ -40,7 +40,9 @@ class GpuPart(Protocol):
     unattributed: tuple[UnattributedSample, ...]
 
 
-class GpuSampler(Protocol):
+class GpuSource(Protocol):
+    """What the sampler needs from the GPU side (gpu/sampler.py's GpuSampler)."""
+
     def sample(self, jobs: list[Job], now: float) -> GpuPart: ...
     def export_state(self) -> dict[str, Any]: ...
     def import_state(self, data: dict[str, Any]) -> None: ...
@@ -58,7 +60,7 @@ class Sampler:
         interval: float,
         *,
         state: StateStore | None = None,
-        gpu: GpuSampler | None = None,
+        gpu: GpuSource | None = None,
         publish: Callable[[Snapshot, Exposition], None] = lambda s, e: None,
     ) -> None:
         self.registry = registry

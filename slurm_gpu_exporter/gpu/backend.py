@@ -1,0 +1,109 @@
+"""The GPU backend protocol and the plain data it returns.
+
+A backend answers "what does each GPU look like right now": devices, MIG
+instances, processes, and the driver's utilization samples newer than a given
+timestamp. It keeps no counters; the GPU sampler integrates. Implementations:
+``nvml.py`` (the real driver through nvidia-ml-py) and ``simulated.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class GpuUnavailable(Exception):
+    """No GPU library or driver (or it failed to initialise); the message says which."""
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A MIG instance of a GPU, as NVML lists it."""
+
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str
+    name: str
+    memory_total: int | None
+    memory_used: int | None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process using a GPU; the instance ids are set on a MIG-enabled GPU."""
+
+    pid: int
+    used_memory: int | None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class UtilSample:
+    """One driver utilization sample: the percent busy over the period ending at timestamp_us."""
+
+    timestamp_us: int
+    percent: float
+
+
+@dataclass(frozen=True)
+class ProcessUtilSample:
+    """One driver sample of a process's SM utilization."""
+
+    pid: int
+    timestamp_us: int
+    sm_percent: float
+
+
+@dataclass(frozen=True)
+class DeviceReading:
+    """One poll of one physical GPU. None means "not supported or not readable" for that field.
+
+    ``util_samples`` holds the device samples newer than the cursor passed in (empty
+    when there are none yet; None when the GPU has no utilization samples, e.g. MIG).
+    """
+
+    index: int
+    uuid: str
+    name: str
+    minor: int | None
+    pci_bus_id: str
+    lost: bool = False
+    memory_used: int | None = None
+    memory_total: int | None = None
+    power_watts: float | None = None
+    energy_mj: int | None = None
+    temperature_c: float | None = None
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    util_samples: tuple[UtilSample, ...] | None = None
+    process_samples: tuple[ProcessUtilSample, ...] | None = None
+    mig: tuple[MigInstance, ...] = ()
+    errors: tuple[str, ...] = ()  # calls that failed in an unexpected way, for the log
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    uuid: str
+    xid: int
+
+
+class GpuBackend(Protocol):
+    """What the GPU sampler needs from a driver; called from one thread at a time,
+    except ``wait_xid`` which runs in its own thread."""
+
+    def init(self) -> str:
+        """Initialise; returns the driver version. Raises GpuUnavailable."""
+        ...
+
+    def read(self, cursors: dict[str, tuple[int, int]]) -> list[DeviceReading]:
+        """Poll every GPU. ``cursors`` maps a GPU UUID to the last device and process
+        sample timestamps already seen (µs); only newer samples are returned."""
+        ...
+
+    def wait_xid(self, timeout_ms: int) -> list[XidEvent]:
+        """Block up to ``timeout_ms`` for Xid events; [] when none came."""
+        ...
+
+    def shutdown(self) -> None: ...

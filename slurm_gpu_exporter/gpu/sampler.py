@@ -1,0 +1,544 @@
+"""The GPU sampler: polls the backend, integrates busy time and energy, attributes them to jobs.
+
+Busy time comes from the driver's own sample buffer: every sample newer than the
+last one seen is integrated once, so a job's mean utilization is exact whatever
+the scrape or sample interval. Per job and GPU, allocated seconds, busy seconds
+and energy are counters that start at 0 with the job and are saved in the state
+dir, so a restart of the agent never lowers them.
+
+NVML runs in a worker thread: a call that hangs freezes the GPU figures (and
+shows as ``slurm_gpu_exporter_nvml_up 0``) but never the job metrics or a scrape.
+Xid events are read in a thread of their own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import pwd
+import statistics
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_gpu_exporter.allocation import gpu_allocation
+from slurm_gpu_exporter.attribution import (
+    UNATTRIBUTED,
+    GpuTarget,
+    energy_shares,
+    held_targets,
+    shares,
+)
+from slurm_gpu_exporter.cgroups import CgroupFS
+from slurm_gpu_exporter.errors import SourceErrors
+from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuBackend, GpuUnavailable, UtilSample
+from slurm_gpu_exporter.procfs import PidJobMapper, ProcessGone, read_uid
+from slurm_gpu_exporter.registry import Job
+from slurm_gpu_exporter.snapshot import GpuSample, JobGpuSample, UnattributedSample
+
+log = logging.getLogger(__name__)
+
+# Gaps between driver samples longer than this are not integrated (samples were
+# lost, e.g. the agent was down longer than the driver's buffer reaches back).
+MIN_MAX_GAP_S = 2.0
+
+
+@dataclass(frozen=True)
+class GpuPartResult:
+    """What the GPU sampler adds to a snapshot."""
+
+    nvml_up: bool
+    job_gpus: tuple[JobGpuSample, ...] = ()
+    gpus: tuple[GpuSample, ...] = ()
+    unattributed: tuple[UnattributedSample, ...] = ()
+
+
+@dataclass
+class _Counters:
+    """Per job and GPU: what must only grow, plus the last gauges."""
+
+    gpu: str
+    allocated: float = 0.0
+    busy: float | None = 0.0
+    energy: float | None = 0.0
+    peak: int = 0
+    utilization: float | None = None
+    memory: int = 0
+    processes: int = 0
+
+    def to_state(self) -> list[Any]:
+        return [self.gpu, self.allocated, self.busy, self.energy, self.peak]
+
+    @classmethod
+    def from_state(cls, data: Any) -> _Counters | None:
+        try:
+            gpu, allocated, busy, energy, peak = data
+            return cls(str(gpu), float(allocated), None if busy is None else float(busy),
+                       None if energy is None else float(energy), int(peak))
+        except (TypeError, ValueError):
+            return None
+
+
+@dataclass
+class _Usage:
+    """One target's users in one poll: processes and SM weights by job key."""
+
+    memory: dict[str, int] = field(default_factory=dict)
+    processes: dict[str, int] = field(default_factory=dict)
+    weight: dict[str, float] = field(default_factory=dict)
+    unattributed: dict[str, tuple[int, int]] = field(default_factory=dict)  # user -> (n, bytes)
+
+
+class _Poller:
+    """Runs backend reads in one worker thread so that a hung call cannot stall sampling."""
+
+    def __init__(self, backend: GpuBackend) -> None:
+        self._backend = backend
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="nvml")
+        self._pending: Future[list[DeviceReading]] | None = None
+        self._since = 0.0
+
+    def poll(self, cursors: dict[str, tuple[int, int]], timeout: float
+             ) -> list[DeviceReading] | None:
+        """The readings, or None while a read is still running (stuck)."""
+        if self._pending is None:
+            self._pending = self._pool.submit(self._backend.read, dict(cursors))
+            self._since = time.monotonic()
+        try:
+            result = self._pending.result(timeout)
+        except TimeoutError:
+            return None
+        finally:
+            if self._pending.done():
+                self._pending = None
+        return result
+
+    @property
+    def stuck_for(self) -> float:
+        return time.monotonic() - self._since if self._pending is not None else 0.0
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class GpuSampler:
+    """Turns backend readings into job-GPU and device samples; owned by the sampler thread."""
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        proc_root: Path,
+        errors: SourceErrors,
+        *,
+        cgroups: CgroupFS | None = None,
+        poll_timeout: float = 4.0,
+        reinit_after: float = 60.0,
+    ) -> None:
+        self.backend = backend
+        self.errors = errors
+        self.cgroups = cgroups
+        self.proc_root = proc_root
+        self.poll_timeout = poll_timeout
+        self.reinit_after = reinit_after
+        self.mapper = PidJobMapper(proc_root)
+        self._poller: _Poller | None = None
+        self._initialised = False
+        self._next_init = 0.0
+        self._init_error_logged = False
+        self._cursors: dict[str, tuple[int, int]] = {}
+        self._last_energy: dict[str, int] = {}
+        self._last_wall: dict[str, float] = {}
+        self._device_busy: dict[str, float] = {}
+        self._counters: dict[str, dict[str, _Counters]] = {}  # jobid -> uuid -> counters
+        self._users: dict[int, str] = {}
+        self._xid_lock = threading.Lock()
+        self._xid_counts: dict[tuple[str, int], int] = {}
+        self._stop = threading.Event()
+        self._xid_thread: threading.Thread | None = None
+        self._last_part = GpuPartResult(nvml_up=False)
+
+    # -- life cycle ---------------------------------------------------------
+
+    def _ensure_init(self) -> bool:
+        if self._initialised:
+            return True
+        now = time.monotonic()
+        if now < self._next_init:
+            return False
+        self._next_init = now + self.reinit_after
+        try:
+            driver = self.backend.init()
+        except GpuUnavailable as exc:
+            if not self._init_error_logged:
+                log.warning("%s. GPU metrics are off (slurm_gpu_exporter_nvml_up 0); job "
+                            "metrics are still served. Retrying every %.0f s.", exc,
+                            self.reinit_after)
+                self._init_error_logged = True
+            self.errors.count("nvml", str(exc), log_it=False)
+            return False
+        log.info("GPU backend ready (driver %s)", driver)
+        self._initialised = True
+        self._init_error_logged = False
+        self._poller = _Poller(self.backend)
+        self._xid_thread = threading.Thread(target=self._watch_xid, name="xid-events",
+                                            daemon=True)
+        self._xid_thread.start()
+        return True
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._poller is not None:
+            self._poller.close()
+        if self._xid_thread is not None:
+            self._xid_thread.join(3)
+        if self._initialised:
+            self.backend.shutdown()
+
+    def _watch_xid(self) -> None:
+        backoff = 1.0
+        while not self._stop.is_set():
+            try:
+                events = self.backend.wait_xid(1000)
+                backoff = 1.0
+            except Exception as exc:  # a lost GPU makes the wait fail at once: back off
+                log.debug("Xid event wait failed: %s", exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            if events:
+                with self._xid_lock:
+                    for event in events:
+                        key = (event.uuid, event.xid)
+                        self._xid_counts[key] = self._xid_counts.get(key, 0) + 1
+                for event in events:
+                    log.warning("Xid %d on GPU %s", event.xid, event.uuid)
+
+    # -- sampling -----------------------------------------------------------
+
+    def sample(self, jobs: list[Job], now: float) -> GpuPartResult:
+        if not self._ensure_init():
+            self._last_part = self._frozen(jobs, nvml_up=False)
+            return self._last_part
+        assert self._poller is not None
+        readings = self._poller.poll(self._cursors, self.poll_timeout)
+        if readings is None:
+            self.errors.count("nvml", f"an NVML call has not returned for "
+                              f"{self._poller.stuck_for:.0f} s; GPU figures are frozen until "
+                              "it does")
+            self._last_part = self._frozen(jobs, nvml_up=False)
+            return self._last_part
+        if self.cgroups is not None:
+            # A process's environment is the user's to forge: trust it only on nodes
+            # where Slurm keeps no cgroups to go by.
+            self.mapper.environ_fallback = not self.cgroups.slurm_roots()
+        self._last_part = self._attribute(jobs, readings, now)
+        return self._last_part
+
+    def _attribute(self, jobs: list[Job], readings: list[DeviceReading], now: float
+                   ) -> GpuPartResult:
+        running = [j for j in jobs if j.running]
+        key_to_job = {j.jobid: j for j in running}
+        for job in running:  # Slurm 26.05: cgroup paths name jobs by SLUID
+            if job.cgroup is not None and job.cgroup.is_sluid:
+                key_to_job[job.cgroup.job_key] = job
+        targets: list[GpuTarget] = []
+        devices: list[GpuSample] = []
+        unattributed: list[UnattributedSample] = []
+        seen_pids: set[int] = set()
+        touched: set[tuple[str, str]] = set()
+        for reading in readings:
+            for error in reading.errors:
+                self.errors.count("nvml", f"GPU {reading.index}: {error}")
+            if reading.lost:
+                self.errors.count("nvml", f"GPU {reading.index} ({reading.uuid}) is lost",
+                                  log_it=False)
+                devices.append(self._device_sample(reading, None, None))
+                continue
+            parent = GpuTarget(str(reading.index), reading.uuid, reading.minor)
+            usage = self._usage(reading, key_to_job, seen_pids)
+            cursor = self._cursors.get(reading.uuid, (0, 0))[0]
+            window, busy = self._integrate(reading)
+            energy = self._energy_delta(reading)
+            if reading.mig:
+                self._attribute_mig(reading, running, key_to_job, now, targets, devices,
+                                    unattributed, seen_pids, touched)
+            else:
+                targets.append(parent)
+                holders = [j.jobid for j in running if held_targets(
+                    gpu_allocation(j.job_gpus, j.cuda_visible_devices), [parent])]
+                wall = self._wall_dt(reading.uuid, now)
+                busy_shares = shares(usage.weight, holders) if busy else {}
+                e_shares = energy_shares(busy_shares, busy or 0.0, holders)
+                for jobid in set(holders) | set(usage.processes) - {UNATTRIBUTED}:
+                    job = key_to_job.get(jobid)
+                    if job is None:
+                        continue
+                    touched.add((job.jobid, parent.uuid))
+                    job_window, job_busy = window, busy
+                    if window and job.start_time and cursor and reading.util_samples:
+                        # A job that started inside this window only gets the part after
+                        # its start (its first window would otherwise be too long).
+                        job_window, job_busy = integrate_samples(
+                            reading.util_samples, cursor, not_before_us=int(job.start_time * 1e6))
+                    self._accrue(
+                        self._counter(job.jobid, parent), holder=jobid in holders,
+                        dt=job_window if job_window is not None else wall,
+                        busy=None if job_busy is None else job_busy * busy_shares.get(jobid, 0.0),
+                        energy=None if energy is None else energy * e_shares.get(jobid, 0.0),
+                        memory=usage.memory.get(jobid, 0), processes=usage.processes.get(jobid, 0))
+                for user, (n, mem) in sorted(usage.unattributed.items()):
+                    unattributed.append(UnattributedSample(parent.gpu, parent.uuid, user, n, mem))
+            devices.append(self._device_sample(
+                reading, busy, (busy / window) if busy is not None and window else None,
+                usage.unattributed))
+        self._forget(jobs, seen_pids)
+        return GpuPartResult(
+            nvml_up=True,
+            job_gpus=self._job_gpu_samples(jobs, touched),
+            gpus=tuple(devices),
+            unattributed=tuple(unattributed),
+        )
+
+    def _attribute_mig(self, reading: DeviceReading, running: list[Job],
+                       key_to_job: dict[str, Job], now: float, targets: list[GpuTarget],
+                       devices: list[GpuSample], unattributed: list[UnattributedSample],
+                       seen_pids: set[int], touched: set[tuple[str, str]]) -> None:
+        """MIG instances: allocation by MIG UUID, processes by GPU instance id; NVML gives no
+        per-instance utilization, so busy time and energy are not attributed."""
+        for inst in reading.mig:
+            target = GpuTarget(f"{reading.index}.{inst.gpu_instance_id}", inst.uuid,
+                               None, is_mig=True, parent_uuid=reading.uuid)
+            targets.append(target)
+            procs = tuple(p for p in reading.processes
+                          if p.gpu_instance_id == inst.gpu_instance_id)
+            usage = self._usage(DeviceReading(index=reading.index, uuid=inst.uuid, name="",
+                                              minor=None, pci_bus_id="", processes=procs),
+                                key_to_job, seen_pids)
+            holders = [j.jobid for j in running if held_targets(
+                gpu_allocation(j.job_gpus, j.cuda_visible_devices), [target])]
+            dt = self._wall_dt(inst.uuid, now)
+            for jobid in set(holders) | set(usage.processes) - {UNATTRIBUTED}:
+                job = key_to_job.get(jobid)
+                if job is None:
+                    continue
+                touched.add((job.jobid, target.uuid))
+                self._accrue(self._counter(job.jobid, target), holder=jobid in holders, dt=dt,
+                             busy=None, energy=None, memory=usage.memory.get(jobid, 0),
+                             processes=usage.processes.get(jobid, 0))
+            for user, (n, mem) in sorted(usage.unattributed.items()):
+                unattributed.append(UnattributedSample(target.gpu, target.uuid, user, n, mem))
+            devices.append(GpuSample(
+                gpu=target.gpu, uuid=inst.uuid, name=inst.name, minor=None, pci_bus_id="",
+                parent_uuid=reading.uuid, memory_used_bytes=inst.memory_used,
+                memory_total_bytes=inst.memory_total,
+                unattributed_processes=sum(n for n, _ in usage.unattributed.values()),
+                unattributed_memory_bytes=sum(m for _, m in usage.unattributed.values()),
+            ))
+
+    @staticmethod
+    def _accrue(c: _Counters, *, holder: bool, dt: float, busy: float | None,
+                energy: float | None, memory: int, processes: int) -> None:
+        """Add one poll to a job's counters on one GPU. None: the GPU cannot measure it."""
+        if holder:
+            c.allocated += dt
+        if busy is None:
+            c.busy = c.utilization = None
+        else:
+            c.busy = (c.busy or 0.0) + busy
+            c.utilization = busy / dt if dt > 0 else c.utilization
+        c.energy = None if energy is None else (c.energy or 0.0) + energy
+        c.memory = memory
+        c.peak = max(c.peak, memory)
+        c.processes = processes
+
+    def _usage(self, reading: DeviceReading, key_to_job: dict[str, Job],
+               seen_pids: set[int]) -> _Usage:
+        """Who uses the GPU: processes, memory and SM weights by job (or user, outside jobs)."""
+        usage = _Usage()
+        weights: dict[int, float] = {}
+        for sample in reading.process_samples or ():
+            weights[sample.pid] = weights.get(sample.pid, 0.0) + sample.sm_percent
+        for proc in reading.processes:
+            seen_pids.add(proc.pid)
+            pid_job = self.mapper.job_of(proc.pid)
+            job = key_to_job.get(pid_job.job_key) if pid_job is not None else None
+            memory = proc.used_memory or 0
+            if job is None:
+                user = self._user_of(proc.pid)
+                if user is None:
+                    continue  # exited between NVML's list and our look
+                n, mem = usage.unattributed.get(user, (0, 0))
+                usage.unattributed[user] = (n + 1, mem + memory)
+                key = UNATTRIBUTED
+            else:
+                key = job.jobid
+            usage.memory[key] = usage.memory.get(key, 0) + memory
+            usage.processes[key] = usage.processes.get(key, 0) + 1
+            usage.weight[key] = usage.weight.get(key, 0.0) + weights.get(proc.pid, 0.0)
+        return usage
+
+    def _user_of(self, pid: int) -> str | None:
+        if pid in self._users:
+            return self._users[pid]
+        try:
+            uid = read_uid(self.proc_root, pid)
+        except (ProcessGone, ValueError, OSError):
+            return None
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = str(uid)
+        self._users[pid] = name
+        return name
+
+    # -- integration --------------------------------------------------------
+
+    def _integrate(self, reading: DeviceReading) -> tuple[float | None, float | None]:
+        """(window seconds, busy seconds) covered by the new driver samples, or (None, None)."""
+        uuid = reading.uuid
+        dev_cursor, proc_cursor = self._cursors.get(uuid, (0, 0))
+        if reading.process_samples:
+            proc_cursor = max(proc_cursor, max(s.timestamp_us for s in reading.process_samples))
+        samples = reading.util_samples
+        if samples is None:
+            self._cursors[uuid] = (dev_cursor, proc_cursor)
+            return None, None
+        if not samples or not dev_cursor:
+            # Nothing new, or the first look: the buffer's history is not this job's.
+            last = samples[-1].timestamp_us if samples else dev_cursor
+            self._cursors[uuid] = (last, proc_cursor)
+            return 0.0, 0.0
+        window, busy = integrate_samples(samples, dev_cursor)
+        self._cursors[uuid] = (samples[-1].timestamp_us, proc_cursor)
+        self._device_busy[uuid] = self._device_busy.get(uuid, 0.0) + busy
+        return window, busy
+
+    def _energy_delta(self, reading: DeviceReading) -> float | None:
+        """Joules since the previous reading; None where the GPU has no energy counter."""
+        if reading.energy_mj is None:
+            return None
+        last = self._last_energy.get(reading.uuid)
+        self._last_energy[reading.uuid] = reading.energy_mj
+        if last is None or reading.energy_mj < last:  # first look, or the driver reloaded
+            return 0.0
+        return (reading.energy_mj - last) / 1000.0
+
+    def _wall_dt(self, uuid: str, now: float) -> float:
+        last = self._last_wall.get(uuid)
+        self._last_wall[uuid] = now
+        return max(0.0, now - last) if last is not None else 0.0
+
+    def _counter(self, jobid: str, target: GpuTarget) -> _Counters:
+        per_job = self._counters.setdefault(jobid, {})
+        counter = per_job.get(target.uuid)
+        if counter is None:
+            counter = per_job[target.uuid] = _Counters(gpu=target.gpu)
+        return counter
+
+    # -- output -------------------------------------------------------------
+
+    def _device_sample(self, reading: DeviceReading, busy: float | None,
+                       utilization: float | None,
+                       unattributed: dict[str, tuple[int, int]] | None = None) -> GpuSample:
+        with self._xid_lock:
+            xids = tuple(sorted((x, n) for (u, x), n in self._xid_counts.items()
+                                if u == reading.uuid))
+        unattributed = unattributed or {}
+        return GpuSample(
+            gpu=str(reading.index), uuid=reading.uuid, name=reading.name, minor=reading.minor,
+            pci_bus_id=reading.pci_bus_id, lost=reading.lost,
+            utilization=utilization,
+            busy_seconds=self._device_busy.get(reading.uuid) if busy is not None else None,
+            memory_used_bytes=reading.memory_used, memory_total_bytes=reading.memory_total,
+            power_watts=reading.power_watts,
+            energy_joules=reading.energy_mj / 1000.0 if reading.energy_mj is not None else None,
+            temperature_celsius=reading.temperature_c,
+            ecc_corrected=reading.ecc_corrected, ecc_uncorrected=reading.ecc_uncorrected,
+            xid_errors=xids,
+            unattributed_processes=sum(n for n, _ in unattributed.values()),
+            unattributed_memory_bytes=sum(m for _, m in unattributed.values()),
+        )
+
+    def _job_gpu_samples(self, jobs: list[Job], touched: set[tuple[str, str]] | None
+                         ) -> tuple[JobGpuSample, ...]:
+        out = []
+        for job in jobs:
+            for uuid, c in sorted(self._counters.get(job.jobid, {}).items(),
+                                  key=lambda item: item[1].gpu):
+                live = job.running and (touched is None or (job.jobid, uuid) in touched)
+                out.append(JobGpuSample(
+                    jobid=job.jobid, user=job.user, gpu=c.gpu, uuid=uuid,
+                    allocated_seconds=c.allocated, busy_seconds=c.busy,
+                    utilization=c.utilization if live else None,
+                    memory_used_bytes=c.memory if live else 0,
+                    memory_peak_bytes=c.peak, energy_joules=c.energy,
+                    processes=c.processes if live else 0,
+                ))
+        return tuple(out)
+
+    def _frozen(self, jobs: list[Job], nvml_up: bool) -> GpuPartResult:
+        """The last figures, counters unchanged (NVML down or stuck)."""
+        return GpuPartResult(nvml_up=nvml_up,
+                             job_gpus=self._job_gpu_samples(jobs, touched=None),
+                             gpus=self._last_part.gpus, unattributed=())
+
+    def _forget(self, jobs: Iterable[Job], seen_pids: set[int]) -> None:
+        tracked = {j.jobid for j in jobs}
+        for jobid in [j for j in self._counters if j not in tracked]:
+            del self._counters[jobid]
+        for pid in [p for p in self._users if p not in seen_pids]:
+            del self._users[pid]
+
+    # -- state dir ----------------------------------------------------------
+
+    def export_state(self) -> dict[str, Any]:
+        return {
+            "cursors": {uuid: list(c) for uuid, c in self._cursors.items()},
+            "device_busy": dict(self._device_busy),
+            "counters": {jobid: {uuid: c.to_state() for uuid, c in per.items()}
+                         for jobid, per in self._counters.items()},
+        }
+
+    def import_state(self, data: dict[str, Any]) -> None:
+        for uuid, cursor in (data.get("cursors") or {}).items():
+            if isinstance(cursor, list) and len(cursor) == 2:
+                self._cursors[uuid] = (int(cursor[0]), int(cursor[1]))
+        for uuid, busy in (data.get("device_busy") or {}).items():
+            if isinstance(busy, int | float):
+                self._device_busy[uuid] = float(busy)
+        for jobid, per in (data.get("counters") or {}).items():
+            if not isinstance(per, dict):
+                continue
+            for uuid, raw in per.items():
+                counter = _Counters.from_state(raw)
+                if counter is not None:
+                    self._counters.setdefault(str(jobid), {})[uuid] = counter
+
+
+def integrate_samples(samples: tuple[UtilSample, ...], cursor_us: int | None,
+                      not_before_us: int = 0) -> tuple[float, float]:
+    """(window, busy) seconds from driver samples, each covering the time since the one before.
+
+    With no cursor (first look) the first sample only starts the window. A gap
+    longer than a few sample periods (lost samples) is left out of both window
+    and busy time, so busy / window stays the true mean of what was observed.
+    Time before ``not_before_us`` (a job's start) is left out too.
+    """
+    stamps = [s.timestamp_us for s in samples]
+    spacings = [b - a for a, b in itertools.pairwise(stamps) if b > a]
+    period_s = statistics.median(spacings) / 1e6 if spacings else 0.0
+    max_gap = max(MIN_MAX_GAP_S, 3 * period_s)
+    window = busy = 0.0
+    previous = cursor_us
+    for sample in samples:
+        if previous is not None and 0 < (sample.timestamp_us - previous) / 1e6 <= max_gap:
+            dt = (sample.timestamp_us - max(previous, not_before_us)) / 1e6
+            if dt > 0:
+                window += dt
+                busy += dt * min(max(sample.percent, 0.0), 100.0) / 100.0
+        previous = sample.timestamp_us
+    return window, busy

@@ -1,0 +1,100 @@
+"""Simulated GPUs for ``--simulate``: the simulated node's jobs, seen as NVML would see them.
+
+Samples come on a fixed driver-like grid (six per second) from the node's job
+profiles (busy, bursty, idle, half-idle), so the demo's busy counters and
+utilization ratios behave as they do on real GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import defaultdict
+
+from slurm_gpu_exporter.gpu.backend import (
+    DeviceReading,
+    GpuProcess,
+    ProcessUtilSample,
+    UtilSample,
+    XidEvent,
+)
+from slurm_gpu_exporter.simulate import GPU_MEMORY, SimulatedNode
+
+SAMPLE_PERIOD_US = 166_667
+BUFFER_US = 20_000_000
+IDLE_WATTS = 70.0
+BUSY_WATTS = 700.0
+NAME = "NVIDIA H100 80GB HBM3"
+
+
+def _uuid(index: int) -> str:
+    return f"GPU-5e1a{index:04x}-7c3d-4f2e-9b8a-00000000{index:04x}"
+
+
+class SimulatedBackend:
+    """GpuBackend over a SimulatedNode."""
+
+    def __init__(self, node: SimulatedNode) -> None:
+        self.node = node
+        self._energy_mj = [5.0e9 + 1.0e8 * i for i in range(node.gpu_count)]
+        self._energy_at = time.time()
+        self._stop = threading.Event()
+
+    def init(self) -> str:
+        return "550.54.15 (simulated)"
+
+    def shutdown(self) -> None:
+        self._stop.set()
+
+    def wait_xid(self, timeout_ms: int) -> list[XidEvent]:
+        self._stop.wait(timeout_ms / 1000)
+        return []
+
+    def read(self, cursors: dict[str, tuple[int, int]]) -> list[DeviceReading]:
+        now_us = int(time.time() * 1e6)
+        oldest = min((c[0] for c in cursors.values() if c[0]), default=now_us - BUFFER_US)
+        start = max(oldest, now_us - BUFFER_US) // SAMPLE_PERIOD_US * SAMPLE_PERIOD_US
+        util: dict[int, list[UtilSample]] = defaultdict(list)
+        proc_samples: dict[int, list[ProcessUtilSample]] = defaultdict(list)
+        for t_us in range(start + SAMPLE_PERIOD_US, now_us + 1, SAMPLE_PERIOD_US):
+            per_gpu: dict[int, float] = defaultdict(float)
+            for proc in self.node.gpu_processes(t_us / 1e6):
+                per_gpu[proc.gpu] += proc.sm_percent
+                if proc.sm_percent > 0:
+                    proc_samples[proc.gpu].append(
+                        ProcessUtilSample(proc.pid, t_us, proc.sm_percent))
+            for gpu in range(self.node.gpu_count):
+                util[gpu].append(UtilSample(t_us, min(100.0, per_gpu[gpu])))
+        current = self.node.gpu_processes(now_us / 1e6)
+        self._advance_energy(now_us / 1e6, util)
+        readings = []
+        for gpu in range(self.node.gpu_count):
+            uuid = _uuid(gpu)
+            dev_cursor, proc_cursor = cursors.get(uuid, (0, 0))
+            procs = tuple(GpuProcess(p.pid, p.used_memory) for p in current if p.gpu == gpu)
+            last_util = util[gpu][-1].percent if util[gpu] else 0.0
+            readings.append(DeviceReading(
+                index=gpu, uuid=uuid, name=NAME, minor=gpu,
+                pci_bus_id=f"00000000:{0x18 + 0x10 * gpu:02X}:00.0",
+                memory_used=sum(p.used_memory or 0 for p in procs) + 500 * 2**20,
+                memory_total=GPU_MEMORY,
+                power_watts=IDLE_WATTS + (BUSY_WATTS - IDLE_WATTS) * last_util / 100,
+                energy_mj=int(self._energy_mj[gpu]),
+                temperature_c=round(32 + 0.45 * last_util + math.sin(now_us / 6e7 + gpu), 1),
+                ecc_corrected=gpu // 3, ecc_uncorrected=0,
+                processes=procs,
+                util_samples=tuple(s for s in util[gpu] if s.timestamp_us > dev_cursor),
+                process_samples=tuple(s for s in proc_samples[gpu]
+                                      if s.timestamp_us > proc_cursor),
+            ))
+        return readings
+
+    def _advance_energy(self, now: float, util: dict[int, list[UtilSample]]) -> None:
+        elapsed = max(0.0, now - self._energy_at)
+        self._energy_at = now
+        for gpu in range(self.node.gpu_count):
+            samples = util[gpu]
+            mean = sum(s.percent for s in samples) / len(samples) if samples else 0.0
+            watts = IDLE_WATTS + (BUSY_WATTS - IDLE_WATTS) * mean / 100
+            self._energy_mj[gpu] += watts * elapsed * 1000
