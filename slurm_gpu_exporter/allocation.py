@@ -27,10 +27,10 @@ def parse_index_list(text: str) -> list[int]:
     result: list[int] = []
     for item in text.split(","):
         item = item.strip()
-        lo, _, hi = item.partition("-")
+        lo, dash, hi = item.partition("-")
         if lo.isdigit() and hi.isdigit() and int(hi) >= int(lo):
             result.extend(range(int(lo), int(hi) + 1))
-        elif lo.isdigit() and not hi:
+        elif lo.isdigit() and not dash:
             result.append(int(lo))
         elif item:
             return []

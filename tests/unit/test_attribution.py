@@ -1,0 +1,111 @@
+"""Pure attribution rules: which GPUs a job holds, and how busy time and energy are split."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_gpu_exporter.allocation import GpuAllocation, gpu_allocation, parse_index_list
+from slurm_gpu_exporter.attribution import (
+    UNATTRIBUTED,
+    GpuTarget,
+    energy_shares,
+    held_targets,
+    shares,
+)
+from slurm_gpu_exporter.gpu.backend import UtilSample
+from slurm_gpu_exporter.gpu.sampler import integrate_samples
+
+# NVML order 0..3, but minor numbers (= Slurm's gres indices) reversed.
+TARGETS = [GpuTarget(str(i), f"GPU-{i}", minor=3 - i) for i in range(4)]
+
+
+def test_slurm_indices_are_matched_by_minor_number_not_nvml_order() -> None:
+    held = held_targets(gpu_allocation("0,1", ""), TARGETS)
+    assert [t.gpu for t in held] == ["2", "3"]
+
+
+def test_uuids_in_cuda_visible_devices_win_over_indices() -> None:
+    held = held_targets(gpu_allocation("0", "GPU-1,GPU-2"), TARGETS)
+    assert [t.uuid for t in held] == ["GPU-1", "GPU-2"]
+
+
+def test_mig_instances_are_held_by_uuid_only() -> None:
+    mig = GpuTarget("0.1", "MIG-a", minor=None, is_mig=True, parent_uuid="GPU-0")
+    assert held_targets(gpu_allocation("", "MIG-a"), [*TARGETS, mig]) == [mig]
+    assert mig not in held_targets(gpu_allocation("0", ""), [*TARGETS, mig])
+
+
+@pytest.mark.parametrize(("text", "expected"), [("0,2-3", [0, 2, 3]), ("", []), ("1", [1]),
+                                                ("0-", []), ("a,b", []), ("3-1", [])])
+def test_index_lists(text: str, expected: list[int]) -> None:
+    assert parse_index_list(text) == expected
+
+
+def test_no_devfiles_means_no_gpus() -> None:
+    assert gpu_allocation("", "NoDevFiles") == GpuAllocation()
+
+
+def test_one_user_gets_all_the_busy_time() -> None:
+    assert shares({"7": 12.0}, ["7"]) == {"7": 1.0}
+
+
+def test_shared_gpu_splits_by_process_samples() -> None:
+    split = shares({"7": 30.0, "8": 50.0}, ["7", "8"])
+    assert split == pytest.approx({"7": 0.375, "8": 0.625})
+    assert sum(split.values()) == pytest.approx(1.0)
+
+
+def test_shared_gpu_without_samples_splits_evenly() -> None:
+    assert shares({"7": 0.0, "8": 0.0}, ["7", "8"]) == {"7": 0.5, "8": 0.5}
+
+
+def test_processes_outside_jobs_take_their_share() -> None:
+    split = shares({"7": 10.0, UNATTRIBUTED: 30.0}, ["7"])
+    assert split == pytest.approx({"7": 0.25, UNATTRIBUTED: 0.75})
+
+
+def test_busy_without_processes_goes_to_the_sole_holder_else_nobody() -> None:
+    assert shares({}, ["7"]) == {"7": 1.0}
+    assert shares({}, ["7", "8"]) == {UNATTRIBUTED: 1.0}
+    assert shares({}, []) == {UNATTRIBUTED: 1.0}
+
+
+def test_energy_follows_busy_share_and_idle_energy_goes_to_holders() -> None:
+    assert energy_shares({"7": 0.25, UNATTRIBUTED: 0.75}, 5.0, ["7"]) == {"7": 0.25}
+    assert energy_shares({}, 0.0, ["7", "8"]) == {"7": 0.5, "8": 0.5}
+    assert energy_shares({}, 0.0, []) == {}
+
+
+def _grid(start_s: float, values: list[float], period_s: float = 0.2) -> tuple[UtilSample, ...]:
+    return tuple(UtilSample(int((start_s + (i + 1) * period_s) * 1e6), v)
+                 for i, v in enumerate(values))
+
+
+def test_each_sample_counts_for_the_period_since_the_one_before() -> None:
+    samples = _grid(100.0, [100, 0, 50, 100, 0])
+    window, busy = integrate_samples(samples, cursor_us=100_000_000)
+    assert window == pytest.approx(1.0)
+    assert busy == pytest.approx(0.2 * (1 + 0 + 0.5 + 1 + 0))
+
+
+def test_first_look_only_starts_the_window() -> None:
+    window, busy = integrate_samples(_grid(100.0, [100, 100, 100]), cursor_us=None)
+    assert window == pytest.approx(0.4) and busy == pytest.approx(0.4)
+
+
+def test_a_gap_of_lost_samples_is_left_out_of_window_and_busy() -> None:
+    samples = _grid(100.0, [100, 100]) + _grid(200.0, [0, 0])
+    window, busy = integrate_samples(samples, cursor_us=100_000_000)
+    assert window == pytest.approx(0.6)
+    assert busy == pytest.approx(0.4)
+
+
+def test_time_before_a_jobs_start_is_not_its() -> None:
+    samples = _grid(100.0, [100] * 5)
+    window, busy = integrate_samples(samples, cursor_us=100_000_000, not_before_us=100_500_000)
+    assert window == pytest.approx(0.5) and busy == pytest.approx(0.5)
+
+
+def test_out_of_range_percentages_are_clamped() -> None:
+    _, busy = integrate_samples(_grid(0.0, [150, -5]), cursor_us=0)
+    assert busy == pytest.approx(0.2)
