@@ -1,0 +1,231 @@
+"""Real-GPU check: the agent with the real NVML against a GPU load of known duty cycle.
+
+Run through ``scripts/gpu-check`` on any machine with an NVIDIA GPU and driver
+(no Slurm needed). It:
+
+1. writes a spool record for a made-up job holding one GPU,
+2. starts the agent with the real NVML, over an empty cgroup root so that the
+   job is found through ``SLURM_JOB_ID`` in the load's environment,
+3. starts a load on that GPU (a spin kernel through the CUDA driver API, no
+   toolkit or framework needed) busy for ``duty`` of every ``period`` seconds,
+4. scrapes twice and prints what the agent attributed next to the truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+JOBID = "990001"
+
+# A one-thread kernel that spins until the GPU's global timer passes start + ns.
+SPIN_PTX = b"""
+.version 6.0
+.target sm_50
+.address_size 64
+.visible .entry spin(.param .u64 spin_ns)
+{
+    .reg .u64 %start, %now, %ns, %limit;
+    .reg .pred %more;
+    ld.param.u64 %ns, [spin_ns];
+    mov.u64 %start, %globaltimer;
+    add.u64 %limit, %start, %ns;
+LOOP:
+    mov.u64 %now, %globaltimer;
+    setp.lt.u64 %more, %now, %limit;
+    @%more bra LOOP;
+    ret;
+}
+\0"""
+
+
+def _cuda_check(result: int, what: str) -> None:
+    if result != 0:
+        raise RuntimeError(f"CUDA driver call {what} failed with error {result}")
+
+
+def run_load(duty: float, period: float, seconds: float, memory_mib: int) -> None:
+    """The GPU load: device 0 of CUDA_VISIBLE_DEVICES, busy ``duty`` of each period."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    _cuda_check(cuda.cuInit(0), "cuInit")
+    device = ctypes.c_int()
+    _cuda_check(cuda.cuDeviceGet(ctypes.byref(device), 0), "cuDeviceGet")
+    context = ctypes.c_void_p()
+    _cuda_check(cuda.cuCtxCreate_v2(ctypes.byref(context), 0, device), "cuCtxCreate")
+    module = ctypes.c_void_p()
+    _cuda_check(cuda.cuModuleLoadData(ctypes.byref(module), SPIN_PTX), "cuModuleLoadData")
+    function = ctypes.c_void_p()
+    _cuda_check(cuda.cuModuleGetFunction(ctypes.byref(function), module, b"spin"),
+                "cuModuleGetFunction")
+    buffer = ctypes.c_uint64()
+    _cuda_check(cuda.cuMemAlloc_v2(ctypes.byref(buffer), ctypes.c_size_t(memory_mib << 20)),
+                "cuMemAlloc")
+    spin_ns = ctypes.c_uint64(int(duty * period * 1e9))
+    params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(spin_ns), ctypes.c_void_p))
+    deadline = time.monotonic() + seconds
+    next_start = time.monotonic()
+    while time.monotonic() < deadline:
+        if duty > 0:
+            _cuda_check(cuda.cuLaunchKernel(function, 1, 1, 1, 1, 1, 1, 0, None, params, None),
+                        "cuLaunchKernel")
+            _cuda_check(cuda.cuCtxSynchronize(), "cuCtxSynchronize")
+        next_start += period
+        time.sleep(max(0.0, next_start - time.monotonic()))
+
+
+def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+def _value(metrics: dict, name: str, **labels: str) -> float | None:  # type: ignore[type-arg]
+    for have, value in metrics.get(name, []):
+        if all(have.get(k) == v for k, v in labels.items()):
+            return value
+    return None
+
+
+def _gpu_identity(index: int) -> tuple[str, int, str]:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        name = pynvml.nvmlDeviceGetName(handle)
+        minor = pynvml.nvmlDeviceGetMinorNumber(handle)
+    finally:
+        pynvml.nvmlShutdown()
+    return (uuid.decode() if isinstance(uuid, bytes) else uuid, minor,
+            name.decode() if isinstance(name, bytes) else name)
+
+
+def check(args: argparse.Namespace) -> int:
+    from slurm_gpu_exporter import spool
+    from tests.support import free_port
+
+    try:
+        uuid, minor, name = _gpu_identity(args.gpu)
+    except Exception as exc:
+        print(f"gpu-check: no usable NVIDIA GPU {args.gpu} here ({exc})", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="sge-gpu-check-"))
+    (work / "cgroup").mkdir()
+    fd = spool.open_spool_dir(str(work / "spool"), create=True)
+    spool.write_record(fd, spool.JobRecord(
+        jobid=JOBID, uid=os.getuid(), user="gpucheck", job_gpus=str(minor),
+        cuda_visible_devices=str(minor), start_time=time.time()))
+    os.close(fd)
+    port = free_port()
+    agent = subprocess.Popen(
+        [str(Path(sys.executable).parent / "slurm-gpu-exporter"),
+         "--web.listen-address", f"127.0.0.1:{port}", "--spool-dir", str(work / "spool"),
+         "--state-dir", str(work / "state"), "--cgroup-root", str(work / "cgroup"),
+         "--sample-interval", str(args.interval), "--slurm-lookup", "off"],
+        stdout=(work / "agent.log").open("wb"), stderr=subprocess.STDOUT)
+    load_env = {**os.environ, "SLURM_JOB_ID": JOBID, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                "CUDA_VISIBLE_DEVICES": uuid}
+    load = subprocess.Popen(
+        [sys.executable, __file__, "--load", "--duty", str(args.duty), "--period",
+         str(args.period), "--seconds", str(args.seconds + 30), "--memory-mib",
+         str(args.memory_mib)], env=load_env)
+    try:
+        time.sleep(max(5.0, 3 * args.interval))  # warm-up: the job's first window
+        first = _scrape(port)
+        t0 = time.time()
+        time.sleep(args.seconds)
+        second = _scrape(port)
+        elapsed = time.time() - t0
+        if load.poll() is not None:
+            print(f"gpu-check: the GPU load exited early ({load.returncode})", file=sys.stderr)
+            return 1
+        labels = {"jobid": JOBID, "gpu": str(args.gpu)}
+
+        def delta(metric: str) -> float | None:
+            a, b = _value(first, metric, **labels), _value(second, metric, **labels)
+            return None if a is None or b is None else b - a
+
+        busy, allocated = delta("slurm_job_gpu_busy_seconds_total"), delta(
+            "slurm_job_gpu_allocated_seconds_total")
+        energy = delta("slurm_job_gpu_energy_joules_total")
+        ratio = busy / allocated if busy is not None and allocated else None
+        rows = [
+            ("GPU", f"{args.gpu} {name} {uuid} (minor {minor})"),
+            ("window", f"{elapsed:.1f} s, duty cycle {args.duty:.0%} of {args.period:g} s"),
+            ("attributed processes", _value(second, "slurm_job_gpu_processes", **labels)),
+            ("attributed memory MiB", _mib(_value(second, "slurm_job_gpu_memory_used_bytes",
+                                                  **labels))),
+            ("allocated seconds", allocated),
+            ("busy seconds", busy),
+            ("busy ratio (agent)", f"{ratio:.4f}" if ratio is not None else None),
+            ("busy ratio (truth)", f"{args.duty:.4f}"),
+            ("error, percentage points",
+             f"{100 * (ratio - args.duty):+.2f}" if ratio is not None else None),
+            ("energy J (job)", energy),
+            ("mean power W (job)", f"{energy / elapsed:.1f}" if energy else None),
+            ("nvml sample duration s", _value(second, "slurm_gpu_exporter_sample_duration_seconds",
+                                              source="nvml")),
+            ("total sample duration s", _value(second,
+                                               "slurm_gpu_exporter_sample_duration_seconds",
+                                               source="total")),
+            ("nvml_up", _value(second, "slurm_gpu_exporter_nvml_up")),
+        ]
+        width = max(len(k) for k, _ in rows)
+        for key, value in rows:
+            print(f"{key:<{width}}  {value if value is not None else 'absent'}")
+        if args.json:
+            print(json.dumps(dict(rows), default=str))
+        return 0 if ratio is not None and abs(ratio - args.duty) <= 0.01 else 1
+    finally:
+        for proc in (load, agent):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        print(f"(agent log: {work / 'agent.log'})")
+
+
+def _mib(value: float | None) -> str | None:
+    return None if value is None else f"{value / 2**20:.0f}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU to load")
+    p.add_argument("--duty", type=float, default=0.3, help="busy fraction of each period")
+    p.add_argument("--period", type=float, default=2.0, help="seconds")
+    p.add_argument("--seconds", type=float, default=60.0, help="measured window")
+    p.add_argument("--interval", type=float, default=1.0, help="agent --sample-interval")
+    p.add_argument("--memory-mib", type=int, default=1024, help="GPU memory the load holds")
+    p.add_argument("--json", action="store_true", help="also print the table as JSON")
+    p.add_argument("--load", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.load:
+        run_load(args.duty, args.period, args.seconds, args.memory_mib)
+        return 0
+    return check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
