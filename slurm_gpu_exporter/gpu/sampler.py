@@ -104,12 +104,19 @@ class _Poller:
 
     def poll(self, cursors: dict[str, tuple[int, int]], timeout: float
              ) -> list[DeviceReading] | None:
-        """The readings, or None while a read is still running (stuck)."""
+        """The readings, or None while a read is still running (stuck).
+
+        A read that was already stuck at the previous poll is not waited for again,
+        so a hung NVML call costs the sampler one timeout, not one per sample.
+        """
         if self._pending is None:
             self._pending = self._pool.submit(self._backend.read, dict(cursors))
             self._since = time.monotonic()
+            wait = timeout
+        else:
+            wait = 0.0
         try:
-            result = self._pending.result(timeout)
+            result = self._pending.result(wait)
         except TimeoutError:
             return None
         finally:
@@ -184,29 +191,37 @@ class GpuSampler:
         self._initialised = True
         self._init_error_logged = False
         self._poller = _Poller(self.backend)
-        self._xid_thread = threading.Thread(target=self._watch_xid, name="xid-events",
-                                            daemon=True)
+        self._stop = threading.Event()
+        self._xid_thread = threading.Thread(target=self._watch_xid, args=(self._stop,),
+                                            name="xid-events", daemon=True)
         self._xid_thread.start()
         return True
 
     def close(self) -> None:
+        """Stop the worker threads and release the backend."""
         self._stop.set()
         if self._poller is not None:
             self._poller.close()
+            self._poller = None
         if self._xid_thread is not None:
             self._xid_thread.join(3)
+            self._xid_thread = None
         if self._initialised:
-            self.backend.shutdown()
+            self._initialised = False
+            try:
+                self.backend.shutdown()
+            except Exception as exc:  # already broken: nothing more to release
+                log.debug("GPU backend shutdown: %s", exc)
 
-    def _watch_xid(self) -> None:
+    def _watch_xid(self, stop: threading.Event) -> None:
         backoff = 1.0
-        while not self._stop.is_set():
+        while not stop.is_set():
             try:
                 events = self.backend.wait_xid(1000)
                 backoff = 1.0
             except Exception as exc:  # a lost GPU makes the wait fail at once: back off
                 log.debug("Xid event wait failed: %s", exc)
-                self._stop.wait(backoff)
+                stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
                 continue
             if events:
@@ -224,11 +239,19 @@ class GpuSampler:
             self._last_part = self._frozen(jobs, nvml_up=False)
             return self._last_part
         assert self._poller is not None
-        readings = self._poller.poll(self._cursors, self.poll_timeout)
+        try:
+            readings = self._poller.poll(self._cursors, self.poll_timeout)
+        except Exception as exc:  # the driver went away under us: start over later
+            self.errors.count("nvml", f"reading the GPUs failed ({exc}); re-initialising in "
+                              f"{self.reinit_after:.0f} s")
+            self.close()
+            self._next_init = time.monotonic() + self.reinit_after
+            self._last_part = self._frozen(jobs, nvml_up=False)
+            return self._last_part
         if readings is None:
-            self.errors.count("nvml", f"an NVML call has not returned for "
-                              f"{self._poller.stuck_for:.0f} s; GPU figures are frozen until "
-                              "it does")
+            log.debug("NVML read stuck for %.0f s", self._poller.stuck_for)
+            self.errors.count("nvml", "an NVML call has not returned (hung driver?); GPU "
+                              "figures are frozen until it does")
             self._last_part = self._frozen(jobs, nvml_up=False)
             return self._last_part
         if self.cgroups is not None:
