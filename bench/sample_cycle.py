@@ -1,0 +1,84 @@
+"""CPU time of one sample on the simulated node (8 GPUs), by source.
+
+The simulated GPU backend stands in for NVML; its time is reported apart, since the
+budget excludes the driver's time.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import percentile, record
+
+from slurm_gpu_exporter.cgroups import CgroupFS
+from slurm_gpu_exporter.errors import SourceErrors
+from slurm_gpu_exporter.gpu.sampler import GpuSampler
+from slurm_gpu_exporter.gpu.simulated import SimulatedBackend
+from slurm_gpu_exporter.jobstats import JobStatsCollector
+from slurm_gpu_exporter.metrics import render
+from slurm_gpu_exporter.registry import Registry
+from slurm_gpu_exporter.sampler import Sampler
+from slurm_gpu_exporter.simulate import SimulatedNode
+from slurm_gpu_exporter.slurm import SlurmMetadata
+from slurm_gpu_exporter.state import StateStore
+
+CYCLES = 60
+
+
+class TimedBackend(SimulatedBackend):
+    """The simulated backend, with the CPU time it spends counted apart."""
+
+    cpu = 0.0
+
+    def read(self, cursors):  # type: ignore[no-untyped-def]
+        t0 = time.thread_time()
+        try:
+            return super().read(cursors)
+        finally:
+            TimedBackend.cpu += time.thread_time() - t0
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        node = SimulatedNode(Path(tmp))
+        errors = SourceErrors()
+        cgroups = CgroupFS(node.cgroup_root)
+        registry = Registry(str(node.spool_dir), cgroups, SlurmMetadata(node.slurm_lookup),
+                            errors, proc_root=node.proc_root,
+                            trusted_uids=frozenset({0, os.geteuid()}))
+        gpu = GpuSampler(TimedBackend(node), node.proc_root, errors, cgroups=cgroups)
+        sampler = Sampler(registry, JobStatsCollector(cgroups, node.proc_root, errors), errors,
+                          1.0, state=StateStore(node.state_dir), gpu=gpu)
+        sampler.sample_once()  # warm caches, first GPU look
+        cpu, nvml, render_cpu = [], [], []
+        snapshot = None
+        for _ in range(CYCLES):
+            time.sleep(0.2)
+            TimedBackend.cpu = 0.0
+            t0 = time.process_time()
+            snapshot = sampler.sample_once()
+            total = time.process_time() - t0
+            nvml.append(TimedBackend.cpu * 1000)
+            cpu.append((total - TimedBackend.cpu) * 1000)
+            t1 = time.process_time()
+            render(snapshot)
+            render_cpu.append((time.process_time() - t1) * 1000)
+        gpu.close()
+    assert snapshot is not None
+    record("sample_cycle", {
+        "node": f"{len(snapshot.jobs)} jobs, {len(snapshot.gpus)} GPUs (simulated)",
+        "cycle_cpu_ms_p50_excl_gpu_backend": round(percentile(cpu, 50), 2),
+        "cycle_cpu_ms_p99_excl_gpu_backend": round(percentile(cpu, 99), 2),
+        "of_which_render_cpu_ms_p50": round(percentile(render_cpu, 50), 2),
+        "simulated_backend_cpu_ms_p50": round(percentile(nvml, 50), 2),
+        "exposition_bytes": len(render(snapshot).text),
+    })
+
+
+if __name__ == "__main__":
+    main()
