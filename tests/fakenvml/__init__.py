@@ -11,7 +11,9 @@ Utilization is described by :class:`Pattern` traces over wall-clock time, and
 the library answers the sample-buffer calls (``nvmlDeviceGetSamples``,
 ``nvmlDeviceGetProcessUtilization``) with the exact mean of the trace over each
 sample period, so tests can compute the true busy time with
-:meth:`Pattern.integral`.  See README.md for the file format.
+:meth:`Pattern.integral`.  ``NvmlState.time_scale`` makes the library's clock
+run faster than the real one (minutes of NVML time in seconds of a test);
+:meth:`FakeNvml.now` reads that clock.  See README.md for the file format.
 """
 
 from __future__ import annotations
@@ -275,6 +277,15 @@ class NvmlState:
     have been seen to return).  Samples of 0 % are left out, as the driver
     does, unless ``process_zero_samples``.  ``errors``/``sleeps`` here apply to
     every call, device or not (e.g. ``nvmlDeviceGetCount_v2``).
+
+    ``time_scale`` speeds up the library's clock: it reads
+    ``origin + (real - origin) * time_scale``, and every timestamp, pattern
+    evaluation, energy value and Xid/process start time runs on it (so all
+    the epoch times a test passes in are NVML times; :meth:`FakeNvml.now`
+    gives the current one).  ``time_origin`` is the real epoch time where both
+    clocks agree; None means the real time of the first write.  Timeouts and
+    injected ``sleeps`` stay in real seconds.  Neither may change between
+    writes of one :class:`FakeNvml` (the clock would jump).
     """
 
     devices: list[Device] = field(default_factory=list)
@@ -288,6 +299,8 @@ class NvmlState:
     sleeps: dict[str, float] = field(default_factory=dict)
     process_util_mode: Literal["grid", "latest"] = "grid"
     process_zero_samples: bool = False
+    time_scale: float = 1.0
+    time_origin: float | None = None  # real epoch s; None: the first write
 
 
 # ------------------------------------------------------------------- build
@@ -436,6 +449,7 @@ class FakeNvml:
         self._energy: dict[str, tuple[float, float, float]] = {}
         self._xid_time: dict[tuple[str, int], float] = {}
         self._last_mtime_ns = 0
+        self._clock: tuple[float, float] | None = None  # (scale, origin) once written
 
     @property
     def lib_dir(self) -> Path:
@@ -460,6 +474,39 @@ class FakeNvml:
         env["FAKE_NVML_STATE"] = str(self.state_path)
         return env
 
+    def now(self, real: float | None = None) -> float:
+        """The library's clock (NVML time, epoch s) at real time ``real`` (default: now).
+
+        The real clock until the first write; then, with ``time_scale`` S and
+        origin O, ``O + (real - O) * S``.
+        """
+        real = time.time() if real is None else real
+        if self._clock is None:
+            return real
+        scale, origin = self._clock
+        return real if scale == 1.0 else origin + (real - origin) * scale
+
+    @staticmethod
+    def _clock_of(state: NvmlState, real: float) -> tuple[float, float]:
+        """(scale, origin) that ``state`` asks for, a None origin taken as ``real``."""
+        scale = float(state.time_scale)
+        if not (math.isfinite(scale) and 0 < scale <= 1e6):
+            raise ValueError("time_scale must be within (0, 1e6]")
+        origin = real if state.time_origin is None else float(state.time_origin)
+        if not (math.isfinite(origin) and origin >= 0):
+            raise ValueError("time_origin must be an epoch time >= 0")
+        return scale, origin
+
+    def _set_clock(self, state: NvmlState, real: float) -> None:
+        wanted = self._clock_of(state, real)
+        if self._clock is None:
+            self._clock = wanted
+        elif self._clock[0] != wanted[0] or (
+            state.time_origin is not None and wanted[1] != self._clock[1]
+        ):
+            raise ValueError("time_scale/time_origin cannot change between writes "
+                             "(the fake clock would jump); use a new FakeNvml")
+
     def write(self, state: NvmlState) -> None:
         """Atomically replace the state file with ``state``.
 
@@ -468,8 +515,8 @@ class FakeNvml:
         from this call on, energy counters continue, and Xid events keep the
         time they were first written.
         """
-        now = time.time()
-        text = self.render(state, now)
+        self._set_clock(state, time.time())
+        text = self.render(state, self.now())
         tmp = self.state_path.with_name(f".{self.state_path.name}.{os.getpid()}.tmp")
         tmp.write_text(text, encoding="utf-8")
         # A strictly newer mtime makes every version distinguishable even if
@@ -503,8 +550,14 @@ class FakeNvml:
         return hist
 
     def render(self, state: NvmlState, now: float | None = None) -> str:
-        """The state file text for ``state`` (updating the kept history)."""
-        now = time.time() if now is None else now
+        """The state file text for ``state`` (updating the kept history).
+
+        ``now`` is NVML time (default :meth:`now`).
+        """
+        real = time.time()
+        scale, origin = self._clock or self._clock_of(state, real)
+        if now is None:
+            now = real if scale == 1.0 else origin + (real - origin) * scale
         if not 1 <= state.sample_period_ms <= 600_000:
             raise ValueError("sample_period_ms must be within 1..600000")
         if not 1 <= state.buffer_samples <= 100_000:
@@ -525,6 +578,8 @@ class FakeNvml:
             out.append(f"nvml_version {_word(state.nvml_version, 'nvml_version')}")
         if state.init_error:
             out.append(f"init_error {_error(state.init_error)}")
+        if scale != 1.0:
+            out.append(f"time_scale {scale!r} {origin!r}")
         out += _injections(state.errors, state.sleeps)
 
         seen_idx: set[int] = set()

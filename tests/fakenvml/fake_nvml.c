@@ -8,10 +8,11 @@
  * under test runs.
  *
  * Time-varying values (utilization) are pure functions of the wall clock
- * and of piecewise-constant patterns, so the driver's "sample buffers" are
- * computed on demand: sample k covers (t_{k-1}, t_k] with t_k = k * period
- * microseconds since the epoch, and its value is the exact mean of the
- * pattern over that interval (rounded to an integer percent).
+ * (sped up by `time_scale` if asked) and of piecewise-constant patterns, so
+ * the driver's "sample buffers" are computed on demand: sample k covers
+ * (t_{k-1}, t_k] with t_k = k * period microseconds since the epoch, and its
+ * value is the exact mean of the pattern over that interval (rounded to an
+ * integer percent).
  *
  * Never crash the host: every malformed input becomes an NVML error plus one
  * line on stderr.
@@ -131,6 +132,7 @@ typedef struct {
     unsigned period_ms, buffer_samples;
     int proc_latest;  /* process_util_mode latest */
     int zero_samples; /* report processes' 0 % samples too */
+    double time_scale, time_origin; /* fake clock = origin + (real - origin) * scale */
     nvmlReturn_t init_error;
     injlist_t errors, sleeps;
     int ndev;
@@ -650,6 +652,12 @@ static int parse_global_line(state_t *st, const char *key, char **p, perr_t *pe)
             st->proc_latest = 1;
         else
             return fail(pe, "process_util_mode must be grid or latest", NULL);
+    } else if (strcmp(key, "time_scale") == 0) {
+        if (parse_dbl(next_tok(p), &st->time_scale) || st->time_scale <= 0 ||
+            st->time_scale > 1e6)
+            return fail(pe, "bad time_scale (want 0 < SCALE <= 1e6)", NULL);
+        if (parse_dbl(next_tok(p), &st->time_origin) || st->time_origin < 0)
+            return fail(pe, "bad time_scale origin (epoch seconds >= 0)", NULL);
     } else if (strcmp(key, "process_zero_samples") == 0) {
         unsigned z;
         if (parse_uint(next_tok(p), &z) || z > 1)
@@ -720,6 +728,7 @@ static state_t *parse_state(const char *path, perr_t *pe)
     st->cuda_version = 12040;
     st->period_ms = 167;
     st->buffer_samples = 120;
+    st->time_scale = 1.0;
 
     fdev_t *cur = NULL;
     int ok = 0, saw_header = 0;
@@ -854,15 +863,32 @@ static nvmlReturn_t refresh_state(nvmlReturn_t missing_err)
 
 /* ------------------------------------------------------------------- time */
 
-static double now_s(void)
+/* The real wall clock: for timeouts and sleeps, which never scale. */
+static double real_now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The fake clock (g_state loaded, lock held): every timestamp, pattern and
+ * energy value the library reports runs on it.  With time_scale S and origin
+ * O it reads O + (real - O) * S, so S = 10 makes ten seconds pass per real
+ * second; S = 1 is the real clock. */
+static double now_s(void)
+{
+    double real = real_now_s();
+    if (!g_state || g_state->time_scale == 1.0)
+        return real;
+    return g_state->time_origin + (real - g_state->time_origin) * g_state->time_scale;
+}
+
 static unsigned long long now_us(void)
 {
+    if (g_state && g_state->time_scale != 1.0) {
+        double t = now_s();
+        return t > 0 ? (unsigned long long)(t * 1e6) : 0ull;
+    }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000ull;
@@ -2008,7 +2034,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
     pthread_mutex_unlock(&g_lock);
     sleep_s(extra);
 
-    double deadline = now_s() + timeoutms / 1000.0;
+    double deadline = real_now_s() + timeoutms / 1000.0; /* timeouts are real time */
     for (;;) {
         pthread_mutex_lock(&g_lock);
         if (!g_refcount) {
@@ -2029,7 +2055,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         pthread_mutex_unlock(&g_lock);
         if (r != NVML_ERROR_TIMEOUT)
             return r;
-        double left = deadline - now_s();
+        double left = deadline - real_now_s();
         if (left <= 0)
             return NVML_ERROR_TIMEOUT;
         sleep_s(fmin(left, 0.01)); /* poll the state file every 10 ms */

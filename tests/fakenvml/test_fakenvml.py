@@ -320,6 +320,64 @@ def test_samples_on_grid_once_and_exact(fake: FakeNvml) -> None:
     assert max(got["mem"]) == 50
 
 
+def test_time_scale_speeds_up_samples_energy_and_process_traces(fake: FakeNvml) -> None:
+    """With time_scale 10 the library's clock runs 10x: sample stamps, pattern values,
+    process samples and energy all follow it; an event wait's timeout stays real."""
+    fake.write(NvmlState(time_scale=10.0, devices=[Device(0)]))  # fixes the clock's origin
+    t0 = fake.now()
+    # 100 % for 3 NVML-s every 30 NVML-s (0.3 s busy every 3 s of real time).
+    pattern = Pattern.square(3, 30, origin=t0 - 10)
+    fake.write(
+        NvmlState(
+            time_scale=10.0,
+            devices=[Device(0, power_w=100.0, processes=[
+                Process(7, sm=Pattern.constant(40), start_time=t0 - 60)]),
+                     Device(1, util=pattern)],
+        )
+    )  # fmt: skip
+    got = run(
+        fake,
+        """
+        N.nvmlInit()
+        h0, h1 = N.nvmlDeviceGetHandleByIndex(0), N.nvmlDeviceGetHandleByIndex(1)
+        es = N.nvmlEventSetCreate()
+        N.nvmlDeviceRegisterEvents(h1, N.nvmlEventTypeXidCriticalError, es)
+        r0 = time.time(); e0 = N.nvmlDeviceGetTotalEnergyConsumption(h0)
+        first = N.nvmlDeviceGetSamples(h1, N.NVML_GPU_UTILIZATION_SAMPLES, 0)[1]
+        time.sleep(0.5)
+        r1 = time.time(); e1 = N.nvmlDeviceGetTotalEnergyConsumption(h0)
+        last = N.nvmlDeviceGetSamples(h1, N.NVML_GPU_UTILIZATION_SAMPLES, 0)[1]
+        procs = N.nvmlDeviceGetProcessUtilization(h0, 0)
+        t = time.time(); wait = call(N.nvmlEventSetWait_v2, es, 200)
+        waited = time.time() - t
+        out({"r0": r0, "r1": r1, "de": e1 - e0,
+             "first": [[s.timeStamp, s.sampleValue.uiVal] for s in first],
+             "last": [[s.timeStamp, s.sampleValue.uiVal] for s in last],
+             "proc_sm": sorted({p.smUtil for p in procs}),
+             "proc_stamps": [p.timeStamp for p in procs],
+             "wait": wait, "waited": waited})
+        """,
+    )
+    period_us = 167_000
+    # The newest sample is the one before the fake clock's "now", not the real one.
+    for stamps, real in ((got["first"], got["r0"]), (got["last"], got["r1"])):
+        newest = stamps[-1][0] / 1e6
+        assert fake.now(real) - 0.2 <= newest <= fake.now(real) + 1e-6
+    advance = (got["last"][-1][0] - got["first"][-1][0]) / 1e6
+    assert advance == pytest.approx(10 * (got["r1"] - got["r0"]), abs=0.5)
+    # The buffer still holds 120 samples of 167 NVML-ms (2 real s) and follows the pattern.
+    assert len(got["last"]) == 120
+    assert all(b[0] - a[0] == period_us for a, b in itertools.pairwise(got["last"]))
+    for ts, value in got["last"]:
+        assert abs(value - pattern.mean(ts / 1e6 - 0.167, ts / 1e6)) <= 0.5 + 1e-6
+    assert got["proc_sm"] == [40]
+    assert max(got["proc_stamps"]) / 1e6 > got["r1"] + 1  # process samples on NVML time too
+    assert got["de"] == pytest.approx(100.0 * 1000 * 10 * (got["r1"] - got["r0"]), rel=0.05)
+    assert got["wait"] == "ERR:TIMEOUT" and 0.18 <= got["waited"] < 1.0  # real milliseconds
+    with pytest.raises(ValueError, match="cannot change"):
+        fake.write(NvmlState(time_scale=5.0, devices=[Device(0)]))
+
+
 def test_utilization_rates_derived_from_processes(fake: FakeNvml) -> None:
     past = time.time() - 5
     sm = Pattern.constant

@@ -1,0 +1,571 @@
+"""The real agent over a synthetic Slurm node and the fake NVML library.
+
+Each test starts ``slurm-gpu-exporter`` as a subprocess with the fake
+``libnvidia-ml.so.1`` (tests/fakenvml) first in LD_LIBRARY_PATH and a node
+written by tests/synthnode.py (cgroup v1 tree, /proc of the chosen PIDs, spool
+records), then scrapes /metrics as Prometheus would.
+
+Where busy time is integrated, the fake's clock runs 10x (``time_scale``):
+the agent integrates by the driver's sample timestamps only, so minutes of
+NVML time in seconds of test are faithful (its counters are NVML seconds).
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.agent import Agent, series
+from tests.fakenvml import (
+    Device,
+    FakeNvml,
+    MigInstance,
+    NvmlState,
+    Pattern,
+    Process,
+    XidEvent,
+    fake_nvml_or_skip,
+)
+from tests.synthnode import SynthNode
+
+pytestmark = pytest.mark.fakenvml
+
+GIB = 1024**3
+SCALE = 10.0  # NVML seconds per real second where busy time is integrated
+# Polls are 1 real s apart, i.e. 10 NVML s: keep 200 NVML s of samples so that a
+# late poll on a busy test machine loses none.
+BUFFER = 1200
+USER = "sgeuser"
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    """The one sample of ``name`` whose labels include ``labels``; None when absent."""
+    found = [v for lab, v in series(text, name) if all(lab.get(k) == x for k, x in labels.items())]
+    assert len(found) <= 1, f"{name}{labels} matches {len(found)} series"
+    return found[0] if found else None
+
+
+def labelsets(text: str, name: str) -> list[dict[str, str]]:
+    return [lab for lab, _ in series(text, name)]
+
+
+def wait_for(agent: Agent, check: Callable[[str], bool], timeout: float = 15.0,
+             what: str = "condition") -> str:  # fmt: skip
+    """Scrape until ``check(text)`` holds; returns that scrape."""
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = agent.metrics()
+        if check(text):
+            return text
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}; agent log:\n{agent.log()}\n"
+                         f"last scrape:\n{text}")  # fmt: skip
+
+
+def last_sample(text: str) -> float:
+    v = value(text, "slurm_gpu_exporter_last_sample_timestamp_seconds")
+    assert v is not None
+    return v
+
+
+def wait_samples(agent: Agent, n: int, timeout: float = 20.0) -> str:
+    """Wait until ``n`` more samples (1 s apart) have been published."""
+    start = last_sample(agent.metrics())
+    return wait_for(agent, lambda t: last_sample(t) >= start + n - 0.5, timeout,
+                    f"{n} more samples")  # fmt: skip
+
+
+def job_gpu(text: str, name: str, jobid: int, gpu: str) -> float | None:
+    return value(text, name, jobid=str(jobid), gpu=gpu)
+
+
+def has_busy(jobid: int, gpu: str) -> Callable[[str], bool]:
+    return lambda t: job_gpu(t, "slurm_job_gpu_busy_seconds_total", jobid, gpu) is not None
+
+
+def sleep_until(real: float) -> None:
+    delay = real - time.time()
+    if delay > 0:
+        time.sleep(delay)
+
+
+@dataclass
+class Rig:
+    """A synthetic node, the fake NVML and the agent started over them."""
+
+    node: SynthNode
+    fake: FakeNvml
+    base: Path
+
+    def start(self, env: dict[str, str] | None = None, name: str = "agent") -> Agent:
+        agent = Agent(self.node.agent_args(1.0), env=self.fake.env() if env is None else env,
+                      log_path=self.base / f"{name}.log")
+        try:
+            agent.wait_ready()
+        except BaseException:
+            agent.stop()
+            raise
+        return agent
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    fake = fake_nvml_or_skip(tmp_path / "nvml")
+    return Rig(SynthNode(tmp_path / "node"), fake, tmp_path)
+
+
+# ------------------------------------------------------------ 1. accuracy
+
+
+def test_bursty_job_mean_utilization_within_one_point_over_five_minutes(rig: Rig) -> None:
+    """A job busy 100 % for 3 s every 30 s: busy/allocated over 5 NVML-minutes is 10 %
+    within 1 point, where a gauge sampled every 30 s reports 0 % or 100 %."""
+    warmup = 5.0  # real seconds before the first of the two scrapes
+    real0 = time.time()
+    t_a_real = real0 + warmup
+    t_a = real0 + SCALE * warmup  # NVML time of the first scrape (clock origin real0)
+    # The agent's last poll before a scrape saw samples up to ~0..10 NVML-s before it:
+    # put that instant mid-way through the idle phase, so a window edge never cuts a burst.
+    pattern = Pattern.square(3, 30, origin=t_a - 5.0 - 16.5)
+    state = NvmlState(
+        time_scale=SCALE, time_origin=real0, buffer_samples=BUFFER,
+        devices=[Device(0, processes=[Process(4242, 2 * GIB, sm=pattern, start_time=real0)]),
+                 Device(1)],
+    )  # fmt: skip
+    rig.fake.write(state)
+    rig.node.add_job(11, [4242], job_gpus="0", start_time=real0)
+    agent = rig.start()
+    try:
+        wait_for(agent, has_busy(11, "0"), what="the job's busy counter")
+        sleep_until(t_a_real)
+        text_a = agent.metrics()
+        sleep_until(t_a_real + 30.0)  # 300 NVML seconds later
+        text_b = agent.metrics()
+    finally:
+        agent.stop()
+
+    def counters(text: str) -> tuple[float, float, float]:
+        busy = job_gpu(text, "slurm_job_gpu_busy_seconds_total", 11, "0")
+        alloc = job_gpu(text, "slurm_job_gpu_allocated_seconds_total", 11, "0")
+        dev = value(text, "slurm_gpu_busy_seconds_total", gpu="0")
+        assert busy is not None and alloc is not None and dev is not None, text
+        return busy, alloc, dev
+
+    busy_a, alloc_a, dev_a = counters(text_a)
+    busy_b, alloc_b, dev_b = counters(text_b)
+    d_busy, d_alloc = busy_b - busy_a, alloc_b - alloc_a
+    ratio = d_busy / d_alloc
+    truth = pattern.mean(t_a - 5.0, t_a + 300.0 - 5.0) / 100
+
+    print("\n=== bursty job (100 % for 3 s every 30 s), 300 NVML-s between two scrapes ===")
+    print(f"truth (pattern mean)              : {truth:6.2%}")
+    print(f"agent busy/allocated              : {ratio:6.2%}  "
+          f"(busy +{d_busy:.2f} s over allocated +{d_alloc:.2f} s)")  # fmt: skip
+    print(f"agent slurm_job_gpu_utilization_ratio at the scrapes: "
+          f"{job_gpu(text_a, 'slurm_job_gpu_utilization_ratio', 11, '0')}, "
+          f"{job_gpu(text_b, 'slurm_job_gpu_utilization_ratio', 11, '0')}")
+    print("a utilization gauge sampled every 30 s over the same 300 s, by phase:")
+    for phase in (0.0, 1.0, 2.0, 2.9, 3.1, 7.5, 15.0, 22.5, 29.0):
+        shots = [pattern.value_at(pattern.origin + phase + 30 * k) for k in range(10)]
+        print(f"  phase {phase:4.1f} s into the period -> mean {sum(shots) / len(shots):6.1f} %")
+    drift = [pattern.value_at(pattern.origin + 31 * k) for k in range(10)]
+    print(f"  every 31 s instead (phase drifts)   -> mean {sum(drift) / len(drift):6.1f} %")
+
+    assert 280 <= d_alloc <= 320, d_alloc  # NVML seconds: 30 real s at 10x
+    assert abs(ratio - 0.10) <= 0.01
+    assert d_busy == pytest.approx(dev_b - dev_a, rel=1e-6)  # the sole user gets it all
+
+
+# -------------------------------------------------- 2. shared GPU, split
+
+
+def test_jobs_sharing_a_gpu_are_split_by_their_process_samples(rig: Rig) -> None:
+    real0 = time.time()
+    rig.fake.write(NvmlState(
+        time_scale=SCALE, time_origin=real0, buffer_samples=BUFFER,
+        devices=[Device(0, processes=[
+            Process(5001, GIB, sm=Pattern.constant(30), start_time=real0),
+            Process(5002, 3 * GIB, sm=Pattern.constant(50), start_time=real0)])],
+    ))  # fmt: skip
+    rig.node.add_job(21, [5001], job_gpus="0", start_time=real0)
+    rig.node.add_job(22, [5002], job_gpus="0", start_time=real0)  # shard/oversubscribe
+    agent = rig.start()
+    try:
+        wait_for(agent, lambda t: has_busy(21, "0")(t) and has_busy(22, "0")(t),
+                 what="both jobs' busy counters")  # fmt: skip
+        text_a = wait_samples(agent, 2)
+        text_b = wait_samples(agent, 3)
+    finally:
+        agent.stop()
+
+    for jobid, share, mem in ((21, 0.30, GIB), (22, 0.50, 3 * GIB)):
+        util = job_gpu(text_b, "slurm_job_gpu_utilization_ratio", jobid, "0")
+        assert util == pytest.approx(share, abs=0.03), (jobid, util)
+        assert job_gpu(text_b, "slurm_job_gpu_memory_used_bytes", jobid, "0") == mem
+        assert job_gpu(text_b, "slurm_job_gpu_processes", jobid, "0") == 1
+    assert value(text_b, "slurm_gpu_utilization_ratio", gpu="0") == pytest.approx(0.8, abs=0.03)
+
+    def busy(text: str, jobid: int) -> float:
+        v = job_gpu(text, "slurm_job_gpu_busy_seconds_total", jobid, "0")
+        assert v is not None
+        return v
+
+    d21, d22 = busy(text_b, 21) - busy(text_a, 21), busy(text_b, 22) - busy(text_a, 22)
+    dev_a = value(text_a, "slurm_gpu_busy_seconds_total", gpu="0")
+    dev_b = value(text_b, "slurm_gpu_busy_seconds_total", gpu="0")
+    assert dev_a is not None and dev_b is not None
+    assert d21 > 0 and d22 > 0
+    # Split, not copied: the jobs' increases add up to the device's.
+    assert d21 + d22 == pytest.approx(dev_b - dev_a, rel=1e-6)
+    assert d21 / (d21 + d22) == pytest.approx(30 / 80, abs=0.02)
+
+
+# ----------------------------------------------------------------- 3. MIG
+
+
+def test_mig_instances_are_attributed_by_mig_uuid_without_busy_series(rig: Rig) -> None:
+    uuids = {gi: f"MIG-{gi:08x}-7e57-4a11-8c1d-0000000000{gi:02x}" for gi in (1, 2, 3)}
+    mem = {1: 1 * GIB, 2: 2 * GIB, 3: 3 * GIB}
+    pids = {1: 6001, 2: 6002, 3: 6003}
+    rig.fake.write(NvmlState(devices=[
+        Device(0, mig=[MigInstance(gi, uuid=uuids[gi], memory_used=mem[gi] + 100)
+                       for gi in (1, 2, 3)],
+               processes=[Process(pids[gi], mem[gi], gpu_instance_id=gi, compute_instance_id=0)
+                          for gi in (1, 2, 3)]),
+        Device(1),
+    ]))  # fmt: skip
+    for gi in (1, 2, 3):
+        rig.node.add_job(30 + gi, [pids[gi]], job_gpus="0", cuda_visible_devices=uuids[gi])
+    agent = rig.start()
+    try:
+        text_a = wait_for(
+            agent, lambda t: all(job_gpu(t, "slurm_job_gpu_processes", 30 + gi, f"0.{gi}")
+                                 for gi in (1, 2, 3)),
+            what="the MIG jobs' series")  # fmt: skip
+        text_b = wait_samples(agent, 2)
+    finally:
+        agent.stop()
+
+    for gi in (1, 2, 3):
+        jobid, gpu = 30 + gi, f"0.{gi}"
+        got = [lab for lab in labelsets(text_b, "slurm_job_gpu_allocated_seconds_total")
+               if lab["jobid"] == str(jobid)]
+        assert got == [{"jobid": str(jobid), "user": USER, "gpu": gpu, "uuid": uuids[gi]}]
+        assert job_gpu(text_b, "slurm_job_gpu_memory_used_bytes", jobid, gpu) == mem[gi]
+        assert job_gpu(text_b, "slurm_job_gpu_processes", jobid, gpu) == 1
+        a = job_gpu(text_a, "slurm_job_gpu_allocated_seconds_total", jobid, gpu)
+        b = job_gpu(text_b, "slurm_job_gpu_allocated_seconds_total", jobid, gpu)
+        assert a is not None and b is not None and b > a
+        # NVML has no per-instance utilization: no busy/utilization series, not a fake 0.
+        assert job_gpu(text_b, "slurm_job_gpu_busy_seconds_total", jobid, gpu) is None
+        assert job_gpu(text_b, "slurm_job_gpu_utilization_ratio", jobid, gpu) is None
+        info = value(text_b, "slurm_gpu_info", gpu=gpu)
+        assert info == 1
+        [lab] = [x for x in labelsets(text_b, "slurm_gpu_info") if x["gpu"] == gpu]
+        assert lab["uuid"] == uuids[gi] and lab["parent_uuid"].startswith("GPU-")
+        assert value(text_b, "slurm_gpu_memory_used_bytes", gpu=gpu) == mem[gi] + 100
+    assert value(text_b, "slurm_gpu_busy_seconds_total", gpu="0") is None
+    assert value(text_b, "slurm_gpu_utilization_ratio", gpu="0") is None
+    # No job series on the MIG parent itself.
+    assert not [x for x in labelsets(text_b, "slurm_job_gpu_allocated_seconds_total")
+                if x["gpu"] == "0"]  # fmt: skip
+
+
+# ------------------------------------ a shared node: tests 4, 5, 6, 7b, 8
+
+
+@dataclass
+class SharedNode:
+    rig: Rig
+    agent: Agent
+    devices: list[Device]
+    text_a: str  # after the first samples
+    text_b: str  # a few samples later, after the Xid
+
+
+MINORS = {0: 3, 1: 1, 2: 2, 3: 0}  # NVML index -> /dev/nvidia minor (= Slurm index)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedNode]:
+    """Four GPUs whose minor numbers are not their NVML order, and:
+
+    - job 41: SLURM_JOB_GPUS=0 (minor 0 = NVML index 3), process 4101 on index 3;
+    - job 42: only CUDA_VISIBLE_DEVICES=GPU-<uuid of index 1>, process 4102 there;
+    - job 43: SLURM_JOB_GPUS=2 (index 2), no process at all (the waste signal);
+    - process 4200 of user nobody, outside every job, on index 0;
+    - index 2 does not support power readings;
+    - an Xid 79 on index 1 once the agent runs.
+    """
+    base = tmp_path_factory.mktemp("shared")
+    fake = fake_nvml_or_skip(base / "nvml")
+    rig = Rig(SynthNode(base / "node"), fake, base)
+    real0 = time.time()
+    devices = [Device(i, minor=MINORS[i]) for i in range(4)]
+    devices[3].processes = [Process(4101, 5 * GIB, sm=Pattern.constant(40), start_time=real0)]
+    devices[1].processes = [Process(4102, 7 * GIB, sm=Pattern.constant(60), start_time=real0)]
+    devices[0].processes = [Process(4200, 3 * GIB, sm=Pattern.constant(20), start_time=real0)]
+    devices[2].errors = {"nvmlDeviceGetPowerUsage": "NOT_SUPPORTED"}
+    state = NvmlState(time_scale=SCALE, time_origin=real0, buffer_samples=BUFFER,
+                      devices=devices)
+    fake.write(state)
+    rig.node.add_job(41, [4101], job_gpus="0", start_time=real0)
+    rig.node.add_job(42, [4102], job_gpus="", cuda_visible_devices=devices[1].uuid,
+                     start_time=real0)
+    rig.node.add_job(43, [4103], job_gpus="2", start_time=real0)
+    rig.node.add_process(4200, 65534)  # nobody, in a login session
+    agent = rig.start()
+    try:
+        text_a = wait_for(agent, lambda t: all(has_busy(j, g)(t) for j, g in
+                                               ((41, "3"), (42, "1"), (43, "2"))),
+                          what="the jobs' busy counters")  # fmt: skip
+        devices[1].xid_events = [XidEvent(1, 79)]  # happens now, after registration
+        fake.write(state)
+        wait_samples(agent, 2)
+        text_b = wait_for(
+            agent, lambda t: value(t, "slurm_gpu_xid_errors_total", gpu="1") is not None,
+            timeout=10, what="the Xid")  # fmt: skip
+        yield SharedNode(rig, agent, devices, text_a, text_b)
+    finally:
+        agent.stop()
+
+
+def test_slurm_gpu_index_is_the_minor_number_not_nvml_order(shared: SharedNode) -> None:
+    text = shared.text_b
+    uuid3 = shared.devices[3].uuid
+    got = [lab for lab in labelsets(text, "slurm_job_gpu_allocated_seconds_total")
+           if lab["jobid"] == "41"]  # fmt: skip
+    assert got == [{"jobid": "41", "user": USER, "gpu": "3", "uuid": uuid3}]
+    assert job_gpu(text, "slurm_job_gpu_processes", 41, "3") == 1
+    assert job_gpu(text, "slurm_job_gpu_memory_used_bytes", 41, "3") == 5 * GIB
+    assert job_gpu(text, "slurm_job_gpu_utilization_ratio", 41, "3") == pytest.approx(0.4, abs=0.03)
+    [info] = [lab for lab in labelsets(text, "slurm_gpu_info") if lab["gpu"] == "3"]
+    assert info["minor"] == "0"
+
+
+def test_job_given_only_a_gpu_uuid_is_attributed_by_uuid(shared: SharedNode) -> None:
+    text = shared.text_b
+    got = [lab for lab in labelsets(text, "slurm_job_gpu_allocated_seconds_total")
+           if lab["jobid"] == "42"]  # fmt: skip
+    assert got == [{"jobid": "42", "user": USER, "gpu": "1", "uuid": shared.devices[1].uuid}]
+    assert job_gpu(text, "slurm_job_gpu_processes", 42, "1") == 1
+    assert job_gpu(text, "slurm_job_gpu_utilization_ratio", 42, "1") == pytest.approx(0.6, abs=0.03)
+    assert value(text, "slurm_job_gpus", jobid="42") == 1
+
+
+def test_gpu_held_without_a_process_shows_zero_busy_and_growing_allocation(
+    shared: SharedNode,
+) -> None:
+    a, b = shared.text_a, shared.text_b
+    assert job_gpu(b, "slurm_job_gpu_busy_seconds_total", 43, "2") == 0
+    assert job_gpu(b, "slurm_job_gpu_processes", 43, "2") == 0
+    assert job_gpu(b, "slurm_job_gpu_memory_used_bytes", 43, "2") == 0
+    alloc_a = job_gpu(a, "slurm_job_gpu_allocated_seconds_total", 43, "2")
+    alloc_b = job_gpu(b, "slurm_job_gpu_allocated_seconds_total", 43, "2")
+    assert alloc_a is not None and alloc_b is not None and alloc_b > alloc_a
+    # ... and it has no series on any GPU it does not hold.
+    assert {lab["gpu"] for lab in labelsets(b, "slurm_job_gpu_allocated_seconds_total")
+            if lab["jobid"] == "43"} == {"2"}  # fmt: skip
+
+
+def test_gpu_process_outside_every_job_is_unattributed_usage_of_its_user(
+    shared: SharedNode,
+) -> None:
+    text = shared.text_b
+    assert labelsets(text, "slurm_gpu_unattributed_processes") == [
+        {"gpu": "0", "uuid": shared.devices[0].uuid, "user": "nobody"}
+    ]
+    assert value(text, "slurm_gpu_unattributed_processes", gpu="0", user="nobody") == 1
+    assert value(text, "slurm_gpu_unattributed_memory_bytes", gpu="0", user="nobody") == 3 * GIB
+    # Nobody's job gets it.
+    assert not [lab for lab in labelsets(text, "slurm_job_gpu_allocated_seconds_total")
+                if lab["gpu"] == "0"]  # fmt: skip
+
+
+def test_unsupported_power_is_absent_for_that_gpu_only(shared: SharedNode) -> None:
+    text = shared.text_b
+    assert value(text, "slurm_gpu_power_watts", gpu="2") is None
+    for gpu in ("0", "1", "3"):
+        assert value(text, "slurm_gpu_power_watts", gpu=gpu) == pytest.approx(60.0)
+    # Everything else of GPU 2 is still there.
+    assert value(text, "slurm_gpu_energy_joules_total", gpu="2") is not None
+    assert value(text, "slurm_gpu_temperature_celsius", gpu="2") == 35
+
+
+def test_xid_event_is_counted_on_its_gpu(shared: SharedNode) -> None:
+    text = shared.text_b
+    assert value(text, "slurm_gpu_xid_errors_total", gpu="1", xid="79") == 1
+    assert [lab["gpu"] for lab in labelsets(text, "slurm_gpu_xid_errors_total")] == ["1"]
+
+
+# ------------------------------------------------------------- 7. faults
+
+
+@pytest.mark.parametrize("how", ["no library", "init error"])
+def test_without_nvml_job_metrics_are_served_and_it_is_logged_once(rig: Rig, how: str) -> None:
+    rig.node.add_job(71, [7101], job_gpus="0")
+    if how == "no library":
+        if ctypes.util.find_library("nvidia-ml"):
+            pytest.skip("a real libnvidia-ml is installed here")
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("LD_LIBRARY_PATH", "FAKE_NVML_STATE")}  # fmt: skip
+    else:
+        rig.fake.write(NvmlState(init_error="DRIVER_NOT_LOADED", devices=[Device(0)]))
+        env = rig.fake.env()
+    agent = rig.start(env)
+    try:
+        first = agent.metrics()
+        rig.node.update_job(71, cpu_seconds=12.5)
+        text = wait_for(agent, lambda t: value(t, "slurm_job_cpu_seconds_total",
+                                               jobid="71") == 12.5, what="the CPU update")
+        text = wait_samples(agent, 3)
+    finally:
+        agent.stop()
+    assert value(first, "slurm_gpu_exporter_nvml_up") == 0
+    assert value(text, "slurm_gpu_exporter_nvml_up") == 0
+    assert value(text, "slurm_job_info", jobid="71") == 1
+    assert value(text, "slurm_job_gpus", jobid="71") == 1
+    assert value(text, "slurm_job_memory_used_bytes", jobid="71") == GIB
+    assert not series(text, "slurm_job_gpu_allocated_seconds_total")
+    log = (rig.base / "agent.log").read_text()
+    warnings = [ln for ln in log.splitlines() if "level=WARNING" in ln and "NVML" in ln]
+    assert len(warnings) == 1, log
+
+
+def test_lost_gpu_is_flagged_and_the_others_keep_updating(rig: Rig) -> None:
+    real0 = time.time()
+    state = NvmlState(time_scale=SCALE, time_origin=real0, buffer_samples=BUFFER, devices=[
+        Device(0, processes=[Process(7201, GIB, sm=Pattern.constant(50), start_time=real0)]),
+        Device(1, processes=[Process(7202, GIB, sm=Pattern.constant(50), start_time=real0)]),
+    ])  # fmt: skip
+    rig.fake.write(state)
+    rig.node.add_job(72, [7201, 7202], job_gpus="0,1", start_time=real0)
+    agent = rig.start()
+    try:
+        before = wait_for(agent, lambda t: has_busy(72, "0")(t) and has_busy(72, "1")(t),
+                          what="busy counters")  # fmt: skip
+        before = wait_samples(agent, 1)
+        state.devices[1].lost = True
+        rig.fake.write(state)
+        lost_a = wait_for(agent, lambda t: value(t, "slurm_gpu_lost", gpu="1") == 1,
+                          what="GPU 1 lost")  # fmt: skip
+        lost_b = wait_samples(agent, 3)
+    finally:
+        agent.stop()
+    assert value(before, "slurm_gpu_lost", gpu="1") == 0
+    assert value(lost_b, "slurm_gpu_lost", gpu="1") == 1
+    assert value(lost_b, "slurm_gpu_lost", gpu="0") == 0
+    assert value(lost_b, "slurm_gpu_exporter_nvml_up") == 1
+
+    def errors(text: str) -> float:
+        return value(text, "slurm_gpu_exporter_sample_errors_total", source="nvml") or 0.0
+
+    assert errors(lost_b) > errors(before)
+    for name in ("slurm_gpu_busy_seconds_total", "slurm_gpu_energy_joules_total"):
+        a, b = value(lost_a, name, gpu="0"), value(lost_b, name, gpu="0")
+        assert a is not None and b is not None and b > a, name
+    for name in ("slurm_job_gpu_busy_seconds_total", "slurm_job_gpu_allocated_seconds_total"):
+        a, b = job_gpu(lost_a, name, 72, "0"), job_gpu(lost_b, name, 72, "0")
+        assert a is not None and b is not None and b > a, name
+        # The lost GPU's job counters stay; they never go down.
+        x, y = job_gpu(before, name, 72, "1"), job_gpu(lost_b, name, 72, "1")
+        assert x is not None and y is not None and y >= x, name
+
+
+def test_hung_nvml_call_freezes_gpu_figures_but_not_scrapes_or_job_metrics(rig: Rig) -> None:
+    real0 = time.time()
+    state = NvmlState(time_scale=SCALE, time_origin=real0, buffer_samples=BUFFER, devices=[
+        Device(0, processes=[Process(7301, GIB, sm=Pattern.constant(50), start_time=real0)]),
+        Device(1),
+    ])  # fmt: skip
+    rig.fake.write(state)
+    rig.node.add_job(73, [7301], job_gpus="0", start_time=real0)
+    agent = rig.start()
+    stop_took = None
+    try:
+        wait_for(agent, has_busy(73, "0"), what="busy counter")
+        before = wait_samples(agent, 1)
+        assert value(before, "slurm_gpu_exporter_nvml_up") == 1
+        state.devices[0].sleeps = {"nvmlDeviceGetComputeRunningProcesses": 30.0}
+        rig.fake.write(state)
+        stuck = wait_for(agent, lambda t: value(t, "slurm_gpu_exporter_nvml_up") == 0,
+                         what="nvml_up 0")  # fmt: skip
+        scrape_times, texts = [], []
+        rig.node.update_job(73, cpu_seconds=42.0, memory_bytes=2 * GIB)
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:
+            t0 = time.monotonic()
+            texts.append(agent.metrics())
+            scrape_times.append(time.monotonic() - t0)
+            time.sleep(0.25)
+        t0 = time.monotonic()
+        agent.stop()
+        stop_took = time.monotonic() - t0
+    finally:
+        agent.stop()
+    last = texts[-1]
+    print(f"\nhung NVML: slowest of {len(scrape_times)} scrapes {max(scrape_times) * 1000:.0f} ms; "
+          f"agent stop took {stop_took:.1f} s (rc {agent.proc.returncode})")
+    assert max(scrape_times) < 0.5
+    assert last_sample(last) >= last_sample(stuck) + 2.5  # job sampling goes on
+    assert value(last, "slurm_gpu_exporter_nvml_up") == 0
+    assert value(last, "slurm_job_cpu_seconds_total", jobid="73") == 42.0
+    assert value(last, "slurm_job_memory_used_bytes", jobid="73") == 2 * GIB
+    for text in (stuck, *texts):
+        for name in ("slurm_job_gpu_busy_seconds_total", "slurm_job_gpu_allocated_seconds_total",
+                     "slurm_job_gpu_energy_joules_total"):
+            a, b = job_gpu(before, name, 73, "0"), job_gpu(text, name, 73, "0")
+            assert a is not None and b is not None and b >= a, name
+        a, b = (value(before, "slurm_gpu_busy_seconds_total", gpu="0"),
+                value(text, "slurm_gpu_busy_seconds_total", gpu="0"))
+        assert a is not None and b is not None and b >= a
+    # SIGTERM ends the agent promptly even with an NVML call still hung.
+    assert stop_took is not None and stop_took < 5.0, stop_took
+    assert agent.proc.returncode == 0
+
+
+def test_restart_with_the_same_state_dir_never_lowers_job_gpu_counters(rig: Rig) -> None:
+    real0 = time.time()
+    rig.fake.write(NvmlState(time_scale=SCALE, time_origin=real0, buffer_samples=BUFFER, devices=[
+        Device(0, power_w=200.0,
+               processes=[Process(7401, GIB, sm=Pattern.constant(50), start_time=real0)]),
+    ]))  # fmt: skip
+    rig.node.add_job(74, [7401], job_gpus="0", start_time=real0)
+    names = ("slurm_job_gpu_busy_seconds_total", "slurm_job_gpu_allocated_seconds_total",
+             "slurm_job_gpu_energy_joules_total")
+
+    def counters(text: str) -> tuple[float, ...]:
+        got = tuple(job_gpu(text, n, 74, "0") for n in names)
+        assert None not in got, text
+        return got  # type: ignore[return-value]
+
+    agent = rig.start(name="agent1")
+    try:
+        wait_for(agent, lambda t: (job_gpu(t, names[2], 74, "0") or 0) > 0, what="energy")
+        last_before = counters(wait_samples(agent, 1))
+    finally:
+        agent.stop()
+    time.sleep(0.5)  # NVML time goes on while the agent is down
+    seen = []
+    agent = rig.start(name="agent2")
+    try:
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            seen.append(counters(agent.metrics()))
+            time.sleep(0.2)
+    finally:
+        agent.stop()
+    for values in seen:
+        for name, a, b in zip(names, last_before, values, strict=True):
+            assert b >= a, f"{name} went down across the restart: {a} -> {b}"
+    assert all(b > a for a, b in zip(last_before, seen[-1], strict=True))
