@@ -20,7 +20,7 @@ import statistics
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,13 +94,28 @@ class _Usage:
 
 
 class _Poller:
-    """Runs backend reads in one worker thread so that a hung call cannot stall sampling."""
+    """Runs backend reads in a worker thread so that a hung call cannot stall sampling.
+
+    Each read gets a daemon thread of its own: a call that never returns must not keep
+    the agent from exiting (a thread pool's workers are joined at exit).
+    """
 
     def __init__(self, backend: GpuBackend) -> None:
         self._backend = backend
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="nvml")
         self._pending: Future[list[DeviceReading]] | None = None
         self._since = 0.0
+
+    def _start(self, cursors: dict[str, tuple[int, int]]) -> Future[list[DeviceReading]]:
+        future: Future[list[DeviceReading]] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(self._backend.read(cursors))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="nvml-read", daemon=True).start()
+        return future
 
     def poll(self, cursors: dict[str, tuple[int, int]], timeout: float
              ) -> list[DeviceReading] | None:
@@ -110,7 +125,7 @@ class _Poller:
         so a hung NVML call costs the sampler one timeout, not one per sample.
         """
         if self._pending is None:
-            self._pending = self._pool.submit(self._backend.read, dict(cursors))
+            self._pending = self._start(dict(cursors))
             self._since = time.monotonic()
             wait = timeout
         else:
@@ -125,11 +140,13 @@ class _Poller:
         return result
 
     @property
+    def busy(self) -> bool:
+        """True while a read is in flight (NVML must not be shut down under it)."""
+        return self._pending is not None
+
+    @property
     def stuck_for(self) -> float:
         return time.monotonic() - self._since if self._pending is not None else 0.0
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class GpuSampler:
@@ -198,16 +215,22 @@ class GpuSampler:
         return True
 
     def close(self) -> None:
-        """Stop the worker threads and release the backend."""
+        """Stop the worker threads and release the backend.
+
+        A read still hung inside NVML is left alone (its thread is a daemon): shutting
+        NVML down under a call in flight is not safe on a real driver.
+        """
         self._stop.set()
-        if self._poller is not None:
-            self._poller.close()
-            self._poller = None
+        in_flight = self._poller is not None and self._poller.busy
+        self._poller = None
         if self._xid_thread is not None:
             self._xid_thread.join(3)
             self._xid_thread = None
         if self._initialised:
             self._initialised = False
+            if in_flight:
+                log.warning("an NVML call is still hung; exiting without NVML shutdown")
+                return
             try:
                 self.backend.shutdown()
             except Exception as exc:  # already broken: nothing more to release
@@ -279,6 +302,7 @@ class GpuSampler:
             if reading.lost:
                 self.errors.count("nvml", f"GPU {reading.index} ({reading.uuid}) is lost",
                                   log_it=False)
+                self._hold_lost(reading, running, now, touched)
                 devices.append(self._device_sample(reading, None, None))
                 continue
             parent = GpuTarget(str(reading.index), reading.uuid, reading.minor)
@@ -325,6 +349,21 @@ class GpuSampler:
             gpus=tuple(devices),
             unattributed=tuple(unattributed),
         )
+
+    def _hold_lost(self, reading: DeviceReading, running: list[Job], now: float,
+                   touched: set[tuple[str, str]]) -> None:
+        """A lost GPU is still allocated to its jobs: their allocated time goes on, their
+        busy time cannot (nothing measures it), which is what a broken GPU costs them."""
+        if not reading.uuid:
+            return  # lost before it could be identified: nothing to match jobs against
+        target = GpuTarget(str(reading.index), reading.uuid, reading.minor)
+        dt = self._wall_dt(reading.uuid, now)
+        for job in running:
+            if held_targets(gpu_allocation(job.job_gpus, job.cuda_visible_devices), [target]):
+                c = self._counter(job.jobid, target)
+                touched.add((job.jobid, target.uuid))
+                c.allocated += dt
+                c.utilization, c.memory, c.processes = None, 0, 0
 
     def _attribute_mig(self, reading: DeviceReading, running: list[Job],
                        key_to_job: dict[str, Job], now: float, targets: list[GpuTarget],
@@ -507,7 +546,8 @@ class GpuSampler:
         """The last figures, counters unchanged (NVML down or stuck)."""
         return GpuPartResult(nvml_up=nvml_up,
                              job_gpus=self._job_gpu_samples(jobs, touched=None),
-                             gpus=self._last_part.gpus, unattributed=())
+                             gpus=self._last_part.gpus,
+                             unattributed=self._last_part.unattributed)
 
     def _forget(self, jobs: Iterable[Job], seen_pids: set[int]) -> None:
         tracked = {j.jobid for j in jobs}
