@@ -115,6 +115,10 @@ def test_record_whose_cgroup_vanished_without_epilog_ends_after_the_grace(node: 
     clock.now += 2
     [job] = registry.refresh()
     assert job.end_time == gone_at
+    clock.now += 59
+    assert registry.refresh(), "it lingers in full from when it was found ended"
+    clock.now += 2
+    assert registry.refresh() == []
 
 
 def test_epilog_ends_the_job_and_it_lingers_then_goes_with_its_record(node: Node) -> None:
@@ -125,6 +129,7 @@ def test_epilog_ends_the_job_and_it_lingers_then_goes_with_its_record(node: Node
     registry.refresh()
     node.record("14", start_time=1.0, end_time=clock.now)
     node.end_cgroup("14")
+    assert not registry.refresh()[0].running
     clock.now += 59
     [job] = registry.refresh()
     assert not job.running

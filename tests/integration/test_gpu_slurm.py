@@ -1,0 +1,101 @@
+"""A real Slurm job's GPU processes, reported by the fake NVML by their real PIDs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.agent import Agent, series
+from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.integration.slurmcluster import SlurmCluster
+
+pytestmark = [pytest.mark.slurm, pytest.mark.fakenvml]
+
+JOB_SCRIPT = """#!/bin/sh
+sleep 120 &
+sleep 120 &
+wait
+"""
+
+
+def _wait_for(predicate, timeout: float, what: str, agent: Agent):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(0.5)
+    raise AssertionError(f"{what} not seen within {timeout} s\n{agent.log()}")
+
+
+def test_slurm_job_gpus_are_attributed_by_real_pid_and_idle_gpu_shows_zero(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    fake = fake_nvml_or_skip(tmp_path / "nvml")
+    jobid = slurm_cluster.submit(JOB_SCRIPT, gres="gpu:3")
+    agent = None
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING", timeout=30)
+        pids: set[int] = set()
+        deadline = time.monotonic() + 15
+        while len(pids) < 2 and time.monotonic() < deadline:  # the script, then its sleeps
+            pids = {p for p in slurm_cluster.job_pids(jobid, "batch")
+                    if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"}
+            time.sleep(0.1)
+        assert len(pids) == 2, "the job's two processes did not start"
+        record = json.loads((slurm_cluster.spool_dir / f"{jobid}.json").read_text())
+        held = [int(i) for i in record["job_gpus"].split(",")]  # Slurm index = minor
+        assert len(held) == 3
+        # NVML enumerates the four GPUs in reverse minor order, as on a real node whose
+        # PCI order differs from /dev/nvidiaN: index = 3 - minor.
+        devices = [Device(index=i, minor=3 - i) for i in range(4)]
+        first, second = sorted(pids)
+        devices[3 - held[0]].processes = [Process(first, 3 << 30, sm=Pattern.constant(60))]
+        devices[3 - held[1]].processes = [Process(second, 1 << 30, sm=Pattern.constant(20))]
+        fake.write(NvmlState(devices=devices))
+
+        agent = Agent(
+            ["--spool-dir", str(slurm_cluster.spool_dir), "--state-dir", str(tmp_path / "state"),
+             "--sample-interval", "1", "--slurm-lookup", "cli",
+             "--node-name", slurm_cluster.node_name],
+            env={**fake.env(), **slurm_cluster.env}, log_path=tmp_path / "agent.log",
+        )
+        agent.wait_ready()
+
+        def job_gpu(name: str) -> dict[str, float]:
+            return {labels["gpu"]: value for labels, value in series(agent.metrics(), name)
+                    if labels["jobid"] == str(jobid)}
+
+        def three_gpus_with_busy() -> dict[str, float] | None:
+            busy = job_gpu("slurm_job_gpu_busy_seconds_total")
+            return busy if len(busy) == 3 and sum(busy.values()) > 0 else None
+
+        _wait_for(three_gpus_with_busy, 20, "busy time on the job's three GPUs", agent)
+        time.sleep(3)
+        text = agent.metrics()
+        by_gpu = {labels["gpu"]: labels for labels, _ in
+                  series(text, "slurm_job_gpu_allocated_seconds_total")
+                  if labels["jobid"] == str(jobid)}
+        busy = job_gpu("slurm_job_gpu_busy_seconds_total")
+        util = job_gpu("slurm_job_gpu_utilization_ratio")
+        procs = job_gpu("slurm_job_gpu_processes")
+        memory = job_gpu("slurm_job_gpu_memory_used_bytes")
+        g0, g1, idle = (str(3 - m) for m in held)
+        assert set(by_gpu) == {g0, g1, idle}
+        for labels in by_gpu.values():
+            assert labels["user"] == "sgeuser"
+            assert labels["uuid"].startswith("GPU-")
+        assert procs == {g0: 1, g1: 1, idle: 0}
+        assert memory[g0] == 3 << 30 and memory[g1] == 1 << 30 and memory[idle] == 0
+        assert util[g0] == pytest.approx(0.6, abs=0.03)
+        assert util[g1] == pytest.approx(0.2, abs=0.03)
+        assert busy[idle] == 0 and util[idle] == 0
+        gpus = {labels["jobid"]: v for labels, v in series(text, "slurm_job_gpus")}
+        assert gpus[str(jobid)] == 3
+    finally:
+        if agent is not None:
+            agent.stop()
+        slurm_cluster.cancel(jobid)
