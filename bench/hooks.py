@@ -36,7 +36,8 @@ def main() -> None:
         times = []
         for _ in range(RUNS):
             t0 = time.perf_counter()
-            subprocess.run(["/bin/sh", str(wrapper)], env=ENV, capture_output=True, check=True)
+            subprocess.run(["/bin/sh", str(wrapper)], capture_output=True, check=True,
+                           env={**ENV, "SLURM_GPU_EXPORTER_SPOOL_DIR": spool})
             times.append((time.perf_counter() - t0) * 1000)
         figures["prolog_via_shell_wrapper_ms_p99"] = round(percentile(times, 99), 1)
     record("hooks", figures)

@@ -100,14 +100,16 @@ def _user_name(uid: int) -> str:
         return ""
 
 
-def spool_dir_from(argv: Sequence[str], defaults: Mapping[str, str]) -> str:
-    """--spool-dir DIR / --spool-dir=DIR, else the defaults file, else the built-in default."""
+def spool_dir_from(argv: Sequence[str], env: Mapping[str, str],
+                   defaults: Mapping[str, str]) -> str:
+    """--spool-dir DIR / --spool-dir=DIR, else $SLURM_GPU_EXPORTER_SPOOL_DIR (never set by
+    slurmd; for runs by hand), else the defaults file, else the built-in default."""
     for i, arg in enumerate(argv):
         if arg == "--spool-dir" and i + 1 < len(argv):
             return argv[i + 1]
         if arg.startswith("--spool-dir="):
             return arg.split("=", 1)[1]
-    return defaults.get(SPOOL_DIR_KEY) or spool.DEFAULT_SPOOL_DIR
+    return env.get(SPOOL_DIR_KEY) or defaults.get(SPOOL_DIR_KEY) or spool.DEFAULT_SPOOL_DIR
 
 
 def run_prolog(env: Mapping[str, str], spool_dir: str, now: float) -> None:
@@ -138,7 +140,7 @@ def _main(kind: str, action: Callable[[Mapping[str, str], str, float], None]) ->
               f"Run by slurmd as the {kind.capitalize()}; see prolog/ and epilog/ scripts.")
         return 0
     try:
-        spool_dir = spool_dir_from(argv, read_defaults())
+        spool_dir = spool_dir_from(argv, os.environ, read_defaults())
         action(os.environ, spool_dir, time.time())
     except BaseException as exc:  # never let slurmd see a failure: it would drain the node
         _complain(kind, exc)

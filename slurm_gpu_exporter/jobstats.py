@@ -8,6 +8,7 @@ lingers, so its final values are scraped.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,30 +48,30 @@ class JobStatsCollector:
 
     def _final(self, job: Job) -> JobSample:
         """An ended job: its last figures, without the gauges that no longer mean anything."""
+        return self._without_cgroup(job, gpu_allocation(job.job_gpus,
+                                                        job.cuda_visible_devices).count)
+
+    def _without_cgroup(self, job: Job, gpus: int) -> JobSample:
+        """The last figures seen (or restored from the state dir), nothing running."""
         last = self._last.get(job.jobid)
-        gpus = gpu_allocation(job.job_gpus, job.cuda_visible_devices).count
-        if last is None:
+        if last is None or (last.cpu_seconds is None and last.memory_peak_bytes is None):
             return JobSample(
                 job=job, gpus=gpus,
                 cpu_seconds=self._cpu_floor.get(job.jobid),
                 memory_peak_bytes=self._peak_floor.get(job.jobid),
             )
-        return JobSample(
-            job=job, gpus=gpus, cpus=last.cpus, cpu_seconds=last.cpu_seconds,
-            memory_limit_bytes=last.memory_limit_bytes,
-            memory_peak_bytes=last.memory_peak_bytes, oom_kills=last.oom_kills,
-            memory_used_bytes=0, processes=0,
-        )
+        return replace(last, job=job, gpus=gpus, memory_used_bytes=0, processes=0)
 
     def _sample(self, job: Job) -> JobSample:
         gpus = gpu_allocation(job.job_gpus, job.cuda_visible_devices).count
         if job.cgroup is None or self.cgroups is None:
-            return JobSample(job=job, gpus=gpus)
+            # No cgroup (yet, or any more: Slurm removes it before the epilog runs):
+            # keep the counters seen so far rather than dropping the series.
+            return self._without_cgroup(job, gpus)
         try:
             stats = self.cgroups.read_stats(job.cgroup)
         except CgroupGone:
-            last = self._last.get(job.jobid)
-            return last if last is not None else JobSample(job=job, gpus=gpus)
+            return self._without_cgroup(job, gpus)
         except OSError as exc:
             self.errors.count("cgroup", f"job {job.jobid}: cannot read its cgroup: {exc}")
             return JobSample(job=job, gpus=gpus)
@@ -102,7 +103,8 @@ class JobStatsCollector:
     def export_state(self) -> dict[str, Any]:
         return {
             jobid: {"cpu_seconds": self._cpu_floor.get(jobid),
-                    "memory_peak_bytes": self._peak_floor.get(jobid)}
+                    "memory_peak_bytes": self._peak_floor.get(jobid),
+                    "cpu_from_processes": self.cpu_from_processes.export_job(jobid)}
             for jobid in self._last
         }
 
@@ -112,6 +114,8 @@ class JobStatsCollector:
                 continue
             cpu = values.get("cpu_seconds")
             peak = values.get("memory_peak_bytes")
+            if values.get("cpu_from_processes") is not None:
+                self.cpu_from_processes.import_job(jobid, values["cpu_from_processes"])
             if isinstance(cpu, int | float):
                 self._cpu_floor[jobid] = float(cpu)
             if isinstance(peak, int):

@@ -343,3 +343,26 @@ class ProcessCpuAccumulator:
     def forget(self, job_key: str) -> None:
         """Drop a finished job's state."""
         self._jobs.pop(job_key, None)
+
+    def export_job(self, job_key: str) -> dict[str, object] | None:
+        """What a restart needs to carry on counting a job exactly (JSON-ready)."""
+        state = self._jobs.get(job_key)
+        if state is None:
+            return None
+        return {
+            "retired_ticks": state.retired_ticks,
+            "live": {str(pid): [start, ticks] for pid, (start, ticks) in state.live.items()},
+            "seconds": state.last_seconds,
+        }
+
+    def import_job(self, job_key: str, data: object) -> None:
+        """Restore a job saved by export_job: a process still running with the same start
+        time continues from its saved ticks; one gone since is retired with them."""
+        if not isinstance(data, dict):
+            return
+        try:
+            live = {int(pid): (int(v[0]), int(v[1])) for pid, v in data["live"].items()}
+            self._jobs[job_key] = _JobCpu(live=live, retired_ticks=int(data["retired_ticks"]),
+                                          last_seconds=float(data["seconds"]))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+            return

@@ -70,6 +70,8 @@ class _Tracked:
     cgroup_missing_since: float | None = None
     end_time: float | None = None
     uid_from_process: int | None = None
+    discovered: bool = False  # found in cgroups before any record
+    ended_at: float | None = None  # when the agent learnt the job ended (linger counts from it)
 
 
 @dataclass(frozen=True)
@@ -232,10 +234,11 @@ class Registry:
                 if tracked.record is not None and record.end_time is None and (
                     tracked.record.start_time != record.start_time
                 ):
-                    tracked.end_time = None  # the job was requeued: a new prolog record
+                    # The job was requeued: a new prolog record.
+                    tracked.end_time = tracked.ended_at = None
                 tracked.record = record
             if record.end_time is not None and tracked.end_time is None:
-                tracked.end_time = record.end_time
+                self._mark_ended(tracked, record.end_time, now)
 
         # Forget expired jobs once neither their record nor their cgroup is left.
         gone = [j for j in self._expired if j not in records and j not in (cgroup_jobs or {})]
@@ -248,7 +251,7 @@ class Registry:
             if tracked is None:
                 if jobid in self._expired:
                     continue  # its record expired; a cgroup left behind is not a new job
-                tracked = self._jobs[jobid] = _Tracked(jobid, first_seen=now)
+                tracked = self._jobs[jobid] = _Tracked(jobid, first_seen=now, discovered=True)
                 log.info("job %s found in cgroups without a spool record (agent started "
                          "late or prolog not installed); tracking it", jobid)
             tracked.cgroup = cgroup
@@ -265,8 +268,15 @@ class Registry:
                     tracked.record is None
                 ):
                     # No epilog came (or there is no record to wait for): the job is over.
-                    tracked.end_time = tracked.cgroup_missing_since
+                    self._mark_ended(tracked, tracked.cgroup_missing_since, now)
                     log.info("job %s: cgroup gone without an epilog; marked ended", tracked.jobid)
+
+    @staticmethod
+    def _mark_ended(tracked: _Tracked, end_time: float, now: float) -> None:
+        """The job ended at ``end_time``; it lingers from ``now``, when the agent learnt it,
+        so a job found ended late (after the cgroup grace) still lingers in full."""
+        tracked.end_time = end_time
+        tracked.ended_at = now
 
     def _fill_metadata(self, now: float) -> None:
         running = [t for t in self._jobs.values() if t.end_time is None]
@@ -285,7 +295,7 @@ class Registry:
         for jobid in check_state:
             info = self.metadata.get(jobid)
             if info is not None and info.finished:
-                self._jobs[jobid].end_time = now
+                self._mark_ended(self._jobs[jobid], now, now)
                 log.info("job %s: Slurm reports it %s and it never had a cgroup here; "
                          "marked ended", jobid, info.state)
         for tracked in running:
@@ -316,7 +326,7 @@ class Registry:
     def _expire(self, now: float) -> None:
         expired = [
             t for t in self._jobs.values()
-            if t.end_time is not None and now - t.end_time >= self.job_linger
+            if t.ended_at is not None and now - t.ended_at >= self.job_linger
         ]
         if not expired:
             return
@@ -367,8 +377,11 @@ class Registry:
                 array_task_id=record.array_task_id or (info.array_task_id if info else ""),
                 job_gpus=record.job_gpus,
                 cuda_visible_devices=record.cuda_visible_devices,
-                start_time=record.start_time,
-                source="spool",
+                # A record the epilog wrote for a job it found no record of has no start.
+                start_time=record.start_time if record.start_time is not None else (
+                    (info.start_time if info and info.start_time else None)
+                    or tracked.first_seen),
+                source="cgroup" if tracked.discovered else "spool",
             )
         else:
             uid = info.uid if info and info.uid is not None else tracked.uid_from_process

@@ -185,6 +185,9 @@ def test_prolog_is_fast_enough_for_slurmd(tmp_path: Path) -> None:
 def test_spool_dir_comes_from_the_defaults_file(tmp_path: Path) -> None:
     defaults = tmp_path / "defaults"
     defaults.write_text('# comment\nSLURM_GPU_EXPORTER_SPOOL_DIR="/srv/spool"\nOTHER=1\n')
-    assert jobhooks.spool_dir_from([], jobhooks.read_defaults(str(defaults))) == "/srv/spool"
-    assert jobhooks.spool_dir_from(["--spool-dir=/x"], {}) == "/x"
-    assert jobhooks.spool_dir_from([], {}) == spool.DEFAULT_SPOOL_DIR
+    from_file = jobhooks.read_defaults(str(defaults))
+    assert jobhooks.spool_dir_from([], {}, from_file) == "/srv/spool"
+    env = {"SLURM_GPU_EXPORTER_SPOOL_DIR": "/env"}
+    assert jobhooks.spool_dir_from([], env, from_file) == "/env"
+    assert jobhooks.spool_dir_from(["--spool-dir=/x"], env, from_file) == "/x"
+    assert jobhooks.spool_dir_from([], {}, {}) == spool.DEFAULT_SPOOL_DIR
