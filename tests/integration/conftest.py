@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
 from tests.integration.slurmcluster import SlurmCluster, unavailable_reason
-
-
-def _skip_or_fail(reason: str) -> None:
-    """Skip, except under CI=true where a missing real component is a failure."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true: {reason}", pytrace=False)
-    pytest.skip(reason)
+from tests.support import require
 
 
 @pytest.fixture(scope="session")
@@ -25,8 +18,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     a cluster someone started by hand (`scripts/slurm-testcluster up`) is left running.
     """
     reason = unavailable_reason()
-    if reason is not None:
-        _skip_or_fail(reason)
+    require(reason is None, reason or "")
     cluster = SlurmCluster()
     started_here = not cluster.is_up()
     cluster.up()
