@@ -300,6 +300,9 @@ class SlurmMetadata:
         self._max_per_refresh = max_per_refresh
         self._known: dict[str, SlurmJobInfo] = {}
         self._retry_at: dict[str, float] = {}
+        # After a failure no call is made until then: a controller that hangs costs
+        # one timeout per back-off period, not one per job per sample.
+        self._paused_until = 0.0
         self.last_error: str | None = None
 
     @property
@@ -318,6 +321,8 @@ class SlurmMetadata:
         if self._lookup is None:
             return 0
         now = self._clock()
+        if now < self._paused_until:
+            return 0
         forced = set(force_state)
         wanted = [j for j in jobids if j not in self._known]
         wanted += [j for j in forced if j not in wanted]
@@ -332,10 +337,10 @@ class SlurmMetadata:
             except Exception as exc:
                 errors += 1
                 self.last_error = str(exc)
-                self._retry_at[jobid] = now + RETRY_AFTER_S
-                log.warning("Slurm look-up of job %s failed: %s (retrying in %.0f s)",
+                self._paused_until = now + RETRY_AFTER_S
+                log.warning("Slurm look-up of job %s failed: %s (no look-ups for %.0f s)",
                             jobid, exc, RETRY_AFTER_S)
-                continue
+                break
             if info is not None:
                 self._known[jobid] = info
             # Unknown jobs are asked again later; so are state re-checks, never every sample.

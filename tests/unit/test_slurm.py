@@ -62,7 +62,7 @@ def test_sacct_row_for_the_job_is_parsed() -> None:
     assert info.finished
 
 
-def test_failed_lookups_back_off_and_do_not_block_others() -> None:
+def test_a_failed_lookup_pauses_lookups_and_known_jobs_are_not_asked_again() -> None:
     now = [0.0]
     calls: list[str] = []
 
@@ -73,13 +73,14 @@ def test_failed_lookups_back_off_and_do_not_block_others() -> None:
         return SlurmJobInfo(jobid=jobid, state="RUNNING")
 
     meta = SlurmMetadata(lookup, clock=lambda: now[0])
-    assert meta.refresh(["1", "2"]) == 1
-    assert meta.get("2") is not None and meta.get("1") is None
-    meta.refresh(["1", "2"])
-    assert calls == ["1", "2"], "no retry inside the back-off, no repeat of a known job"
+    assert meta.refresh(["2", "3"]) == 0
+    assert meta.refresh(["1", "2", "3", "4"]) == 1
+    assert calls == ["2", "3", "1"], "a failure pauses look-ups: a hung controller costs once"
+    meta.refresh(["1", "4"])
+    assert calls == ["2", "3", "1"], "no call inside the back-off"
     now[0] = 61
-    meta.refresh(["1", "2"])
-    assert calls == ["1", "2", "1"]
+    meta.refresh(["1", "2", "4"])
+    assert calls == ["2", "3", "1", "1"], "tried again after the back-off, paused again"
 
 
 def test_at_most_a_few_lookups_per_refresh() -> None:
