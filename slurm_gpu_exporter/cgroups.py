@@ -51,6 +51,7 @@ __all__ = [
     "JobCgroupStats",
     "parse_cgroup_path",
     "parse_cpu_list",
+    "read_kernel_file",
 ]
 
 # Key of the single directory of a cgroup v2 job in JobCgroup.dirs.
@@ -248,6 +249,21 @@ class _Partial:
 # paths, which costs a fraction of building pathlib objects.
 
 
+def read_kernel_file(path: str | os.PathLike[str]) -> bytes:
+    """All of a small cgroupfs or procfs file, through one descriptor; raises OSError.
+
+    Read in a loop: such files report size 0, so a single sized read cannot be used.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
 def _read_text(path: str) -> str | None:
     """One cgroup file's content, or None when it is missing or unreadable.
 
@@ -255,21 +271,9 @@ def _read_text(path: str) -> str | None:
     ENODEV or EINVAL, and one odd file must not fail the whole job.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return read_kernel_file(path).decode("ascii", "replace")
     except OSError:
         return None
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode("ascii", "replace")
 
 
 def _read_int(path: str) -> int | None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_gpu_exporter.cgroups import parse_cgroup_path
+from slurm_gpu_exporter.cgroups import parse_cgroup_path, read_kernel_file
 
 __all__ = [
     "PidJob",
@@ -53,24 +53,12 @@ def _read_proc_file(proc_root: Path, pid: int, name: str) -> bytes:
     files (environ), and that is a configuration problem, not an exit.
     """
     try:
-        fd = os.open(proc_root / str(pid) / name, os.O_RDONLY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
-        raise ProcessGone(pid) from None
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
+        return read_kernel_file(proc_root / str(pid) / name)
     except OSError as e:
-        # ESRCH: the process exited after the open.
-        if e.errno in (errno.ESRCH, errno.ENOENT):
+        # ENOENT/ENOTDIR: no such process; ESRCH: it exited after the open.
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ESRCH):
             raise ProcessGone(pid) from None
         raise
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
 
 
 @dataclass(frozen=True)
