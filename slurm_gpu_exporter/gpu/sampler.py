@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_gpu_exporter.allocation import gpu_allocation
+from slurm_gpu_exporter.allocation import GpuAllocation, gpu_allocation
 from slurm_gpu_exporter.attribution import (
     UNATTRIBUTED,
     GpuTarget,
@@ -179,6 +179,7 @@ class GpuSampler:
         self._device_busy: dict[str, float] = {}
         self._counters: dict[str, dict[str, _Counters]] = {}  # jobid -> uuid -> counters
         self._users: dict[int, str] = {}
+        self._allocations: dict[str, tuple[tuple[str, str], GpuAllocation]] = {}
         self._xid_lock = threading.Lock()
         self._xid_counts: dict[tuple[str, int], int] = {}
         self._stop = threading.Event()
@@ -315,8 +316,7 @@ class GpuSampler:
                                     unattributed, seen_pids, touched)
             else:
                 targets.append(parent)
-                holders = [j.jobid for j in running if held_targets(
-                    gpu_allocation(j.job_gpus, j.cuda_visible_devices), [parent])]
+                holders = self._holders(parent, running)
                 wall = self._wall_dt(reading.uuid, now)
                 busy_shares = shares(usage.weight, holders) if busy else {}
                 e_shares = energy_shares(busy_shares, busy or 0.0, holders)
@@ -350,6 +350,18 @@ class GpuSampler:
             unattributed=tuple(unattributed),
         )
 
+    def _holders(self, target: GpuTarget, running: list[Job]) -> list[str]:
+        """Ids of the running jobs whose allocation covers the target."""
+        return [j.jobid for j in running if held_targets(self._allocation(j), [target])]
+
+    def _allocation(self, job: Job) -> GpuAllocation:
+        """A job's GPUs, parsed once per job rather than once per GPU and sample."""
+        key = (job.job_gpus, job.cuda_visible_devices)
+        cached = self._allocations.get(job.jobid)
+        if cached is None or cached[0] != key:
+            cached = self._allocations[job.jobid] = (key, gpu_allocation(*key))
+        return cached[1]
+
     def _hold_lost(self, reading: DeviceReading, running: list[Job], now: float,
                    touched: set[tuple[str, str]]) -> None:
         """A lost GPU is still allocated to its jobs: their allocated time goes on, their
@@ -358,12 +370,11 @@ class GpuSampler:
             return  # lost before it could be identified: nothing to match jobs against
         target = GpuTarget(str(reading.index), reading.uuid, reading.minor)
         dt = self._wall_dt(reading.uuid, now)
-        for job in running:
-            if held_targets(gpu_allocation(job.job_gpus, job.cuda_visible_devices), [target]):
-                c = self._counter(job.jobid, target)
-                touched.add((job.jobid, target.uuid))
-                c.allocated += dt
-                c.utilization, c.memory, c.processes = None, 0, 0
+        for jobid in self._holders(target, running):
+            c = self._counter(jobid, target)
+            touched.add((jobid, target.uuid))
+            c.allocated += dt
+            c.utilization, c.memory, c.processes = None, 0, 0
 
     def _attribute_mig(self, reading: DeviceReading, running: list[Job],
                        key_to_job: dict[str, Job], now: float, targets: list[GpuTarget],
@@ -380,8 +391,7 @@ class GpuSampler:
             usage = self._usage(DeviceReading(index=reading.index, uuid=inst.uuid, name="",
                                               minor=None, pci_bus_id="", processes=procs),
                                 key_to_job, seen_pids)
-            holders = [j.jobid for j in running if held_targets(
-                gpu_allocation(j.job_gpus, j.cuda_visible_devices), [target])]
+            holders = self._holders(target, running)
             dt = self._wall_dt(inst.uuid, now)
             for jobid in set(holders) | set(usage.processes) - {UNATTRIBUTED}:
                 job = key_to_job.get(jobid)
@@ -553,6 +563,8 @@ class GpuSampler:
         tracked = {j.jobid for j in jobs}
         for jobid in [j for j in self._counters if j not in tracked]:
             del self._counters[jobid]
+        for jobid in [j for j in self._allocations if j not in tracked]:
+            del self._allocations[jobid]
         for pid in [p for p in self._users if p not in seen_pids]:
             del self._users[pid]
 
