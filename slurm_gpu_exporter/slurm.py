@@ -303,7 +303,6 @@ class SlurmMetadata:
         # After a failure no call is made until then: a controller that hangs costs
         # one timeout per back-off period, not one per job per sample.
         self._paused_until = 0.0
-        self.last_error: str | None = None
 
     @property
     def available(self) -> bool:
@@ -336,7 +335,6 @@ class SlurmMetadata:
                 info = self._lookup(jobid)
             except Exception as exc:
                 errors += 1
-                self.last_error = str(exc)
                 self._paused_until = now + RETRY_AFTER_S
                 log.warning("Slurm look-up of job %s failed: %s (no look-ups for %.0f s)",
                             jobid, exc, RETRY_AFTER_S)

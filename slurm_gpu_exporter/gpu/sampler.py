@@ -35,7 +35,14 @@ from slurm_gpu_exporter.attribution import (
 )
 from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.errors import SourceErrors
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuBackend, GpuUnavailable, UtilSample
+from slurm_gpu_exporter.gpu.backend import (
+    DeviceReading,
+    GpuBackend,
+    GpuProcess,
+    GpuUnavailable,
+    ProcessUtilSample,
+    UtilSample,
+)
 from slurm_gpu_exporter.procfs import PidJobMapper, ProcessGone, read_uid
 from slurm_gpu_exporter.registry import Job
 from slurm_gpu_exporter.snapshot import GpuSample, JobGpuSample, UnattributedSample
@@ -292,7 +299,6 @@ class GpuSampler:
         for job in running:  # Slurm 26.05: cgroup paths name jobs by SLUID
             if job.cgroup is not None and job.cgroup.is_sluid:
                 key_to_job[job.cgroup.job_key] = job
-        targets: list[GpuTarget] = []
         devices: list[GpuSample] = []
         unattributed: list[UnattributedSample] = []
         seen_pids: set[int] = set()
@@ -307,15 +313,15 @@ class GpuSampler:
                 devices.append(self._device_sample(reading, None, None))
                 continue
             parent = GpuTarget(str(reading.index), reading.uuid, reading.minor)
-            usage = self._usage(reading, key_to_job, seen_pids)
+            usage = self._usage(reading.processes, reading.process_samples or (), key_to_job,
+                                seen_pids)
             cursor = self._cursors.get(reading.uuid, (0, 0))[0]
             window, busy = self._integrate(reading)
             energy = self._energy_delta(reading)
             if reading.mig:
-                self._attribute_mig(reading, running, key_to_job, now, targets, devices,
+                self._attribute_mig(reading, running, key_to_job, now, devices,
                                     unattributed, seen_pids, touched)
             else:
-                targets.append(parent)
                 holders = self._holders(parent, running)
                 wall = self._wall_dt(reading.uuid, now)
                 busy_shares = shares(usage.weight, holders) if busy else {}
@@ -377,7 +383,7 @@ class GpuSampler:
             c.utilization, c.memory, c.processes = None, 0, 0
 
     def _attribute_mig(self, reading: DeviceReading, running: list[Job],
-                       key_to_job: dict[str, Job], now: float, targets: list[GpuTarget],
+                       key_to_job: dict[str, Job], now: float,
                        devices: list[GpuSample], unattributed: list[UnattributedSample],
                        seen_pids: set[int], touched: set[tuple[str, str]]) -> None:
         """MIG instances: allocation by MIG UUID, processes by GPU instance id; NVML gives no
@@ -385,12 +391,9 @@ class GpuSampler:
         for inst in reading.mig:
             target = GpuTarget(f"{reading.index}.{inst.gpu_instance_id}", inst.uuid,
                                None, is_mig=True, parent_uuid=reading.uuid)
-            targets.append(target)
             procs = tuple(p for p in reading.processes
                           if p.gpu_instance_id == inst.gpu_instance_id)
-            usage = self._usage(DeviceReading(index=reading.index, uuid=inst.uuid, name="",
-                                              minor=None, pci_bus_id="", processes=procs),
-                                key_to_job, seen_pids)
+            usage = self._usage(procs, (), key_to_job, seen_pids)
             holders = self._holders(target, running)
             dt = self._wall_dt(inst.uuid, now)
             for jobid in set(holders) | set(usage.processes) - {UNATTRIBUTED}:
@@ -427,14 +430,15 @@ class GpuSampler:
         c.peak = max(c.peak, memory)
         c.processes = processes
 
-    def _usage(self, reading: DeviceReading, key_to_job: dict[str, Job],
+    def _usage(self, processes: Iterable[GpuProcess],
+               process_samples: Iterable[ProcessUtilSample], key_to_job: dict[str, Job],
                seen_pids: set[int]) -> _Usage:
         """Who uses the GPU: processes, memory and SM weights by job (or user, outside jobs)."""
         usage = _Usage()
         weights: dict[int, float] = {}
-        for sample in reading.process_samples or ():
+        for sample in process_samples:
             weights[sample.pid] = weights.get(sample.pid, 0.0) + sample.sm_percent
-        for proc in reading.processes:
+        for proc in processes:
             seen_pids.add(proc.pid)
             pid_job = self.mapper.job_of(proc.pid)
             job = key_to_job.get(pid_job.job_key) if pid_job is not None else None
