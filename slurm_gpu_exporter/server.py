@@ -2,8 +2,9 @@
 
 ``/metrics`` ships the bytes the sampler rendered for the last snapshot, in the
 format and encoding the scraper asked for; it never reads NVML, /proc or
-cgroups. ``/-/healthy`` fails when sampling is stuck, ``/-/ready`` once the first
-sample is there.
+cgroups. ``/-/healthy`` fails until the first sample is done and whenever sampling
+is stuck; ``/-/ready`` succeeds once the first sample is there. Basic-auth bcrypt
+checks run off the event loop, so a wrong password never stalls other scrapes.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def make_app(holder: ExpositionHolder, web_config: WebConfig | None = None) -> w
         peercert = transport.get_extra_info("peercert") if transport else None
         if not config.client_cert_allowed(peercert):
             return web.Response(status=403, text="client certificate not allowed\n")
-        if not config.check_basic_auth(request.headers.get("Authorization")):
+        if not await config.check_basic_auth_async(request.headers.get("Authorization")):
             return web.Response(status=401, text="Unauthorized\n",
                                 headers={"WWW-Authenticate": 'Basic realm="slurm-gpu-exporter"'})
         response = await handler(request)
@@ -98,7 +99,12 @@ def make_app(holder: ExpositionHolder, web_config: WebConfig | None = None) -> w
 
     async def healthy(request: web.Request) -> web.Response:
         exposition = holder.current
-        if exposition is not None and time.time() - exposition.timestamp > holder.stale_after:
+        if exposition is None:
+            # Until a sample completes there is nothing to vouch for: a first sample
+            # that never ends (a hung driver at start) must not look healthy.
+            return web.Response(status=503, text="no sample completed yet; if this lasts, "
+                                "sampling is stuck (see the agent's log)\n")
+        if time.time() - exposition.timestamp > holder.stale_after:
             age = time.time() - exposition.timestamp
             return web.Response(status=503, text=f"last sample is {age:.0f} s old: sampling "
                                 "is stuck (a hung NVML call?)\n")
