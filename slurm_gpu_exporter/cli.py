@@ -28,7 +28,13 @@ from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.jobstats import JobStatsCollector
 from slurm_gpu_exporter.registry import Registry
 from slurm_gpu_exporter.sampler import Sampler
-from slurm_gpu_exporter.server import ExpositionHolder, make_app, parse_listen_address, start_server
+from slurm_gpu_exporter.server import (
+    ExpositionHolder,
+    ListenError,
+    make_app,
+    parse_listen_address,
+    start_server,
+)
 from slurm_gpu_exporter.slurm import SlurmMetadata, make_lookup
 from slurm_gpu_exporter.spool import DEFAULT_SPOOL_DIR
 from slurm_gpu_exporter.state import StateStore
@@ -158,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         try:
             asyncio.run(_serve(make_app(holder, web_config), listen, web_config, sampler))
-        except OSError as exc:
-            log.error("cannot listen on %s: %s", ", ".join(listen), exc.strerror or exc)
+        except ListenError as exc:
+            log.error("%s; stop what uses it or pass another --web.listen-address", exc)
             return 1
     return 0
 

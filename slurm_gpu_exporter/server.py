@@ -10,6 +10,7 @@ checks run off the event loop, so a wrong password never stalls other scrapes.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -127,6 +128,10 @@ def make_app(holder: ExpositionHolder, web_config: WebConfig | None = None) -> w
     return app
 
 
+class ListenError(Exception):
+    """An address could not be listened on; the message names it and why."""
+
+
 def parse_listen_address(address: str) -> tuple[str | None, int]:
     """``:9817`` -> (None, 9817) (all addresses); ``127.0.0.1:9817``; ``[::1]:9817``."""
     host, sep, port = address.rpartition(":")
@@ -138,14 +143,21 @@ def parse_listen_address(address: str) -> tuple[str | None, int]:
 
 async def start_server(app: web.Application, addresses: list[str],
                        web_config: WebConfig | None) -> web.AppRunner:
-    """Start listening on every address; returns the runner to clean up."""
+    """Start listening on every address; returns the runner to clean up.
+
+    Raises ListenError naming the first address that cannot be used."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     ssl_context = web_config.ssl_context() if web_config else None
     for address in addresses:
         host, port = parse_listen_address(address)
         site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ListenError(f"cannot listen on {address}: {reason}") from None
         scheme = "https" if ssl_context else "http"
         log.info("listening on %s://%s:%d/metrics", scheme, host or "0.0.0.0", port)
     return runner

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +40,17 @@ def test_an_invalid_web_config_stops_the_agent_with_one_line(tmp_path: Path) -> 
     assert len(lines) == 1, result.stderr
     assert str(bad) in lines[0] and "line 2, column 1" in lines[0]
     assert "level=ERROR" in lines[0]
+
+
+def test_a_busy_address_stops_the_agent_with_one_line_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+        result = subprocess.run([str(AGENT), "--simulate", "--web.listen-address", address],
+                                capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "level=ERROR" in line]
+    assert len(errors) == 1, result.stderr
+    assert f"cannot listen on {address}: Address already in use" in errors[0]
+    assert "Traceback" not in result.stderr
