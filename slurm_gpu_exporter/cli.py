@@ -28,7 +28,13 @@ from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.jobstats import JobStatsCollector
 from slurm_gpu_exporter.registry import Registry
 from slurm_gpu_exporter.sampler import Sampler
-from slurm_gpu_exporter.server import ExpositionHolder, make_app, parse_listen_address, start_server
+from slurm_gpu_exporter.server import (
+    ExpositionHolder,
+    ListenError,
+    make_app,
+    parse_listen_address,
+    start_server,
+)
 from slurm_gpu_exporter.slurm import SlurmMetadata, make_lookup
 from slurm_gpu_exporter.spool import DEFAULT_SPOOL_DIR
 from slurm_gpu_exporter.state import StateStore
@@ -39,39 +45,52 @@ log = logging.getLogger("slurm_gpu_exporter")
 DEFAULT_LISTEN = ":9817"
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default once, and none for flags without a value of their own."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="slurm-gpu-exporter",
         description="Per-job GPU, CPU and memory metrics of a Slurm node, for Prometheus.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
-    p.add_argument("--web.listen-address", dest="listen", action="append",
-                   help=f"address to serve on; repeat for several (default {DEFAULT_LISTEN})")
-    p.add_argument("--web.config.file", dest="web_config", type=Path,
+    p.add_argument("--web.listen-address", dest="listen", action="append", metavar="ADDRESS",
+                   help=f"address to serve on, [host]:port; repeat for several "
+                        f"(default: {DEFAULT_LISTEN}, all addresses)")
+    p.add_argument("--web.config.file", dest="web_config", type=Path, metavar="FILE",
                    help="exporter-toolkit web config (TLS, client certificates, basic auth)")
-    p.add_argument("--spool-dir", default=DEFAULT_SPOOL_DIR,
+    p.add_argument("--spool-dir", default=DEFAULT_SPOOL_DIR, metavar="DIR",
                    help="where the prolog/epilog write job records")
-    p.add_argument("--state-dir", type=Path, default=Path("/var/lib/slurm-gpu-exporter"),
+    p.add_argument("--state-dir", type=Path, metavar="DIR",
+                   default=Path("/var/lib/slurm-gpu-exporter"),
                    help="where counters are kept across restarts")
-    p.add_argument("--cgroup-root", type=Path, default=Path("/sys/fs/cgroup"),
+    p.add_argument("--cgroup-root", type=Path, metavar="DIR", default=Path("/sys/fs/cgroup"),
                    help="cgroup filesystem root")
-    p.add_argument("--proc-root", type=Path, default=Path("/proc"), help="procfs root")
-    p.add_argument("--sample-interval", type=float, default=5.0,
+    p.add_argument("--proc-root", type=Path, metavar="DIR", default=Path("/proc"),
+                   help="procfs root")
+    p.add_argument("--sample-interval", type=float, metavar="SECONDS", default=5.0,
                    help="seconds between samples")
-    p.add_argument("--job-linger", type=float, default=120.0,
+    p.add_argument("--job-linger", type=float, metavar="SECONDS", default=120.0,
                    help="seconds an ended job's series stay (longer than the scrape interval)")
-    p.add_argument("--cgroup-grace", type=float, default=30.0,
+    p.add_argument("--cgroup-grace", type=float, metavar="SECONDS", default=30.0,
                    help="seconds a job's cgroup may be gone, with no epilog, before the job "
                         "counts as ended")
     p.add_argument("--slurm-lookup", choices=("auto", "cli", "off"), default="auto",
                    help="how to fill job metadata the prolog lacked: pyslurm where it matches "
                         "the local Slurm, else the Slurm CLI (auto); the CLI only; or never")
-    p.add_argument("--node-name", default=os.uname().nodename.split(".")[0],
+    p.add_argument("--node-name", metavar="NAME", default=os.uname().nodename.split(".")[0],
                    help="this node's Slurm NodeName (for GPU indices of discovered jobs)")
     p.add_argument("--simulate", action="store_true",
                    help="run over a synthetic node (no GPU or Slurm needed)")
-    p.add_argument("--log.level", dest="log_level", default="info",
-                   choices=("debug", "info", "warn", "error"))
+    p.add_argument("--log.level", dest="log_level", default="info", metavar="LEVEL",
+                   choices=("debug", "info", "warn", "error"),
+                   help="least severe messages to log to stderr: debug, info, warn or error")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p
 
@@ -145,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         try:
             asyncio.run(_serve(make_app(holder, web_config), listen, web_config, sampler))
-        except OSError as exc:
-            log.error("cannot listen on %s: %s", ", ".join(listen), exc.strerror or exc)
+        except ListenError as exc:
+            log.error("%s; stop what uses it or pass another --web.listen-address", exc)
             return 1
     return 0
 

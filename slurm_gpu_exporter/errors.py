@@ -1,8 +1,10 @@
 """Per-source error accounting: every problem is counted, and logged without flooding.
 
-Each data source (spool, cgroup, slurm, nvml, state) fails alone and shows up
-as ``slurm_gpu_exporter_sample_errors_total{source=...}``. A message that
-repeats is logged once per ``quiet_period`` seconds, with how often it recurred.
+Each data source in ``SOURCES`` fails alone and shows up as
+``slurm_gpu_exporter_sample_errors_total{source=...}`` and
+``slurm_gpu_exporter_source_up{source=...}``: the two families share these label
+values, and counting under any other name is refused. A message that repeats is
+logged once per ``quiet_period`` seconds, with how often it recurred.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from collections.abc import Callable
 
 log = logging.getLogger("slurm_gpu_exporter")
 
-SOURCES = ("spool", "cgroup", "process", "slurm", "nvml", "state")
+# The one set of `source` label values (docs/metrics.md lists them with their meaning).
+SOURCES = ("spool", "cgroup", "slurm", "nvml", "state")
 
 
 class SourceErrors:
@@ -31,8 +34,10 @@ class SourceErrors:
 
     def count(self, source: str, message: str, *, log_it: bool = True) -> None:
         """Count one error of ``source``; log ``message`` unless it was logged recently."""
+        if source not in self._counts:
+            raise ValueError(f"unknown error source {source!r}; add it to errors.SOURCES")
         with self._lock:
-            self._counts[source] = self._counts.get(source, 0) + 1
+            self._counts[source] += 1
             if not log_it:
                 return
             now = self.clock()

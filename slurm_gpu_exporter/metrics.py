@@ -176,16 +176,20 @@ def self_families(snapshot: Snapshot) -> Iterator[Metric]:
         nvml.add_metric([], 1 if snapshot.nvml_up else 0)
         yield nvml
     duration = _gauge("slurm_gpu_exporter_sample_duration_seconds",
-                      "Wall time of the last sample, by source.", ["source"])
-    up = _gauge("slurm_gpu_exporter_source_up",
-                "1 when the source worked in the last sample, by source.", ["source"])
-    for status in snapshot.sources:
-        duration.add_metric([status.name], status.duration_seconds)
-        up.add_metric([status.name], 1 if status.ok else 0)
+                      "Wall time of the last sample, by step (registry, cgroup, nvml, state) "
+                      "and in total.", ["source"])
+    for step in snapshot.steps:
+        duration.add_metric([step.name], step.duration_seconds)
     duration.add_metric(["total"], snapshot.sample_duration_seconds)
+    # source_up and sample_errors_total share one set of `source` values (errors.SOURCES).
+    up = _gauge("slurm_gpu_exporter_source_up",
+                "1 when the source met no error in the last sample, by source.", ["source"])
+    for status in snapshot.sources:
+        up.add_metric([status.name], 1 if status.ok else 0)
     errors = _counter("slurm_gpu_exporter_sample_errors",
                       "Problems met while sampling, by source (bad spool files, unreadable "
-                      "cgroups, failed Slurm look-ups, NVML errors).", ["source"])
+                      "cgroups, failed Slurm look-ups, NVML errors, state dir writes).",
+                      ["source"])
     for source, count in sorted(snapshot.errors.items()):
         errors.add_metric([source], count)
     last = _gauge("slurm_gpu_exporter_last_sample_timestamp_seconds",

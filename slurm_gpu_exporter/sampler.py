@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from slurm_gpu_exporter.errors import SourceErrors
+from slurm_gpu_exporter.errors import SOURCES, SourceErrors
 from slurm_gpu_exporter.jobstats import JobStatsCollector
 from slurm_gpu_exporter.metrics import Exposition, render
 from slurm_gpu_exporter.registry import Job, Registry
@@ -24,6 +24,7 @@ from slurm_gpu_exporter.snapshot import (
     JobSample,
     Snapshot,
     SourceStatus,
+    StepTiming,
     UnattributedSample,
 )
 from slurm_gpu_exporter.state import StateStore
@@ -108,45 +109,60 @@ class Sampler:
         """Take one sample, save state, render and publish it; returns the snapshot."""
         started = time.monotonic()
         now = time.time()
-        statuses: list[SourceStatus] = []
+        errors_before = self.errors.snapshot()
+        steps: list[StepTiming] = []
 
-        jobs: list[Job] = self._timed("registry", statuses, self.registry.refresh, [])
+        jobs: list[Job] = self._timed("registry", steps, self.registry.refresh, [])
         job_samples: list[JobSample] = self._timed(
-            "cgroup", statuses, lambda: self.jobstats.collect(jobs), [])
+            "cgroup", steps, lambda: self.jobstats.collect(jobs), [])
         gpu_part: GpuPart | None = None
         if self.gpu is not None:
-            gpu_part = self._timed("nvml", statuses, lambda: self.gpu.sample(jobs, now), None)  # type: ignore[union-attr]
+            gpu_part = self._timed("nvml", steps, lambda: self.gpu.sample(jobs, now), None)  # type: ignore[union-attr]
         if self.state is not None:
-            self._timed("state", statuses, self._save_state, None)
+            self._timed("state", steps, self._save_state, None)
 
+        nvml_up = (gpu_part is not None and gpu_part.nvml_up) if self.gpu is not None else None
+        errors = self.errors.snapshot()
         snapshot = Snapshot(
             timestamp=now,
             jobs=tuple(job_samples),
             job_gpus=gpu_part.job_gpus if gpu_part else (),
             gpus=gpu_part.gpus if gpu_part else (),
             unattributed=gpu_part.unattributed if gpu_part else (),
-            nvml_up=(gpu_part.nvml_up if gpu_part else False) if self.gpu else None,
-            sources=tuple(statuses),
-            errors=self.errors.snapshot(),
+            nvml_up=nvml_up,
+            sources=self._source_statuses(errors_before, errors, nvml_up),
+            steps=tuple(steps),
+            errors=errors,
             sample_duration_seconds=time.monotonic() - started,
         )
         self.publish(snapshot, render(snapshot))
         return snapshot
 
-    def _timed(self, name: str, statuses: list[SourceStatus], fn: Callable[[], Any],
+    def _source_statuses(self, before: dict[str, int], after: dict[str, int],
+                         nvml_up: bool | None) -> tuple[SourceStatus, ...]:
+        """A source is up when it counted no error in this sample; NVML also needs nvml_up
+        (a missing library is counted only when a re-initialisation is tried)."""
+        statuses = []
+        for source in SOURCES:
+            if (source == "nvml" and nvml_up is None) or (source == "state"
+                                                          and self.state is None):
+                continue  # not collected at all
+            ok = after.get(source, 0) == before.get(source, 0)
+            if source == "nvml":
+                ok = ok and bool(nvml_up)
+            statuses.append(SourceStatus(source, ok))
+        return tuple(statuses)
+
+    def _timed(self, name: str, steps: list[StepTiming], fn: Callable[[], Any],
                fallback: Any) -> Any:
-        before = sum(self.errors.snapshot().values())
         t0 = time.monotonic()
-        ok = True
         try:
             result = fn()
         except Exception as exc:
-            log.exception("source %s failed", name)
-            self.errors.count(_ERROR_SOURCE.get(name, name), f"{name} failed: {exc}",
-                              log_it=False)
-            result, ok = fallback, False
-        ok = ok and sum(self.errors.snapshot().values()) == before
-        statuses.append(SourceStatus(name, ok, time.monotonic() - t0))
+            log.exception("sampling step %s failed", name)
+            self.errors.count(_STEP_SOURCE[name], f"{name} failed: {exc}", log_it=False)
+            result = fallback
+        steps.append(StepTiming(name, time.monotonic() - t0))
         return result
 
     def _save_state(self) -> None:
@@ -161,4 +177,6 @@ class Sampler:
                               f"{exc.strerror}; a restart may reset counters")
 
 
-_ERROR_SOURCE = {"registry": "spool", "nvml": "nvml", "cgroup": "cgroup", "state": "state"}
+# The error source a step's own crash is counted under: the registry's first job is
+# the spool, so a crash there shows as a spool problem.
+_STEP_SOURCE = {"registry": "spool", "cgroup": "cgroup", "nvml": "nvml", "state": "state"}

@@ -2,13 +2,15 @@
 
 ``/metrics`` ships the bytes the sampler rendered for the last snapshot, in the
 format and encoding the scraper asked for; it never reads NVML, /proc or
-cgroups. ``/-/healthy`` fails when sampling is stuck, ``/-/ready`` once the first
-sample is there.
+cgroups. ``/-/healthy`` fails until the first sample is done and whenever sampling
+is stuck; ``/-/ready`` succeeds once the first sample is there. Basic-auth bcrypt
+checks run off the event loop, so a wrong password never stalls other scrapes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -74,7 +76,7 @@ def make_app(holder: ExpositionHolder, web_config: WebConfig | None = None) -> w
         peercert = transport.get_extra_info("peercert") if transport else None
         if not config.client_cert_allowed(peercert):
             return web.Response(status=403, text="client certificate not allowed\n")
-        if not config.check_basic_auth(request.headers.get("Authorization")):
+        if not await config.check_basic_auth_async(request.headers.get("Authorization")):
             return web.Response(status=401, text="Unauthorized\n",
                                 headers={"WWW-Authenticate": 'Basic realm="slurm-gpu-exporter"'})
         response = await handler(request)
@@ -98,7 +100,12 @@ def make_app(holder: ExpositionHolder, web_config: WebConfig | None = None) -> w
 
     async def healthy(request: web.Request) -> web.Response:
         exposition = holder.current
-        if exposition is not None and time.time() - exposition.timestamp > holder.stale_after:
+        if exposition is None:
+            # Until a sample completes there is nothing to vouch for: a first sample
+            # that never ends (a hung driver at start) must not look healthy.
+            return web.Response(status=503, text="no sample completed yet; if this lasts, "
+                                "sampling is stuck (see the agent's log)\n")
+        if time.time() - exposition.timestamp > holder.stale_after:
             age = time.time() - exposition.timestamp
             return web.Response(status=503, text=f"last sample is {age:.0f} s old: sampling "
                                 "is stuck (a hung NVML call?)\n")
@@ -121,6 +128,10 @@ def make_app(holder: ExpositionHolder, web_config: WebConfig | None = None) -> w
     return app
 
 
+class ListenError(Exception):
+    """An address could not be listened on; the message names it and why."""
+
+
 def parse_listen_address(address: str) -> tuple[str | None, int]:
     """``:9817`` -> (None, 9817) (all addresses); ``127.0.0.1:9817``; ``[::1]:9817``."""
     host, sep, port = address.rpartition(":")
@@ -132,14 +143,21 @@ def parse_listen_address(address: str) -> tuple[str | None, int]:
 
 async def start_server(app: web.Application, addresses: list[str],
                        web_config: WebConfig | None) -> web.AppRunner:
-    """Start listening on every address; returns the runner to clean up."""
+    """Start listening on every address; returns the runner to clean up.
+
+    Raises ListenError naming the first address that cannot be used."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     ssl_context = web_config.ssl_context() if web_config else None
     for address in addresses:
         host, port = parse_listen_address(address)
         site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ListenError(f"cannot listen on {address}: {reason}") from None
         scheme = "https" if ssl_context else "http"
         log.info("listening on %s://%s:%d/metrics", scheme, host or "0.0.0.0", port)
     return runner

@@ -81,10 +81,17 @@ class UnattributedSample:
 
 @dataclass(frozen=True)
 class SourceStatus:
-    """How one data source did in the last sample."""
+    """Whether one data source (a name in errors.SOURCES) worked in the last sample."""
 
     name: str
     ok: bool
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """How long one step of the sample took (registry, cgroup, nvml, state)."""
+
+    name: str
     duration_seconds: float
 
 
@@ -97,5 +104,6 @@ class Snapshot:
     unattributed: tuple[UnattributedSample, ...] = ()
     nvml_up: bool | None = None  # None: GPU collection switched off
     sources: tuple[SourceStatus, ...] = ()
+    steps: tuple[StepTiming, ...] = ()
     errors: dict[str, int] = field(default_factory=dict)
     sample_duration_seconds: float = 0.0

@@ -20,6 +20,7 @@ prefer_server_cipher_suites, http2) are accepted and ignored with a warning.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -27,6 +28,8 @@ import hmac
 import logging
 import ssl
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +90,9 @@ class WebConfig:
     # credential rather than once per scrape.
     _verified: set[bytes] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # bcrypt's check; tests pass a slow one to see that it does not block the server.
+    password_check: Callable[[bytes, bytes], bool] = bcrypt.checkpw
+    _executor: ThreadPoolExecutor | None = None
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The server TLS context, or None for plain HTTP."""
@@ -112,28 +118,67 @@ class WebConfig:
         return ctx
 
     def check_basic_auth(self, header: str | None) -> bool:
-        """True when basic auth is off, or the Authorization header names a valid user."""
+        """True when basic auth is off, or the Authorization header names a valid user.
+
+        Blocks for a bcrypt check on a credential not seen before; the server uses
+        ``check_basic_auth_async``, which runs that check off the event loop."""
         if not self.users:
             return True
-        if not header or not header.startswith("Basic "):
+        claim = self._claim(header)
+        if claim is None:
             return False
+        if self._known(claim[2]):
+            return True
+        return self._verify(*claim)
+
+    async def check_basic_auth_async(self, header: str | None) -> bool:
+        """``check_basic_auth`` for the event loop: a credential already verified answers
+        at once; a new one is checked by bcrypt in a worker thread, so a wrong password
+        (which is never cached) cannot stall the scrapes of others."""
+        if not self.users:
+            return True
+        claim = self._claim(header)
+        if claim is None:
+            return False
+        if self._known(claim[2]):
+            return True
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._bcrypt_workers(), self._verify, *claim)
+
+    def _claim(self, header: str | None) -> tuple[bytes, bytes, bytes] | None:
+        """(password, bcrypt hash, cache key) of a well-formed header naming a known user."""
+        if not header or not header.startswith("Basic "):
+            return None
         try:
             decoded = base64.b64decode(header[6:], validate=True).decode()
-            user, sep, password = decoded.partition(":")
         except (binascii.Error, UnicodeDecodeError):
-            return False
+            return None
+        user, sep, password = decoded.partition(":")
         hashed = self.users.get(user)
         if not sep or hashed is None:
-            return False
+            return None
         key = hashlib.sha256(user.encode() + b"\0" + password.encode() + b"\0" + hashed).digest()
+        return password.encode(), hashed, key
+
+    def _known(self, key: bytes) -> bool:
         with self._lock:
-            if key in self._verified:
-                return True
-        if not bcrypt.checkpw(password.encode(), hashed):
+            return key in self._verified
+
+    def _verify(self, password: bytes, hashed: bytes, key: bytes) -> bool:
+        if not self.password_check(password, hashed):
             return False
         with self._lock:
             self._verified.add(key)
         return True
+
+    def _bcrypt_workers(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                # Two threads: bcrypt is CPU-bound, and a flood of wrong passwords must
+                # not take every core from the sampler.
+                self._executor = ThreadPoolExecutor(max_workers=2,
+                                                    thread_name_prefix="basic-auth")
+            return self._executor
 
     def client_cert_allowed(self, peercert: dict[str, Any] | None) -> bool:
         """True unless client_allowed_sans is set and the client certificate has none of them."""
@@ -229,10 +274,27 @@ def load_web_config(path: Path) -> WebConfig:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise WebConfigError(f"cannot read web config {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise WebConfigError(f"web config {path} is not UTF-8 text (byte {exc.start})"
+                             ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise WebConfigError(f"web config {path} is not valid YAML: {exc}") from None
+        raise WebConfigError(f"web config {path} is not valid YAML: {_yaml_problem(exc)}"
+                             ) from None
     config = parse_web_config(data, path.parent)
     config.ssl_context()  # fail at start-up, not at the first scrape
     return config
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """The parser's error in one line: where (1-based line and column) and what."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        what = exc.problem or exc.context or "parse error"
+        if exc.problem and exc.context:
+            what = f"{exc.problem} ({exc.context})"
+        if mark is not None:
+            return f"line {mark.line + 1}, column {mark.column + 1}: {what}"
+        return what
+    return " ".join(str(exc).split())

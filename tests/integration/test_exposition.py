@@ -113,3 +113,33 @@ def _wait_for_query(port: int, query: str, timeout: float) -> list[dict]:  # typ
             pass
         time.sleep(0.5)
     return []
+
+
+def test_an_unwritable_state_dir_is_counted_while_the_agent_keeps_serving(
+        tmp_path: Path) -> None:
+    from tests.synthnode import SynthNode
+
+    node = SynthNode(tmp_path / "node")
+    node.add_job(4101, [5001])
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # the state dir would have to be made under a file: fails as root
+    args = node.agent_args(1.0)
+    args[args.index("--state-dir") + 1] = str(blocker / "state")
+    agent = Agent(args, log_path=tmp_path / "agent.log")
+    try:
+        agent.wait_ready()
+        deadline = time.monotonic() + 20
+        while True:
+            text = agent.metrics()
+            errors = series(text, "slurm_gpu_exporter_sample_errors_total")
+            counted = {labels["source"]: value for labels, value in errors}
+            if counted.get("state", 0) >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert counted.get("state", 0) >= 2, agent.log()
+        assert ({"source": "state"}, 0.0) in series(text, "slurm_gpu_exporter_source_up")
+        assert any(labels["jobid"] == "4101" for labels, _ in series(text, "slurm_job_info"))
+        assert agent.get("/-/healthy")[0] == 200
+        assert "cannot save state" in agent.log()
+    finally:
+        agent.stop()

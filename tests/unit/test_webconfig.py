@@ -71,3 +71,23 @@ def test_unreadable_or_invalid_yaml_is_refused(tmp_path: Path) -> None:
     bad.write_text("basic_auth_users: [unclosed\n")
     with pytest.raises(WebConfigError, match="not valid YAML"):
         load_web_config(bad)
+
+
+def test_invalid_yaml_is_one_line_with_file_line_column_and_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yml"
+    bad.write_text("basic_auth_users:\n  prom: x\n bad: indent\n")
+    with pytest.raises(WebConfigError) as caught:
+        load_web_config(bad)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert str(bad) in message
+    assert "line 3, column 2" in message
+    assert "expected <block end>" in message
+
+
+def test_a_web_config_that_is_not_utf8_is_refused_in_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.yml"
+    bad.write_bytes(b"basic_auth_users:\n  pr\xf6m: x\n")
+    with pytest.raises(WebConfigError, match="not UTF-8") as caught:
+        load_web_config(bad)
+    assert "\n" not in str(caught.value)

@@ -1,0 +1,176 @@
+"""The sampler over a synthetic node: real registry, cgroup reader and GPU sampler."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_gpu_exporter.cgroups import CgroupFS
+from slurm_gpu_exporter.errors import SOURCES, SourceErrors
+from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, XidEvent
+from slurm_gpu_exporter.gpu.sampler import GpuSampler
+from slurm_gpu_exporter.jobstats import JobStatsCollector
+from slurm_gpu_exporter.metrics import Exposition
+from slurm_gpu_exporter.registry import Registry
+from slurm_gpu_exporter.sampler import Sampler
+from slurm_gpu_exporter.slurm import SlurmMetadata
+from slurm_gpu_exporter.snapshot import Snapshot
+from slurm_gpu_exporter.state import StateStore
+from tests.agent import series
+from tests.synthnode import SynthNode
+
+
+class NoLibrary:
+    """A GPU backend on a node without libnvidia-ml, as NvmlBackend.init reports it."""
+
+    def __init__(self) -> None:
+        self.inits = 0
+
+    def init(self) -> str:
+        self.inits += 1
+        raise GpuUnavailable("libnvidia-ml.so.1 not found")
+
+    def read(self, cursors: dict[str, tuple[int, int]]) -> list[DeviceReading]:
+        raise AssertionError("never initialised")
+
+    def wait_xid(self, timeout_ms: int) -> list[XidEvent]:
+        return []
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _sampler(node: SynthNode, errors: SourceErrors, *, state_dir: Path | None = None,
+             gpu: Any = None) -> tuple[Sampler, list[tuple[Snapshot, Exposition]]]:
+    cgroups = CgroupFS(node.cgroup_root)
+    registry = Registry(str(node.spool_dir), cgroups, SlurmMetadata(None), errors,
+                        proc_root=node.proc_root, trusted_uids=frozenset({0, os.geteuid()}))
+    published: list[tuple[Snapshot, Exposition]] = []
+    sampler = Sampler(
+        registry, JobStatsCollector(cgroups, node.proc_root, errors), errors, 5.0,
+        state=StateStore(state_dir) if state_dir is not None else None, gpu=gpu,
+        publish=lambda s, e: published.append((s, e)),
+    )
+    return sampler, published
+
+
+def _source_up(exposition: Exposition) -> dict[str, float]:
+    return {labels["source"]: value for labels, value in
+            series(exposition.text.decode(), "slurm_gpu_exporter_source_up")}
+
+
+def _errors(exposition: Exposition) -> dict[str, float]:
+    return {labels["source"]: value for labels, value in
+            series(exposition.text.decode(), "slurm_gpu_exporter_sample_errors_total")}
+
+
+def test_a_sample_publishes_the_jobs_it_found(tmp_path: Path) -> None:
+    node = SynthNode(tmp_path)
+    node.add_job(4101, [5001])
+    sampler, published = _sampler(node, SourceErrors(), state_dir=node.state_dir)
+    snapshot = sampler.sample_once()
+    assert [s.job.jobid for s in snapshot.jobs] == ["4101"]
+    assert published[-1][0] is snapshot
+    text = published[-1][1].text.decode()
+    assert 'slurm_job_info{' in text and 'jobid="4101"' in text
+    assert {s.name for s in snapshot.steps} == {"registry", "cgroup", "state"}
+    assert (node.state_dir / "state.json").exists()
+
+
+def test_source_up_and_sample_errors_share_one_set_of_source_values(tmp_path: Path) -> None:
+    node = SynthNode(tmp_path)
+    sampler, published = _sampler(node, SourceErrors(), state_dir=node.state_dir,
+                                  gpu=GpuSampler(NoLibrary(), node.proc_root, SourceErrors()))
+    sampler.sample_once()
+    exposition = published[-1][1]
+    assert set(_source_up(exposition)) == set(SOURCES)
+    assert set(_errors(exposition)) == set(SOURCES)
+    duration = {labels["source"] for labels, _ in series(
+        exposition.text.decode(), "slurm_gpu_exporter_sample_duration_seconds")}
+    assert duration == {"registry", "cgroup", "nvml", "state", "total"}
+
+
+def test_nvml_source_is_down_whenever_nvml_is_down_not_only_when_an_init_is_retried(
+        tmp_path: Path) -> None:
+    node = SynthNode(tmp_path)
+    errors = SourceErrors()
+    backend = NoLibrary()
+    gpu = GpuSampler(backend, node.proc_root, errors, reinit_after=3600)
+    sampler, published = _sampler(node, errors, gpu=gpu)
+    for _ in range(3):
+        sampler.sample_once()
+        text = published[-1][1].text.decode()
+        assert series(text, "slurm_gpu_exporter_nvml_up") == [({}, 0.0)]
+        assert _source_up(published[-1][1])["nvml"] == 0
+    assert backend.inits == 1  # the later samples did not retry, so counted nothing
+    assert _errors(published[-1][1])["nvml"] == 1
+    gpu.close()
+
+
+def test_a_source_that_raises_is_down_and_counted_and_the_others_still_report(
+        tmp_path: Path) -> None:
+    node = SynthNode(tmp_path)
+    node.add_job(4101, [5001])
+    errors = SourceErrors()
+    sampler, published = _sampler(node, errors)
+
+    def broken(jobs: list[Any]) -> list[Any]:
+        raise RuntimeError("cgroup reader bug")
+
+    sampler.jobstats.collect = broken  # type: ignore[method-assign]
+    snapshot = sampler.sample_once()
+    assert snapshot.jobs == ()
+    up = _source_up(published[-1][1])
+    assert up["cgroup"] == 0 and up["spool"] == 1
+    assert snapshot.errors["cgroup"] == 1
+    # The next sample, without a new error, is up again.
+    sampler.jobstats.collect = JobStatsCollector(  # type: ignore[method-assign]
+        sampler.registry.cgroups, node.proc_root, errors).collect
+    sampler.sample_once()
+    assert _source_up(published[-1][1])["cgroup"] == 1
+
+
+def test_an_unwritable_state_dir_is_counted_and_sampling_goes_on(tmp_path: Path) -> None:
+    node = SynthNode(tmp_path)
+    node.add_job(4101, [5001])
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")  # a file where the state dir's parent should be: even root fails
+    errors = SourceErrors()
+    sampler, published = _sampler(node, errors, state_dir=blocker / "state")
+    for _ in range(2):
+        snapshot = sampler.sample_once()
+        assert [s.job.jobid for s in snapshot.jobs] == ["4101"]
+        assert _source_up(published[-1][1])["state"] == 0
+    assert _errors(published[-1][1])["state"] == 2
+    assert not (blocker / "state").exists()
+
+
+def test_the_loop_keeps_sampling_after_a_sample_crashes(tmp_path: Path) -> None:
+    node = SynthNode(tmp_path)
+    sampler, published = _sampler(node, SourceErrors())
+    sampler.interval = 0.01
+    calls = {"n": 0}
+    real_render = sampler.publish
+
+    def flaky_publish(snapshot: Snapshot, exposition: Exposition) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("first publish fails")
+        real_render(snapshot, exposition)
+        if len(published) >= 2:
+            sampler._stop.set()
+
+    sampler.publish = flaky_publish
+    sampler.start()
+    assert sampler._thread is not None
+    sampler._thread.join(20)
+    sampler.stop()
+    assert calls["n"] >= 3 and len(published) >= 2
+
+
+def test_counting_an_unknown_source_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown error source"):
+        SourceErrors().count("registry", "not a source")

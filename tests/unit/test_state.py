@@ -1,0 +1,68 @@
+"""The state dir: saved atomically, read back, bad files moved aside, write errors raised."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu_exporter.state import STATE_FILE, STATE_VERSION, StateStore
+
+
+def test_nothing_saved_yet_loads_as_empty(tmp_path: Path) -> None:
+    assert StateStore(tmp_path / "missing").load() == {}
+
+
+def test_saved_state_is_read_back_and_the_directory_is_made(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "a" / "state")
+    store.save({"jobs": {"42": {"cpu": 1.5}}})
+    assert store.load() == {"jobs": {"42": {"cpu": 1.5}}, "version": STATE_VERSION}
+    store.save({"jobs": {}})
+    assert store.load()["jobs"] == {}
+    assert sorted(p.name for p in store.state_dir.iterdir()) == [STATE_FILE]
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b'{"version": 99}'])
+def test_an_unusable_state_file_is_moved_aside_not_deleted(
+        tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    store = StateStore(tmp_path)
+    store.path.write_bytes(content)
+    with caplog.at_level(logging.WARNING):
+        assert store.load() == {}
+    aside = list(tmp_path.glob(f"{STATE_FILE}.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_bytes() == content
+    assert not store.path.exists()
+    assert "starting fresh" in caplog.text
+
+
+def test_an_unreadable_state_file_starts_fresh_and_is_left_alone(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = StateStore(tmp_path)
+    store.path.mkdir()  # reading a directory fails the same way for root and users
+    with caplog.at_level(logging.WARNING):
+        assert store.load() == {}
+    assert store.path.is_dir()
+    assert "cannot read state file" in caplog.text
+
+
+def test_a_state_dir_that_cannot_be_written_raises_and_leaves_no_temporary_file(
+        tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(OSError):
+        StateStore(blocker / "state").save({"jobs": {}})
+    store = StateStore(tmp_path / "state")
+    store.save({"jobs": {"1": {}}})
+    store.path.unlink()
+    store.path.mkdir()  # the final rename onto a directory fails after the write
+    with pytest.raises(OSError):
+        store.save({"jobs": {}})
+    assert [p.name for p in store.state_dir.iterdir()] == [STATE_FILE]
+
+
+def test_the_saved_file_is_plain_json_with_a_version(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.save({"gpu": {"x": 1}})
+    assert json.loads(store.path.read_text()) == {"gpu": {"x": 1}, "version": STATE_VERSION}
