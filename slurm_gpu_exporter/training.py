@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import socket
 import threading
@@ -46,6 +47,9 @@ EXIT_FLUSH_SECONDS = 0.5
 DEFAULT_INTERVAL = 15.0
 # The agent refuses bigger messages; the client does not even try to send them.
 MAX_MESSAGE_BYTES = 65536
+MAX_MESSAGE_LINES = 2000
+
+log = logging.getLogger(__name__)
 
 
 def socket_path() -> str:
@@ -67,7 +71,6 @@ class _Progress(Collector):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.used = False
         self.steps = 0.0
         self.samples = 0.0
         self.loss: float | None = None
@@ -79,7 +82,6 @@ class _Progress(Collector):
              lr: float | None) -> None:
         now = time.time()
         with self._lock:
-            self.used = True
             self.steps += n
             if samples is not None:
                 self.samples += samples
@@ -91,7 +93,6 @@ class _Progress(Collector):
 
     def gauge(self, name: str, value: float) -> None:
         with self._lock:
-            self.used = True
             self.gauges[name] = value
 
     def collect(self) -> Iterable[Metric]:
@@ -141,6 +142,7 @@ class _Sender:
         self.sources: list[CollectorRegistry] = []
         self.stats = Stats()
         self._sock: socket.socket | None = None
+        self._warned_size = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="slurm-gpu-exporter-training",
@@ -187,8 +189,14 @@ class _Sender:
             self._send(payload)
 
     def _send(self, payload: bytes) -> None:
-        if len(payload) > MAX_MESSAGE_BYTES:
+        if len(payload) > MAX_MESSAGE_BYTES or payload.count(b"\n") > MAX_MESSAGE_LINES:
             self.stats.dropped += 1
+            if not self._warned_size:
+                self._warned_size = True
+                log.warning("training metrics not sent: %d bytes, %d lines is over the "
+                            "agent's limit of %d bytes, %d lines; relay fewer series",
+                            len(payload), payload.count(b"\n"), MAX_MESSAGE_BYTES,
+                            MAX_MESSAGE_LINES)
             return
         sock = self._sock or self._connect()
         if sock is None:
@@ -227,10 +235,14 @@ class _Sender:
 _lock = threading.Lock()
 _sender: _Sender | None = None
 _progress: _Progress | None = None
+_progress_registry: CollectorRegistry | None = None
+_exiting = False  # after the exit hook, nothing starts a thread again
 
 
 def _ensure_sender(interval: float | None, path: str | None) -> _Sender:
     global _sender
+    if _exiting:
+        raise RuntimeError("the interpreter is exiting")
     if _sender is None:
         _sender = _Sender(path or socket_path(),
                           DEFAULT_INTERVAL if interval is None else max(0.05, interval))
@@ -256,16 +268,19 @@ def relay(registry: CollectorRegistry = REGISTRY, interval: float = DEFAULT_INTE
 
 
 def _ensure_progress() -> _Progress:
-    global _progress
-    if _progress is None:
-        with _lock:
-            if _progress is None:
-                progress = _Progress()
-                registry = CollectorRegistry(auto_describe=False)
-                registry.register(progress)
-                _ensure_sender(None, None).add(registry)
-                _progress = progress
-    return _progress
+    global _progress, _progress_registry
+    progress = _progress
+    if progress is not None and _sender is not None:
+        return progress
+    with _lock:
+        if _progress is None:
+            _progress = _Progress()
+            _progress_registry = CollectorRegistry(auto_describe=False)
+            _progress_registry.register(_progress)
+        # (Again) after close(): the counts go on from where they were.
+        assert _progress_registry is not None
+        _ensure_sender(None, None).add(_progress_registry)
+        return _progress
 
 
 def step(n: float = 1, *, samples: float | None = None, loss: float | None = None,
@@ -300,10 +315,13 @@ def stats() -> Stats:
 
 
 def close(timeout: float = EXIT_FLUSH_SECONDS) -> None:
-    """Send the last values and stop the thread (also done at exit)."""
-    global _sender, _progress
+    """Send the last values and stop the thread (also done at exit).
+
+    A later call to step() or relay() starts it again; step() counts go on.
+    """
+    global _sender
     with _lock:
-        sender, _sender, _progress = _sender, None, None
+        sender, _sender = _sender, None
     if sender is not None:
         sender.stop(timeout)
 
@@ -311,13 +329,20 @@ def close(timeout: float = EXIT_FLUSH_SECONDS) -> None:
 def _after_fork_in_child() -> None:
     # A forked child (a DataLoader worker) has no sender thread; it starts its own if
     # it publishes, never reusing the parent's connection.
-    global _lock, _sender, _progress
+    global _lock, _sender, _progress, _progress_registry
     if _sender is not None:
         _sender.close_socket()
     _lock = threading.Lock()
     _sender = None
     _progress = None
+    _progress_registry = None
 
 
-atexit.register(close)
+def _at_exit() -> None:
+    global _exiting
+    _exiting = True
+    close()
+
+
+atexit.register(_at_exit)
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -248,12 +248,14 @@ class TrainingRelay:
                 return  # forgotten: closed at the end of this turn, nothing more kept
             # Every message counts against the rate, refused ones too: an oversized
             # flood must not cost more than a well-formed one.
-            wait = self.store.admit(conn.job.jobid)
+            lines = self.store.lines_of(data)
+            oversized = truncated or lines > self.limits.max_lines_per_message
+            wait = self.store.admit(conn.job.jobid, 1 if oversized else lines)
             if wait > 0:
                 self._mute(conn, wait)
                 return
-            if truncated:
-                self.store.count("size")  # the kernel dropped the rest of the message
+            if oversized:
+                self.store.count("size")  # (the kernel dropped the rest of a long one)
                 continue
             self.store.ingest(conn.job, data)
 

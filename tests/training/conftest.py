@@ -58,10 +58,11 @@ class Sender:
         self.proc.stdin.flush()
         return self
 
-    def finish(self, timeout: float = 30.0) -> dict:
+    def finish(self, timeout: float = 30.0, stderr: str = "") -> dict:
+        """Wait for the exit; its report. Its stderr must be ``stderr`` exactly."""
         out, err = self.proc.communicate(timeout=timeout)
         assert self.proc.returncode == 0, err
-        assert err == "", err  # the client never prints a traceback
+        assert err == stderr, err  # the client never prints a traceback
         return json.loads(out.strip().splitlines()[-1])
 
     def kill(self) -> None:
@@ -86,7 +87,7 @@ def jobs() -> Jobs:
 @pytest.fixture
 def limits() -> RelayLimits:
     # The test clients push every 0.05 s, 20 times the default rate's worth.
-    return RelayLimits(messages_per_second=200, message_burst=200)
+    return RelayLimits(messages_per_second=200, message_burst=200, lines_per_second=10_000)
 
 
 @pytest.fixture

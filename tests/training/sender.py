@@ -7,6 +7,8 @@ line on exit: what it did, and which threads were alive after the client's exit 
 Modes:
   client VALUE SECONDS   relay() a registry with a forged jobid label, and step(), for
                          SECONDS (interval 0.05 s)
+  restart                step(2), close(), step(3), close()
+  too-big                relay() a registry of 3,000 series for 0.3 s
   fork                   step() here and in a forked child (which ends at a
                          second line on stdin)
   raw KIND RATE SECONDS  send raw messages of KIND (small, big, series, badlabels,
@@ -84,6 +86,33 @@ def fork() -> None:
     report.update(child=child)
 
 
+def restart() -> None:
+    """step(), close(), step() again: the counts go on."""
+    from slurm_gpu_exporter import training
+
+    training.step(2)
+    training.close()
+    training.step(3)
+    training.close()
+    report.update(sent=training.stats().sent)
+
+
+def too_big() -> None:
+    """relay() a registry over the agent's message limit."""
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from slurm_gpu_exporter import training
+
+    registry = CollectorRegistry()
+    layer = Gauge("grad_norm", "Gradient norm per layer.", ["layer"], registry=registry)
+    for i in range(3000):
+        layer.labels(str(i)).set(i)
+    training.relay(registry, interval=0.05)
+    time.sleep(0.3)
+    stats = training.stats()
+    report.update(sent=stats.sent, dropped=stats.dropped)
+
+
 def _payload(kind: str, i: int) -> bytes:
     if kind == "small":
         return f"flood_value {i}\n".encode()
@@ -128,6 +157,10 @@ def main() -> None:
     mode = sys.argv[1]
     if mode == "client":
         client(float(sys.argv[2]), float(sys.argv[3]))
+    elif mode == "restart":
+        restart()
+    elif mode == "too-big":
+        too_big()
     elif mode == "fork":
         fork()
     elif mode == "raw":

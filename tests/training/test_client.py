@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ def test_client_imports_without_the_agents_dependencies():
     blocked = ["aiohttp", "psutil", "pynvml", "yaml", "bcrypt"]
     code = f"""
 import sys
+import threading
 class Block:
     def find_spec(self, name, path=None, target=None):
         if name.split('.')[0] in {blocked!r}:
@@ -112,6 +114,25 @@ def test_a_forked_child_publishes_on_its_own_connection(relay, jobs, senders):
         ALICE: 1.0, (("jobid", "202"), ("user", "bob")): 5.0}
 
 
+def test_counts_go_on_after_close(relay, jobs, senders):
+    sender = senders("restart")
+    jobs.by_pid[sender.pid] = ("101", "alice")
+    sender.go()
+    wait_for(lambda: series_of(relay, "slurm_job_training_steps_total") == {ALICE: 5.0})
+    report = sender.finish()
+    assert THREAD not in report["threads"]
+
+
+def test_registry_over_the_message_limit_is_dropped_with_one_warning(relay, jobs, senders):
+    sender = senders("too-big")
+    jobs.by_pid[sender.pid] = ("101", "alice")
+    warning = ("training metrics not sent: 90845 bytes, 3002 lines is over the agent's "
+               "limit of 65536 bytes, 2000 lines; relay fewer series\n")
+    report = sender.go().finish(stderr=warning)
+    assert report["dropped"] > 1  # every push, one warning
+    assert relay.error_counts()["size"] == 0  # never sent
+
+
 def _parent_pid(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -131,4 +152,12 @@ def test_bad_values_never_raise_into_the_loop(monkeypatch, tmp_path):
         assert training.socket_path() == str(tmp_path / "training.sock")
     finally:
         training.close()
-    assert THREAD not in {t.name for t in __import__("threading").enumerate()}
+    assert THREAD not in {t.name for t in threading.enumerate()}
+
+
+def test_nothing_starts_after_the_exit_hook(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_GPU_EXPORTER_SPOOL_DIR", str(tmp_path))
+    monkeypatch.setattr(training, "_exiting", True)
+    training.step(1)
+    training.relay()
+    assert THREAD not in {t.name for t in threading.enumerate()}

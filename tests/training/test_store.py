@@ -144,6 +144,19 @@ def test_forget_drops_series_and_rate_budget():
     assert store.error_counts()["rate"] == 1
 
 
+def test_line_budget_bounds_big_messages_and_long_ones_are_refused():
+    clock = [0.0]
+    store = TrainingStore(RelayLimits(lines_per_second=100, line_burst=300,
+                                      max_lines_per_message=250), clock=lambda: clock[0])
+    assert store.admit("101", 200) == 0.0
+    assert store.admit("101", 200) == 1.0  # 100 lines left; 100 more come in 1 s
+    clock[0] = 1.0
+    assert store.admit("101", 200) == 0.0
+    assert not store.ingest(ALICE, b"x 1\n" * 251)
+    assert store.error_counts()["size"] == 1
+    assert store.error_counts()["rate"] == 1
+
+
 def test_rate_budget_refills_with_time():
     clock = [0.0]
     store = TrainingStore(RelayLimits(messages_per_second=2, message_burst=2),
