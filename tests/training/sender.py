@@ -8,7 +8,7 @@ Modes:
   client VALUE SECONDS   relay() a registry with a forged jobid label, and step(), for
                          SECONDS (interval 0.05 s)
   restart                step(2), close(), step(3), close()
-  too-big                relay() a registry of 3,000 series for 0.3 s
+  too-big                relay() a registry of 3,000 series until 3 pushes dropped
   fork                   step() here and in a forked child (which ends at a
                          second line on stdin)
   raw KIND RATE SECONDS  send raw messages of KIND (small, big, series, badlabels,
@@ -108,7 +108,9 @@ def too_big() -> None:
     for i in range(3000):
         layer.labels(str(i)).set(i)
     training.relay(registry, interval=0.05)
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while training.stats().dropped < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
     stats = training.stats()
     report.update(sent=stats.sent, dropped=stats.dropped)
 

@@ -129,7 +129,7 @@ def test_registry_over_the_message_limit_is_dropped_with_one_warning(relay, jobs
     warning = ("training metrics not sent: 90845 bytes, 3002 lines is over the agent's "
                "limit of 65536 bytes, 2000 lines; relay fewer series\n")
     report = sender.go().finish(stderr=warning)
-    assert report["dropped"] > 1  # every push, one warning
+    assert report["dropped"] >= 3  # every push, one warning
     assert relay.error_counts()["size"] == 0  # never sent
 
 
