@@ -7,7 +7,8 @@ Figures: step() call time; the loop's slowdown against the same loop without the
 client (median of PAIRS side-by-side pairs: on a busy machine this one is noisy); the
 time one push takes on the client's thread and its share at the default interval;
 close() at exit. On the agent's side: the time to take one typical and one largest
-message, and the CPU a job flooding at its line budget costs the agent.
+message, the CPU a job flooding at its line budget costs the agent, and families() for
+64 jobs.
 """
 
 from __future__ import annotations
@@ -116,6 +117,19 @@ def _agent_side() -> dict[str, float]:
             times.append(time.perf_counter() - t0)
         figures[f"agent_ingest_{name}_ms_p50"] = round(percentile(times, 50) * 1000, 3)
     figures["agent_ingest_largest_series"] = i
+    # What the sampler pays each cycle to collect 64 jobs' series.
+    for per_job in (10, limits.max_series_per_job):
+        store = TrainingStore()
+        payload = b"".join(b'grad_norm{layer="%d"} 0.5\n' % k for k in range(per_job))
+        for jobid in range(64):
+            store.ingest(JobIdentity(str(jobid), "bench"), payload)
+        times = []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            store.families()
+            times.append(time.perf_counter() - t0)
+        figures[f"agent_families_64_jobs_x_{per_job}_series_ms_p50"] = round(
+            percentile(times, 50) * 1000, 2)
     per_line_ms = figures["agent_ingest_largest_ms_p50"] / i
     figures["agent_ingest_us_per_line"] = round(per_line_ms * 1000, 1)
     # A job flooding at its full line budget, all the time:
