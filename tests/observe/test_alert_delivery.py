@@ -1,0 +1,62 @@
+"""An idle held GPU on the simulated node reaches a receiver through Alertmanager."""
+
+from __future__ import annotations
+
+import time
+
+from tests.observe.conftest import Stack
+
+
+def wait_for_alert(stack: Stack, want: dict[str, str], timeout: float) -> tuple[str, dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path, alert in stack.webhook.alerts():
+            if all(alert["labels"].get(k) == v for k, v in want.items()):
+                return path, alert
+        time.sleep(0.5)
+    raise AssertionError(
+        f"no alert with {want} after {timeout} s; received "
+        f"{[(p, a['labels']) for p, a in stack.webhook.alerts()]}\n"
+        f"Prometheus alerts: {stack.node.vector('ALERTS')}\n{stack.alertmanager.log()}")
+
+
+def held_idle_jobs(stack: Stack) -> dict[str, dict]:
+    """Simulated jobs with a GPU held and never busy since the agent started, by jobid."""
+    idle = stack.node.wait_for(
+        "slurm_job_gpu_busy_seconds_total == 0 and slurm_job_gpu_allocated_seconds_total > 0")
+    return {s["metric"]["jobid"]: s["metric"] for s in idle}
+
+
+def test_idle_gpu_alert_reaches_the_users_receiver_with_job_user_and_gpu(stack: Stack) -> None:
+    idle = held_idle_jobs(stack)
+    jobid, labels = sorted(idle.items())[0]
+    path, alert = wait_for_alert(
+        stack, {"alertname": "SlurmJobGpuIdle", "jobid": jobid}, timeout=90)
+    assert path == "/users-slack"  # audience=user, warning: the users' route
+    got = alert["labels"]
+    assert got["user"] == labels["user"] and got["gpu"] == labels["gpu"]
+    assert got["severity"] == "warning"
+    assert got["cluster"] == stack.cluster  # the node tier's external label
+    assert got["account"] and got["partition"]  # joined from slurm_job_info
+    assert f"job {jobid} of user {labels['user']}" in alert["annotations"]["description"]
+    assert alert["status"] == "firing"
+
+
+def test_low_use_alert_is_sent_for_a_bursty_job_and_inhibited_for_an_idle_one(
+        stack: Stack) -> None:
+    idle = held_idle_jobs(stack)
+    infos = stack.node.vector('slurm_job_info{name="bursty-train"}')
+    assert infos, "the simulated node has no bursty job"
+    bursty = infos[0]["metric"]["jobid"]
+    path, alert = wait_for_alert(
+        stack, {"alertname": "SlurmJobLowGpuUse", "jobid": bursty}, timeout=120)
+    assert path == "/users-slack"
+    # Every job with a never-busy GPU also had a low busy share, long enough to fire, but
+    # its low-use alert is muted by the idle-GPU alert for the same job.
+    firing = {a["metric"]["jobid"] for a in stack.node.vector(
+        'ALERTS{alertname="SlurmJobLowGpuUse", alertstate="firing"}')}
+    fully_idle = {j for j in idle if j in firing}
+    assert fully_idle, f"no idle job's low-use alert fired in Prometheus: {firing}"
+    delivered = {a["labels"]["jobid"] for _, a in stack.webhook.alerts()
+                 if a["labels"]["alertname"] == "SlurmJobLowGpuUse"}
+    assert not fully_idle & delivered, (fully_idle, delivered)
