@@ -8,6 +8,7 @@ rerun it:  python3 deploy/grafana/generate_dashboards.py
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -382,10 +383,17 @@ def render_all() -> dict[str, str]:
             for name, build in DASHBOARDS.items()}
 
 
-def main() -> int:
-    OUT.mkdir(exist_ok=True)
-    for name, text in render_all().items():
-        (OUT / name).write_text(text)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=OUT, help="directory to write to")
+    args = parser.parse_args(argv)
+    try:
+        args.output.mkdir(parents=True, exist_ok=True)
+        for name, text in render_all().items():
+            (args.output / name).write_text(text)
+    except OSError as exc:
+        print(f"generate_dashboards: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
