@@ -51,6 +51,9 @@ def test_low_use_alert_is_sent_for_a_bursty_job_and_inhibited_for_an_idle_one(
     path, alert = wait_for_alert(
         stack, {"alertname": "SlurmJobLowGpuUse", "jobid": bursty}, timeout=120)
     assert path == "/users-slack"
+    assert alert["labels"]["user"] == infos[0]["metric"]["user"]
+    assert alert["labels"]["account"] == infos[0]["metric"]["account"]
+    assert "%" in alert["annotations"]["summary"]  # its busy share, humanized
     # Every job with a never-busy GPU also had a low busy share, long enough to fire, but
     # its low-use alert is muted by the idle-GPU alert for the same job.
     firing = {a["metric"]["jobid"] for a in stack.node.vector(
