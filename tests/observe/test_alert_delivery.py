@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.observe.conftest import Stack
+
+pytestmark = pytest.mark.prometheus
 
 
 def wait_for_alert(stack: Stack, want: dict[str, str], timeout: float) -> tuple[str, dict]:

@@ -9,6 +9,8 @@ import yaml
 
 from tests.observe.daemons import DEPLOY, tool
 
+pytestmark = pytest.mark.prometheus
+
 CONFIG = DEPLOY / "alertmanager" / "alertmanager.yml"
 CASES = yaml.safe_load((DEPLOY / "alertmanager" / "routes-tests.yml").read_text())
 

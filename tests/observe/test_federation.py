@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.observe.conftest import Stack
+
+pytestmark = pytest.mark.prometheus
 
 RECORDED = "jobid_user:slurm_job_gpu_busy_seconds:rate5m"
 

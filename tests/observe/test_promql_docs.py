@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
+
+import pytest
 
 from tests.observe.conftest import Stack
 from tests.observe.daemons import REPO
+
+pytestmark = pytest.mark.prometheus
 
 DOC = REPO / "docs" / "promql.md"
 BLOCK = re.compile(r"```promql\n(.*?)```", re.S)
@@ -41,7 +46,8 @@ def test_every_documented_query_answers(stack: Stack) -> None:
             if result:
                 failures.append(f"{query}\n  should be empty on a healthy node: {result}")
         elif "unattributed" in query and not stray_seen:
-            pass  # the simulated stray process is away half the time
+            # The simulated stray process is away half the time.
+            warnings.warn(f"not checked, no GPU use outside jobs yet: {query}", stacklevel=1)
         elif not result:
             failures.append(f"{query}\n  returned nothing")
     assert not failures, "\n".join(failures)

@@ -12,6 +12,8 @@ import yaml
 
 from tests.observe.daemons import DEPLOY, tool
 
+pytestmark = pytest.mark.prometheus
+
 PROM = DEPLOY / "prometheus"
 GENERATOR = PROM / "alerting" / "generate_alerts.py"
 ALERTS = PROM / "rules" / "slurm-gpu-exporter.alerts.yml"
