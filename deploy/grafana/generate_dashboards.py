@@ -38,6 +38,8 @@ def panel(kind: str, title: str, targets: list[dict], w: int, h: int,
           unit: str = "", description: str = "", **extra: Any) -> Panel:
     for i, t in enumerate(targets):
         t["refId"] = chr(ord("A") + i)
+        if kind != "table":
+            t.pop("format", None)  # stats and gauges take series, named by legendFormat
     p: Panel = {"type": kind, "title": title, "datasource": DS, "targets": targets,
                 "gridPos": {"w": w, "h": h},
                 "fieldConfig": {"defaults": {"unit": unit} if unit else {}, "overrides": []},
