@@ -44,6 +44,12 @@ def test_idle_gpu_alert_reaches_the_users_receiver_with_job_user_and_gpu(stack: 
     assert got["account"] and got["partition"]  # joined from slurm_job_info
     assert f"job {jobid} of user {labels['user']}" in alert["annotations"]["description"]
     assert alert["status"] == "firing"
+    # Only GPUs that never worked: no busy or bursty job's GPU is reported idle.
+    reported = {(a["labels"]["jobid"], a["labels"]["gpu"]) for _, a in stack.webhook.alerts()
+                if a["labels"]["alertname"] == "SlurmJobGpuIdle"}
+    never_busy = {(s["metric"]["jobid"], s["metric"]["gpu"]) for s in stack.node.vector(
+        "slurm_job_gpu_busy_seconds_total == 0")}
+    assert reported <= never_busy, (reported, never_busy)
 
 
 def test_low_use_alert_is_sent_for_a_bursty_job_and_inhibited_for_an_idle_one(
