@@ -1,0 +1,403 @@
+#!/usr/bin/env python3
+"""Write the Grafana dashboards in dashboards/ (job, user, cluster, node).
+
+The JSON in dashboards/ is what sites import or provision; this script is how it is
+kept consistent (one datasource variable, one label filter, stable uids). Edit here and
+rerun it:  python3 deploy/grafana/generate_dashboards.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).resolve().parent / "dashboards"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+C = 'cluster=~"$cluster"'
+JOB = f'{C}, jobid="$jobid"'
+USER = f'{C}, user="$user"'
+NODE = f'{C}, instance="$node"'
+JOB_LINK = ("/d/slurm-gpu-job/slurm-gpu-job?var-cluster=${__data.fields.cluster}"
+            "&var-jobid=${__data.fields.jobid}")
+
+Panel = dict[str, Any]
+
+
+def target(expr: str, legend: str = "", instant: bool = False, ref: str = "A") -> dict:
+    t: dict[str, Any] = {"datasource": DS, "expr": expr, "refId": ref,
+                         "legendFormat": legend or "__auto"}
+    if instant:
+        t.update(instant=True, range=False, format="table")
+    return t
+
+
+def panel(kind: str, title: str, targets: list[dict], w: int, h: int,
+          unit: str = "", description: str = "", **extra: Any) -> Panel:
+    for i, t in enumerate(targets):
+        t["refId"] = chr(ord("A") + i)
+        if kind != "table":
+            t.pop("format", None)  # stats and gauges take series, named by legendFormat
+    p: Panel = {"type": kind, "title": title, "datasource": DS, "targets": targets,
+                "gridPos": {"w": w, "h": h},
+                "fieldConfig": {"defaults": {"unit": unit} if unit else {}, "overrides": []},
+                "options": {}}
+    if description:
+        p["description"] = description
+    p.update(extra)
+    return p
+
+
+def ratio_thresholds() -> dict:
+    """Red for a held GPU doing nothing, amber for low use, green above."""
+    return {"mode": "absolute", "steps": [{"color": "red", "value": None},
+                                          {"color": "orange", "value": 0.05},
+                                          {"color": "green", "value": 0.5}]}
+
+
+def with_ratio_colours(p: Panel) -> Panel:
+    p["fieldConfig"]["defaults"].update(min=0, max=1, thresholds=ratio_thresholds(),
+                                        color={"mode": "thresholds"})
+    return p
+
+
+def var_query(name: str, label: str, query: str, include_all: bool = False) -> dict:
+    v = {"name": name, "label": label, "type": "query", "datasource": DS,
+         "query": {"query": query, "refId": f"{name}-var"}, "definition": query,
+         "refresh": 2, "sort": 3 if name == "jobid" else 1, "current": {}}
+    if include_all:
+        v.update(includeAll=True, allValue=".*", multi=False)
+    return v
+
+
+def datasource_var() -> dict:
+    # Import fills ${DS_PROMETHEUS} in (the __inputs entry); provisioned as is, Grafana
+    # falls back to the default Prometheus data source.
+    return {"name": "datasource", "label": "Prometheus", "type": "datasource",
+            "query": "prometheus", "hide": 0,
+            "current": {"text": "${DS_PROMETHEUS}", "value": "${DS_PROMETHEUS}"}}
+
+
+def cluster_var() -> dict:
+    return var_query("cluster", "Cluster", "label_values(slurm_job_info, cluster)",
+                     include_all=True)
+
+
+def layout(panels: list[Panel]) -> list[Panel]:
+    """Place panels left to right in rows of 24 units; ids in order."""
+    x = y = row_h = 0
+    for i, p in enumerate(panels, 1):
+        g = p["gridPos"]
+        if x + g["w"] > 24:
+            x, y, row_h = 0, y + row_h, 0
+        g.update(x=x, y=y)
+        x += g["w"]
+        row_h = max(row_h, g["h"])
+        p["id"] = i
+    return panels
+
+
+def dashboard(uid: str, title: str, description: str, variables: list[dict],
+              panels: list[Panel], time_from: str = "now-6h") -> dict:
+    return {
+        "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource",
+                      "pluginId": "prometheus", "pluginName": "Prometheus"}],
+        "__requires": [{"type": "datasource", "id": "prometheus", "name": "Prometheus",
+                        "version": "1.0.0"}],
+        "uid": uid, "title": title, "description": description,
+        "tags": ["slurm", "gpu", "slurm-gpu-exporter"], "editable": True,
+        "schemaVersion": 39, "version": 1, "refresh": "1m",
+        "time": {"from": time_from, "to": "now"}, "timezone": "",
+        "templating": {"list": [datasource_var(), *variables]},
+        "links": [{"title": "Slurm GPU dashboards", "type": "dashboards", "asDropdown": True,
+                   "tags": ["slurm-gpu-exporter"], "includeVars": False,
+                   "keepTime": True}],
+        "panels": layout(panels),
+    }
+
+
+def job_dashboard() -> dict:
+    per_gpu = "instance, gpu"
+    held = f"slurm_job_gpu_allocated_seconds_total{{{JOB}}}"
+    busy = f"slurm_job_gpu_busy_seconds_total{{{JOB}}}"
+    panels = [
+        panel("table", "Job", [target(
+            f"max by (cluster, jobid, user, account, partition, name, array_job_id, "
+            f"array_task_id, source) (slurm_job_info{{{JOB}}})", instant=True)], 24, 4,
+            transformations=[{"id": "organize", "options": {
+                "excludeByName": {"Time": True, "Value": True}}}]),
+        with_ratio_colours(panel("stat", "Mean GPU busy over the job's life", [target(
+            f"sum(last_over_time({busy}[$__range])) / sum(last_over_time({held}[$__range]))",
+            instant=True)], 6, 5, "percentunit",
+            "Busy seconds / held seconds from the job's own counters: exact, whatever the "
+            "scrape interval.")),
+        panel("stat", "GPUs held / held idle now", [
+            target(f"sum(slurm_job_gpus{{{JOB}}})", "held", instant=True),
+            target(f"count(rate({busy}[5m]) == 0 and rate({held}[5m]) > 0) or vector(0)",
+                   "held idle", instant=True)], 6, 5),
+        panel("stat", "GPU energy", [target(
+            f"sum(last_over_time(slurm_job_gpu_energy_joules_total{{{JOB}}}[$__range]))"
+            " / 3.6e6", instant=True)], 6, 5, "kwatth"),
+        panel("stat", "Peak memory / GPU memory", [
+            target(f"max(max_over_time(slurm_job_memory_peak_bytes{{{JOB}}}[$__range]))",
+                   "host memory peak", instant=True),
+            target(f"max(max_over_time(slurm_job_gpu_memory_peak_bytes{{{JOB}}}[$__range]))",
+                   "GPU memory peak (one GPU)", instant=True)], 6, 5, "bytes"),
+        with_ratio_colours(panel("timeseries", "GPU busy per GPU", [target(
+            f"sum by ({per_gpu}) (rate({busy}[$__rate_interval]))"
+            f" / sum by ({per_gpu}) (rate({held}[$__rate_interval]))",
+            "{{instance}} GPU {{gpu}}")], 12, 8, "percentunit")),
+        with_ratio_colours(panel("bargauge", "GPU busy per GPU over the job's life "
+            "(red: held idle)", [target(
+            f"sum by ({per_gpu}) (last_over_time({busy}[$__range]))"
+            f" / sum by ({per_gpu}) (last_over_time({held}[$__range]))",
+            "{{instance}} GPU {{gpu}}", instant=True)], 12, 8, "percentunit",
+            options={"displayMode": "basic", "orientation": "horizontal"})),
+        panel("timeseries", "GPU memory used against total", [
+            target(f"sum by ({per_gpu}) (slurm_job_gpu_memory_used_bytes{{{JOB}}})",
+                   "{{instance}} GPU {{gpu}} used"),
+            target(f"max by ({per_gpu}) (slurm_gpu_memory_total_bytes{{{C}}}"
+                   f" and on (instance, gpu) slurm_job_gpu_memory_used_bytes{{{JOB}}})",
+                   "{{instance}} GPU {{gpu}} total")], 12, 8, "bytes"),
+        panel("timeseries", "GPU power", [
+            target(f"sum by ({per_gpu}) "
+                   f"(rate(slurm_job_gpu_energy_joules_total{{{JOB}}}[$__rate_interval]))",
+                   "{{instance}} GPU {{gpu}} job's share"),
+            target(f"max by ({per_gpu}) (slurm_gpu_power_watts{{{C}}}"
+                   f" and on (instance, gpu) slurm_job_gpu_allocated_seconds_total{{{JOB}}})",
+                   "{{instance}} GPU {{gpu}} device")], 12, 8, "watt"),
+        panel("timeseries", "CPU used against allocated", [
+            target(f"sum(rate(slurm_job_cpu_seconds_total{{{JOB}}}[$__rate_interval]))",
+                   "cores used"),
+            target(f"sum(slurm_job_cpus{{{JOB}}})", "cores allocated")], 12, 8, "short"),
+        panel("timeseries", "Memory used against limit", [
+            target(f"sum(slurm_job_memory_used_bytes{{{JOB}}})", "used"),
+            target(f"sum(slurm_job_memory_limit_bytes{{{JOB}}})", "limit")], 12, 8, "bytes"),
+    ]
+    return dashboard(
+        "slurm-gpu-job", "Slurm GPU: job",
+        "One Slurm job: its GPUs' busy time, memory, power and energy, and its CPU and "
+        "memory against what it asked for.",
+        [cluster_var(), var_query("jobid", "Job",
+                                  'label_values(slurm_job_info{cluster=~"$cluster"}, jobid)')],
+        panels, time_from="now-3h")
+
+
+def user_dashboard() -> dict:
+    held = f"slurm_job_gpu_allocated_seconds_total{{{USER}}}"
+    busy = f"slurm_job_gpu_busy_seconds_total{{{USER}}}"
+    hours = "/ 3600"
+    panels = [
+        panel("stat", "GPU-hours held", [target(
+            f"sum(increase({held}[$__range])) {hours}", instant=True)], 6, 5, "short"),
+        panel("stat", "GPU-hours busy", [target(
+            f"sum(increase({busy}[$__range])) {hours}", instant=True)], 6, 5, "short"),
+        panel("stat", "GPU-hours held idle", [target(
+            f"avg_over_time(user:slurm_job_gpu_idle_seconds:rate5m{{{USER}}}[$__range])"
+            f" * $__range_s {hours}", instant=True)], 6, 5, "short",
+            "Held and not busy, from the recorded 5-minute rates."),
+        panel("stat", "GPU energy", [target(
+            f"sum(increase(slurm_job_gpu_energy_joules_total{{{USER}}}[$__range])) / 3.6e6",
+            instant=True)], 6, 5, "kwatth"),
+        with_ratio_colours(panel("timeseries", "GPU busy share", [target(
+            f"user:slurm_job_gpu_busy:ratio_rate5m{{{USER}}}", "{{cluster}}")],
+            12, 8, "percentunit")),
+        panel("timeseries", "GPUs held and held idle", [
+            target(f"user:slurm_job_gpu_allocated_seconds:rate5m{{{USER}}}",
+                   "held {{cluster}}"),
+            target(f"user:slurm_job_gpus_held_idle:count_rate5m{{{USER}}}",
+                   "held idle {{cluster}}")], 12, 8, "short"),
+        panel("table", "Jobs (click a job for its dashboard)", [
+            target(f"max by (cluster, jobid, account, partition, name) "
+                   f"(max_over_time(slurm_job_info{{{USER}}}[$__range]))", instant=True),
+            target(f"sum by (cluster, jobid) (last_over_time({busy}[$__range]))"
+                   f" / sum by (cluster, jobid) (last_over_time({held}[$__range]))",
+                   instant=True),
+            target(f"min by (cluster, jobid) "
+                   f"(min_over_time(slurm_job_start_time_seconds{{{USER}}}[$__range])) * 1000",
+                   instant=True),
+            target(f"max by (cluster, jobid) (max_over_time("
+                   f"timestamp(slurm_job_info{{{USER}}})[$__range:$__interval])) * 1000",
+                   instant=True)],
+            24, 10,
+            transformations=[
+                {"id": "merge", "options": {}},
+                {"id": "organize", "options": {
+                    "excludeByName": {"Time": True},
+                    "renameByName": {"Value #A": "info", "Value #B": "mean GPU busy",
+                                     "Value #C": "start", "Value #D": "last seen"}}}],
+            fieldConfig={"defaults": {}, "overrides": [
+                {"matcher": {"id": "byName", "options": "jobid"}, "properties": [
+                    {"id": "links", "value": [{
+                        "title": "Job ${__data.fields.jobid}",
+                        "url": JOB_LINK + "&from=${__data.fields.start}"
+                                          "&to=${__data.fields[\"last seen\"]}"}]}]},
+                {"matcher": {"id": "byName", "options": "mean GPU busy"},
+                 "properties": [{"id": "unit", "value": "percentunit"},
+                                {"id": "thresholds", "value": ratio_thresholds()},
+                                {"id": "custom.cellOptions",
+                                 "value": {"type": "color-background"}}]},
+                {"matcher": {"id": "byName", "options": "start"},
+                 "properties": [{"id": "unit", "value": "dateTimeAsIso"}]},
+                {"matcher": {"id": "byName", "options": "last seen"},
+                 "properties": [{"id": "unit", "value": "dateTimeAsIso"}]},
+                {"matcher": {"id": "byName", "options": "info"},
+                 "properties": [{"id": "custom.hidden", "value": True}]}]}),
+    ]
+    return dashboard(
+        "slurm-gpu-user", "Slurm GPU: user",
+        "One user's GPU-hours held, busy and idle, energy, and jobs.",
+        [cluster_var(), var_query("user", "User",
+                                  'label_values(slurm_job_info{cluster=~"$cluster"}, user)')],
+        panels, time_from="now-7d")
+
+
+def cluster_dashboard() -> dict:
+    panels = [
+        panel("stat", "GPUs", [target(f"sum(cluster:slurm_gpus:count{{{C}}})",
+                                      instant=True)], 4, 5),
+        panel("stat", "GPUs held", [target(
+            f"sum(cluster:slurm_job_gpu_allocated_seconds:rate5m{{{C}}})", instant=True)],
+            4, 5, "short"),
+        panel("stat", "GPUs held idle", [target(
+            f"sum(cluster:slurm_job_gpus_held_idle:count_rate5m{{{C}}}) or vector(0)",
+            instant=True)], 4, 5, "short",
+            fieldConfig={"defaults": {"color": {"mode": "thresholds"}, "thresholds": {
+                "mode": "absolute", "steps": [{"color": "green", "value": None},
+                                              {"color": "red", "value": 1}]}},
+                "overrides": []}),
+        with_ratio_colours(panel("stat", "Held GPUs busy", [target(
+            f"sum(cluster:slurm_job_gpu_busy_seconds:rate5m{{{C}}})"
+            f" / sum(cluster:slurm_job_gpu_allocated_measured_seconds:rate5m{{{C}}})",
+            instant=True)], 4, 5, "percentunit")),
+        panel("stat", "GPU power", [target(
+            f"sum(cluster:slurm_gpu_energy_joules:rate5m{{{C}}})", instant=True)],
+            4, 5, "watt"),
+        panel("stat", "Agents up", [target(
+            f'sum(up{{job="slurm-gpu-exporter", {C}}}) '
+            f'/ count(up{{job="slurm-gpu-exporter", {C}}})', instant=True)],
+            4, 5, "percentunit"),
+        panel("timeseries", "GPUs: total, held, busy, held idle", [
+            target(f"sum(cluster:slurm_gpus:count{{{C}}})", "total"),
+            target(f"sum(cluster:slurm_job_gpu_allocated_seconds:rate5m{{{C}}})", "held"),
+            target(f"sum(cluster:slurm_job_gpu_busy_seconds:rate5m{{{C}}})", "busy"),
+            target(f"sum(cluster:slurm_job_gpus_held_idle:count_rate5m{{{C}}})",
+                   "held idle")], 24, 8, "short"),
+        panel("bargauge", "Top wasters by user: GPU-hours held idle", [target(
+            f"topk(10, sum by (user) (avg_over_time("
+            f"user:slurm_job_gpu_idle_seconds:rate5m{{{C}}}[$__range])) * $__range_s / 3600)",
+            "{{user}}", instant=True)], 12, 9, "short",
+            options={"displayMode": "basic", "orientation": "horizontal"}),
+        panel("bargauge", "Top wasters by account: GPU-hours held idle", [target(
+            f"topk(10, sum by (account) (avg_over_time("
+            f"account:slurm_job_gpu_idle_seconds:rate5m{{{C}}}[$__range])) * $__range_s / 3600)",
+            "{{account}}", instant=True)], 12, 9, "short",
+            options={"displayMode": "basic", "orientation": "horizontal"}),
+        panel("table", "Jobs holding idle GPUs now (click a job)", [target(
+            f"jobid_user:slurm_job_gpus_held_idle:count_rate5m{{{C}}} > 0",
+            instant=True)], 12, 9,
+            fieldConfig={"defaults": {"links": [{"title": "Job ${__data.fields.jobid}",
+                                                 "url": JOB_LINK}]}, "overrides": []}),
+        panel("timeseries", "GPU memory used outside Slurm jobs, by user",
+              [target(f"user:slurm_gpu_unattributed_memory_bytes:sum{{{C}}}",
+                      "{{cluster}} {{user}}")], 12, 9, "bytes",
+              "GPU processes of no Slurm job (ssh sessions, daemons), by their owner."),
+        panel("table", "Exporter health", [
+            target(f'up{{job="slurm-gpu-exporter", {C}}}', instant=True),
+            target(f"slurm_gpu_exporter_nvml_up{{{C}}}", instant=True),
+            target(f"time() - slurm_gpu_exporter_last_sample_timestamp_seconds{{{C}}}",
+                   instant=True),
+            target(f"sum by (instance) (increase("
+                   f"slurm_gpu_exporter_sample_errors_total{{{C}}}[1h]))", instant=True)],
+            24, 8,
+            transformations=[
+                {"id": "merge", "options": {}},
+                {"id": "organize", "options": {
+                    "excludeByName": {"Time": True, "__name__": True, "job": True},
+                    "renameByName": {"Value #A": "up", "Value #B": "NVML up",
+                                     "Value #C": "snapshot age (s)",
+                                     "Value #D": "sample errors (1h)"}}}]),
+    ]
+    return dashboard(
+        "slurm-gpu-cluster", "Slurm GPU: cluster",
+        "GPUs held and idle, top wasters by user and account, GPU use outside jobs, and "
+        "the agents' health.", [cluster_var()], panels, time_from="now-24h")
+
+
+def node_dashboard() -> dict:
+    panels = [
+        with_ratio_colours(panel("timeseries", "GPU utilization", [target(
+            f"slurm_gpu_utilization_ratio{{{NODE}}}", "GPU {{gpu}}")], 12, 8,
+            "percentunit")),
+        panel("table", "Jobs on the GPUs now", [target(
+            f"max by (gpu, jobid, user) (slurm_job_gpu_utilization_ratio{{{NODE}}})",
+            instant=True)], 12, 8,
+            fieldConfig={"defaults": {"links": [{"title": "Job ${__data.fields.jobid}",
+                                                 "url": JOB_LINK.replace(
+                                                     "${__data.fields.cluster}", "$cluster")}]},
+                         "overrides": []}),
+        panel("timeseries", "GPU memory used", [
+            target(f"slurm_gpu_memory_used_bytes{{{NODE}}}", "GPU {{gpu}}"),
+            target(f"max(slurm_gpu_memory_total_bytes{{{NODE}}})", "total")], 12, 8, "bytes"),
+        panel("timeseries", "GPU temperature", [target(
+            f"slurm_gpu_temperature_celsius{{{NODE}}}", "GPU {{gpu}}")], 12, 8, "celsius"),
+        panel("timeseries", "GPU power", [target(
+            f"slurm_gpu_power_watts{{{NODE}}}", "GPU {{gpu}}")], 12, 8, "watt"),
+        panel("timeseries", "CPU cores used per job", [target(
+            f"sum by (jobid) (rate(slurm_job_cpu_seconds_total{{{NODE}}}[$__rate_interval]))",
+            "job {{jobid}}")], 12, 8, "short"),
+        panel("timeseries", "GPU processes outside Slurm jobs", [target(
+            f"slurm_gpu_unattributed_processes{{{NODE}}}", "GPU {{gpu}} {{user}}")],
+            12, 8, "short"),
+        panel("table", "GPU errors in the time range", [
+            target(f"sum by (gpu) (increase(slurm_gpu_ecc_errors_total"
+                   f'{{{NODE}, type="uncorrected"}}[$__range]))', instant=True),
+            target(f"sum by (gpu) (increase(slurm_gpu_xid_errors_total{{{NODE}}}[$__range]))"
+                   f" or sum by (gpu) (slurm_gpu_info{{{NODE}}}) * 0", instant=True),
+            target(f"max by (gpu) (slurm_gpu_lost{{{NODE}}})", instant=True)], 12, 8,
+            transformations=[
+                {"id": "merge", "options": {}},
+                {"id": "organize", "options": {
+                    "excludeByName": {"Time": True},
+                    "renameByName": {"Value #A": "uncorrected ECC", "Value #B": "Xid",
+                                     "Value #C": "lost"}}}]),
+        panel("timeseries", "Agent sample duration by source", [target(
+            f"slurm_gpu_exporter_sample_duration_seconds{{{NODE}}}", "{{source}}")],
+            24, 7, "s"),
+    ]
+    return dashboard(
+        "slurm-gpu-node", "Slurm GPU: node",
+        "One node's GPUs, the jobs on them, and the agent.",
+        [cluster_var(), var_query("node", "Node",
+                                  'label_values(slurm_gpu_info{cluster=~"$cluster"}, instance)')],
+        panels)
+
+
+DASHBOARDS = {"job": job_dashboard, "user": user_dashboard,
+              "cluster": cluster_dashboard, "node": node_dashboard}
+
+
+def render_all() -> dict[str, str]:
+    """File name -> JSON text of every dashboard."""
+    return {f"slurm-gpu-{name}.json": json.dumps(build(), indent=2) + "\n"
+            for name, build in DASHBOARDS.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=OUT, help="directory to write to")
+    args = parser.parse_args(argv)
+    try:
+        args.output.mkdir(parents=True, exist_ok=True)
+        for name, text in render_all().items():
+            (args.output / name).write_text(text)
+    except OSError as exc:
+        print(f"generate_dashboards: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

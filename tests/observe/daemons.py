@@ -1,0 +1,186 @@
+"""Real Prometheus, Alertmanager and a webhook receiver for the deploy/ tests.
+
+Each runs on 127.0.0.1 on a free port with its own temporary storage, and is ended by
+its own PID.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.support import free_port, require
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+
+
+def tool(*names: str, package: str) -> str:
+    """The path of the first of ``names`` on PATH; skip (fail under CI) when none is."""
+    found = next((p for p in map(shutil.which, names) if p), None)
+    require(found is not None, f"{names[0]} (Debian package {package}) is not installed")
+    assert found is not None
+    return found
+
+
+def http_json(url: str, data: dict[str, str] | None = None, timeout: float = 10) -> Any:
+    body = urllib.parse.urlencode(data).encode() if data is not None else None
+    try:
+        with urllib.request.urlopen(url, data=body, timeout=timeout) as resp:
+            return json.load(resp)
+    except urllib.error.HTTPError as exc:
+        return json.load(exc)
+
+
+class Daemon:
+    """A server process with a log file; ``url`` is its base URL."""
+
+    def __init__(self, name: str, argv: list[str], port: int, workdir: Path) -> None:
+        self.name = name
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = workdir / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                     cwd=workdir)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def wait_ready(self, path: str = "/-/ready", timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n"
+                                   f"{self.log()}")
+            try:
+                with urllib.request.urlopen(self.url + path, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.name} not ready after {timeout} s:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+
+
+class Prometheus(Daemon):
+    """Debian's prometheus with a config written from a dict."""
+
+    def __init__(self, name: str, config: dict, workdir: Path,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        config_path = workdir / "prometheus.yml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        port = free_port()
+        binary = tool("prometheus", package="prometheus")
+        super().__init__(name, [
+            binary, f"--config.file={config_path}", f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", *extra_args,
+        ], port, workdir)
+
+    def query(self, expr: str, at: float | None = None) -> dict:
+        """The raw API answer to an instant query (status, data or error)."""
+        args = {"query": expr}
+        if at is not None:
+            args["time"] = f"{at:.3f}"
+        return http_json(self.url + "/api/v1/query", args)
+
+    def query_range(self, expr: str, start: float, end: float, step: float = 1) -> dict:
+        return http_json(self.url + "/api/v1/query_range", {
+            "query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(step)})
+
+    def vector(self, expr: str) -> list[dict]:
+        answer = self.query(expr)
+        assert answer["status"] == "success", (expr, answer)
+        return answer["data"]["result"]
+
+    def label_values(self, label: str, match: str) -> list[str]:
+        url = (f"{self.url}/api/v1/label/{urllib.parse.quote(label)}/values?"
+               + urllib.parse.urlencode({"match[]": match}))
+        answer = http_json(url)
+        assert answer["status"] == "success", (label, match, answer)
+        return answer["data"]
+
+    def wait_for(self, expr: str, timeout: float = 60, min_results: int = 1) -> list[dict]:
+        """Poll an instant query until it returns at least ``min_results`` series."""
+        deadline = time.monotonic() + timeout
+        result: list[dict] = []
+        while time.monotonic() < deadline:
+            result = self.vector(expr)
+            if len(result) >= min_results:
+                return result
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name}: {expr} gave {result} after {timeout} s:\n{self.log()}")
+
+
+class Alertmanager(Daemon):
+    def __init__(self, config: dict, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        config_path = workdir / "alertmanager.yml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        port = free_port()
+        binary = tool("prometheus-alertmanager", "alertmanager",
+                      package="prometheus-alertmanager")
+        super().__init__("alertmanager", [
+            binary, f"--config.file={config_path}", f"--storage.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+            "--log.level=warn",
+        ], port, workdir)
+
+
+class WebhookReceiver:
+    """An HTTP server that records every Alertmanager notification it gets, by path."""
+
+    def __init__(self) -> None:
+        self.notifications: list[tuple[str, dict]] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                payload = json.loads(self.rfile.read(length) or b"{}")
+                with receiver._lock:
+                    receiver.notifications.append((self.path, payload))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def alerts(self) -> list[tuple[str, dict]]:
+        """(receiver path, alert) for every alert in every notification so far."""
+        with self._lock:
+            return [(path, alert) for path, payload in self.notifications
+                    for alert in payload.get("alerts", [])]
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
