@@ -10,7 +10,7 @@ import pytest
 from tests.support import require
 from tests.training.conftest import REPO
 
-RULES = REPO / "deploy" / "prometheus" / "rules"
+PROM = REPO / "deploy" / "prometheus"
 
 pytestmark = pytest.mark.prometheus
 
@@ -18,16 +18,16 @@ pytestmark = pytest.mark.prometheus
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
     promtool = shutil.which("promtool")
     require(promtool is not None, "promtool (Debian package prometheus) is not installed")
-    return subprocess.run([promtool, *args], cwd=RULES, capture_output=True, text=True,
+    return subprocess.run([promtool, *args], cwd=PROM, capture_output=True, text=True,
                           timeout=60)
 
 
 def test_training_rules_are_valid():
-    result = _promtool("check", "rules", "training.rules.yml")
+    result = _promtool("check", "rules", "rules/training.rules.yml")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_training_alerts_fire_on_one_side_of_each_threshold_only():
-    result = _promtool("test", "rules", "tests/training.test.yml")
+    result = _promtool("test", "rules", "rule-tests/training.test.yml")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
