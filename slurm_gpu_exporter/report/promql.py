@@ -9,6 +9,7 @@ becomes a ReportError with one line that says what to do.
 from __future__ import annotations
 
 import asyncio
+import base64
 import math
 import ssl
 from collections.abc import Callable, Coroutine
@@ -88,11 +89,11 @@ class PrometheusClient:
         headers = {}
         if self.conn.bearer_token:
             headers["Authorization"] = f"Bearer {self.conn.bearer_token}"
-        auth = None
         if self.conn.username is not None:
-            auth = aiohttp.BasicAuth(self.conn.username, self.conn.password or "")
+            pair = f"{self.conn.username}:{self.conn.password or ''}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
         self._session = aiohttp.ClientSession(
-            headers=headers, auth=auth,
+            headers=headers,
             timeout=aiohttp.ClientTimeout(total=self.conn.timeout_s),
             connector=aiohttp.TCPConnector(ssl=_ssl_context(self.conn)),
         )

@@ -43,10 +43,10 @@ def histogram(values: list[float], label: str, bins: int = 10, width: int = 560,
     counts = [0] * bins
     for v in values:
         counts[min(bins - 1, max(0, int(v * bins)))] += 1
-    left, bottom, top_pad = 40, 30, 10
-    plot_w, plot_h = width - left - 10, height - bottom - top_pad
+    left, right, bottom, top_pad = 40, 24, 30, 10
+    plot_w, plot_h = width - left - right, height - bottom - top_pad
     top = max(counts, default=0) or 1
-    body = [f'<line x1="{left}" y1="{top_pad + plot_h}" x2="{width - 10}" '
+    body = [f'<line x1="{left}" y1="{top_pad + plot_h}" x2="{width - right}" '
             f'y2="{top_pad + plot_h}" stroke="#888"/>']
     bw = plot_w / bins
     for i, n in enumerate(counts):

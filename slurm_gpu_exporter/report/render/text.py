@@ -141,8 +141,12 @@ def job_table(details: list[JobDetail], width: int = 100, color: bool = False) -
         console.print(_table(None, GPU_COLUMNS, GPU_HEADINGS, gpu_rows(detail), show_gpu))
         if detail.notes:
             console.print("Notes", style="bold")
+            notes = Table.grid(padding=(0, 1))
+            notes.add_column()
+            notes.add_column()  # wraps under its own start, not under the bullet
             for note in detail.notes:
-                console.print(f"  * {note}")
+                notes.add_row("  *", note)
+            console.print(notes)
     return out.getvalue()
 
 

@@ -92,7 +92,7 @@ def job_header(detail: JobDetail) -> list[tuple[str, str]]:
         ("Partition", usage.partition or "-"), ("State", state),
         ("Nodes", ", ".join(n.node for n in detail.nodes) or "-"),
         ("CPUs", show("cpus", detail.cpus)),
-        ("Memory", _gib_or_dash(detail.memory_request)),
+        ("Memory requested", _gib_or_dash(detail.memory_request)),
         ("GPUs", str(usage.gpus)),
         ("Start", when(detail.start)),
         ("Run time", duration(detail.elapsed_s)),
