@@ -209,3 +209,23 @@ def test_no_job_in_the_result_says_so_and_exits_0(node: Node) -> None:
     out = report(node, "low-util", "--since", "5m", "--user", "nobody")
     assert out.returncode == 0, out.stderr
     assert "No job under the threshold (0 GPU jobs in the window)" in out.stdout
+
+
+def test_notify_dry_run_then_send_once_over_smtp(node: Node, tmp_path: Path,
+                                                  smtp_inbox: tuple[str, list[bytes]]) -> None:
+    target, inbox = smtp_inbox
+    state = tmp_path / "notified.json"
+    common = ["low-util", "--since", "5m", "--state-file", str(state), "--mail-to",
+              "{user}@example.org"]
+    dry = report(node, *common, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    would_send = dry.stdout.count("Subject: GPU jobs flagged")
+    assert would_send >= 1 and "@example.org" in dry.stdout
+    assert not state.exists() and not inbox
+    sent = report(node, *common, "--notify", target)
+    assert sent.returncode == 0, sent.stderr
+    assert len(inbox) == would_send
+    again = report(node, *common, "--notify", target)
+    assert again.returncode == 0 and "Nothing to send" in again.stdout
+    assert len(inbox) == would_send
+    assert len(json.loads(state.read_text())) >= would_send
