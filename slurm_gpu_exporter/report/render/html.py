@@ -29,6 +29,7 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
 table { border-collapse: collapse; margin: .5em 0; }
 th, td { padding: .25em .7em; border-bottom: 1px solid #ddd; text-align: left; }
+th { white-space: nowrap; }
 td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 .charts { display: flex; flex-wrap: wrap; gap: 2em; }
 .chart h3 { font-size: 1em; margin: .3em 0; }

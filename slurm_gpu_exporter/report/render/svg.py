@@ -21,7 +21,7 @@ def _text(x: float, y: float, text: str, anchor: str = "start", size: int = 12) 
 
 
 def hbar_chart(items: list[tuple[str, float]], label: str, unit: str = "",
-               width: int = 560) -> str:
+               width: int = 460) -> str:
     """Horizontal bars, one per (name, value), largest first as given."""
     bar_h, gap, left, right = 18, 6, 120, 70
     height = max(1, len(items)) * (bar_h + gap) + gap
@@ -37,7 +37,7 @@ def hbar_chart(items: list[tuple[str, float]], label: str, unit: str = "",
     return _svg(width, height, body, label)
 
 
-def histogram(values: list[float], label: str, bins: int = 10, width: int = 560,
+def histogram(values: list[float], label: str, bins: int = 10, width: int = 460,
               height: int = 200, mark: float | None = None) -> str:
     """Counts of ratios (0..1) in ``bins`` equal bins, with the threshold marked."""
     counts = [0] * bins
@@ -69,7 +69,7 @@ def histogram(values: list[float], label: str, bins: int = 10, width: int = 560,
 
 
 def line_chart(points: list[tuple[float, float]], start: float, end: float, label: str,
-               width: int = 560, height: int = 90) -> str:
+               width: int = 940, height: int = 90) -> str:
     """A ratio (0..1) over time, with 0 %, 50 % and 100 % grid lines."""
     left, right, pad = 40, 10, 8
     plot_w, plot_h = width - left - right, height - 2 * pad
