@@ -69,7 +69,7 @@ def make_jobs(count: int, end: float, seed: int = 1) -> list[Job]:
         jobs.append(Job(
             jobid=1_000_000 + i, user=user, account=ACCOUNTS[hash(user) % len(ACCOUNTS)],
             start=begin, end=min(end, begin + duration), gpus=gpus,
-            nodes=[f"gpu{rng.randrange(NODES):03d}" for _ in range(nodes)], ratio=ratio,
+            nodes=[f"gpu{n:03d}" for n in rng.sample(range(NODES), nodes)], ratio=ratio,
             used_gpus=gpus if rng.random() < 0.8 else max(0, gpus // 2)))
     return jobs
 
@@ -149,10 +149,13 @@ def build_tsdb(jobs: list[Job], end: float, work: Path) -> tuple[Path, int]:
         if samples:
             path = work / f"block-{block[0]:.0f}.om"
             path.write_text(text)
-            # One output directory per run: two promtool runs cannot share one.
+            # Each run writes into a directory of its own; its blocks then join the rest.
             out = work / f"out-{block[0]:.0f}"
-            subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q",
-                            str(path), str(out)], check=True, capture_output=True, text=True)
+            proc = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics",
+                                   "-q", str(path), str(out)], capture_output=True, text=True,
+                                  check=False)
+            if proc.returncode != 0:
+                raise RuntimeError(f"promtool failed on {path.name}: {proc.stderr.strip()}")
             for made in out.iterdir():
                 made.rename(data / made.name)
             out.rmdir()

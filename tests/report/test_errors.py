@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import shutil
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from slurm_gpu_exporter.report.cli import main
-from tests.support import free_port
+from tests.support import free_port, require
 
 Answer = Callable[[BaseHTTPRequestHandler], None]
 
@@ -142,7 +146,7 @@ def test_bad_job_id_and_bad_url(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_basic_auth_and_bearer_token_are_sent(capsys: pytest.CaptureFixture[str],
                                               server: Callable[[Answer], str],
-                                              tmp_path: pytest.TempPathFactory) -> None:
+                                              tmp_path: Path) -> None:
     seen: list[str | None] = []
 
     def record(h: BaseHTTPRequestHandler) -> None:
@@ -150,7 +154,7 @@ def test_basic_auth_and_bearer_token_are_sent(capsys: pytest.CaptureFixture[str]
         _json(h, 200, {"status": "success", "data": {"resultType": "vector", "result": []}})
 
     url = server(record)
-    secret = tmp_path / "secret"  # type: ignore[operator]
+    secret = tmp_path / "secret"
     secret.write_text("s3cret\n")
     code, out, _ = run(capsys, "low-util", "--prometheus-url", url, "--username", "ops",
                        "--password-file", str(secret))
@@ -160,3 +164,49 @@ def test_basic_auth_and_bearer_token_are_sent(capsys: pytest.CaptureFixture[str]
     code, _, _ = run(capsys, "low-util", "--prometheus-url", url,
                      "--bearer-token-file", str(secret))
     assert code == 0 and set(seen) == {"Bearer s3cret"}
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    openssl = shutil.which("openssl")
+    require(openssl is not None, "openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([str(openssl), "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
+
+
+def test_tls_with_the_site_ca_and_a_clear_error_without_it(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            _json(self, 200, {"status": "success",
+                              "data": {"resultType": "vector", "result": []}})
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(ThreadingHTTPServer):
+        def handle_error(self, request: object, client_address: object) -> None:
+            pass  # the refused handshake of the test without the CA
+
+    httpd = Server(("127.0.0.1", free_port()), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        code, out, err = run(capsys, "low-util", "--prometheus-url", url, "--ca-file", str(cert))
+        assert code == 0 and "No job under the threshold" in out, err
+        code, _, err = run(capsys, "low-util", "--prometheus-url", url)
+        assert code == 3
+        assert_one_line(err, "cannot reach Prometheus", "certificate")
+        code, out, _ = run(capsys, "low-util", "--prometheus-url", url, "--insecure-skip-verify")
+        assert code == 0
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
