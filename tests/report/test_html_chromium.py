@@ -53,7 +53,7 @@ def test_job_html_renders_in_chromium(tmp_path: Path) -> None:
     page.write_text(job_html(details))
     dom = run_chromium("--dump-dom", page.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert dom.stdout.count('id="gpu-busy"') == 2
+    assert dom.stdout.count('class="chart gpu-busy"') == 2
     assert "GPU never used" in dom.stdout
 
 

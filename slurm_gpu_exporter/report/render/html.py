@@ -103,7 +103,7 @@ def job_html(details: list[JobDetail]) -> str:
             parts.append(f"<tr><th>{escape(label)}</th><td>{escape(value)}</td></tr>")
         parts.append("</table>")
         rows = gpu_rows(detail)
-        parts.append('<div class="chart" id="gpu-busy"><h3>Busy ratio per GPU</h3>'
+        parts.append('<div class="chart gpu-busy"><h3>Busy ratio per GPU</h3>'
                      + hbar_chart([(f"{r['node']} GPU {r['gpu']}",
                                     100 * (r["busy_ratio"] or 0.0)) for r in rows],
                                   "Busy ratio per GPU", " %") + "</div>")
