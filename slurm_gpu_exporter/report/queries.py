@@ -75,7 +75,11 @@ def jobid_regex(jobids: Iterable[str]) -> str:
 
 
 def low_util_queries(window: Window, filters: Filters) -> dict[str, str]:
-    """The instant queries of ``low-util``, by name; each is summed by job server-side."""
+    """The first instant queries of ``low-util``, by name; each summed by job server-side.
+
+    Each query decodes every sample of its metric in the window, so there are as few
+    as the columns need: no start or end time (``job`` shows those).
+    """
     sel = filters.matchers()
     by = f"jobid, {filters.cluster_label}"
     d = window.range
@@ -93,16 +97,26 @@ def low_util_queries(window: Window, filters: Filters) -> dict[str, str]:
         "busy": f"sum by ({by}) (max_over_time({s(BUSY)}[{d}]))",
         "busy_base": f"sum by ({by}) "
                      f"(last_over_time({s(BUSY)}[{BASELINE_LOOKBACK}] offset {d}))",
-        # A GPU is idle when its busy counter did not move in the window.
-        "idle_gpus": f"count by ({by}) ("
-                     f"max_over_time({s(BUSY)}[{d}]) - last_over_time({s(BUSY)}"
-                     f"[{BASELINE_LOOKBACK}] offset {d}) == 0 or max_over_time({s(BUSY)}[{d}]) "
-                     f"== 0)",
+        # GPUs never busy since their job started in the window. A job that started
+        # before also has GPUs whose counter stood still in the window; those are
+        # counted by idle_before_query, over those jobs alone.
+        "idle_gpus": f"count by ({by}) (max_over_time({s(BUSY)}[{d}]) == 0)",
         "gpu_memory_peak": f"max by ({by}) "
                            f"(max_over_time({s('slurm_job_gpu_memory_peak_bytes')}[{d}]))",
-        "start": f"min by ({by}) (min_over_time({s('slurm_job_start_time_seconds')}[{d}]))",
-        "end": f"max by ({by}) (max_over_time({s('slurm_job_end_time_seconds')}[{d}]))",
     }
+
+
+def idle_before_query(window: Window, filters: Filters, jobids: list[str]) -> str:
+    """GPUs of jobs running at the window's start, busy before it and never in it.
+
+    Selecting those jobs by id keeps this query cheap: only the jobs running at the
+    start are decoded, not all of the window's."""
+    sel = filters.matchers()
+    by = f"jobid, {filters.cluster_label}"
+    d = window.range
+    busy = selector(BUSY, sel, {"jobid": jobid_regex(jobids) if jobids else "^$"})
+    return (f"count by ({by}) (max_over_time({busy}[{d}]) - last_over_time({busy}"
+            f"[{BASELINE_LOOKBACK}] offset {d}) == 0 and max_over_time({busy}[{d}]) > 0)")
 
 
 def _by_job(samples: list[Sample], cluster_label: str) -> dict[tuple[str, str], Sample]:
@@ -112,11 +126,15 @@ def _by_job(samples: list[Sample], cluster_label: str) -> dict[tuple[str, str], 
 async def fetch_usage(prom: PrometheusClient, window: Window, filters: Filters
                       ) -> list[JobUsage]:
     """Every job that held GPUs in the window, with its usage there (account/partition
-    filters applied)."""
+    filters applied). Always ``len(low_util_queries()) + 1`` queries."""
     queries = low_util_queries(window, filters)
     answers = await gather(*(prom.instant(q, window.end) for q in queries.values()))
     got = {name: _by_job(a, filters.cluster_label) for name, a in zip(queries, answers,
                                                                      strict=True)}
+    running_at_start = sorted({jobid for _, jobid in got["busy_base"]})
+    idle_before = _by_job(await prom.instant(
+        idle_before_query(window, filters, running_at_start), window.end),
+        filters.cluster_label)
 
     def value(name: str, key: tuple[str, str]) -> float | None:
         sample = got[name].get(key)
@@ -126,6 +144,7 @@ async def fetch_usage(prom: PrometheusClient, window: Window, filters: Filters
     for key, allocated in got["allocated"].items():
         info = got["info"].get(key)
         labels = info.labels if info is not None else allocated.labels
+        before = idle_before.get(key)
         job = JobUsage(
             jobid=key[1], cluster=key[0], user=labels.get("user", ""),
             account=labels.get("account", ""), partition=labels.get("partition", ""),
@@ -133,9 +152,8 @@ async def fetch_usage(prom: PrometheusClient, window: Window, filters: Filters
             gpus=int(value("gpus", key) or 0),
             allocated_s=max(0.0, allocated.value - (value("allocated_base", key) or 0.0)),
             busy_s=max(0.0, (value("busy", key) or 0.0) - (value("busy_base", key) or 0.0)),
-            idle_gpus=int(value("idle_gpus", key) or 0),
+            idle_gpus=int(value("idle_gpus", key) or 0) + int(before.value if before else 0),
             gpu_memory_peak=value("gpu_memory_peak", key),
-            start=value("start", key), end=value("end", key),
         )
         if job.allocated_s <= 0:
             continue  # lingered into the window after it ended: held nothing here

@@ -53,12 +53,12 @@ def low_util_report() -> LowUtilReport:
     ratios += [0.35, 0.42, 0.55, 0.61, 0.68, 0.72, 0.77, 0.81, 0.83, 0.86, 0.88, 0.9, 0.91,
                0.93, 0.95, 0.97, 0.99, 0.58, 0.74, 0.89]
     return LowUtilReport(window=Window(START, END), threshold=0.25, jobs_seen=len(ratios),
-                         flagged=flagged, queries=11, timelines=timelines, all_ratios=ratios)
+                         flagged=flagged, queries=10, timelines=timelines, all_ratios=ratios)
 
 
 def empty_low_util_report() -> LowUtilReport:
     return LowUtilReport(window=Window(START, END), threshold=0.25, jobs_seen=3, flagged=[],
-                         queries=10)
+                         queries=9)
 
 
 def job_details() -> list[JobDetail]:

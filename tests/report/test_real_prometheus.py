@@ -98,6 +98,22 @@ def agent_ratios(texts: list[str]) -> dict[str, tuple[float, float]]:
     return {j: (b, a) for j, (b, a) in sums.items()}
 
 
+def busy_by_gpu(texts: list[str]) -> dict[tuple[int, str, str], float]:
+    """Each GPU's busy seconds: (agent, jobid, gpu) -> value."""
+    return {(i, labels["jobid"], labels["gpu"]): value for i, text in enumerate(texts)
+            for labels, value in series(text, "slurm_job_gpu_busy_seconds_total")}
+
+
+def idle_gpus(before: dict[tuple[int, str, str], float],
+              after: dict[tuple[int, str, str], float]) -> dict[str, int]:
+    """GPUs per job whose busy counter did not move (``before`` empty: stayed at 0)."""
+    counts: dict[str, int] = {}
+    for key, value in after.items():
+        counts.setdefault(key[1], 0)
+        counts[key[1]] += value == before.get(key, 0.0)
+    return counts
+
+
 def job_names(texts: list[str]) -> dict[str, str]:
     return {labels["jobid"]: labels["name"] for labels, _ in series(texts[0], "slurm_job_info")}
 
@@ -114,6 +130,7 @@ def test_low_util_flags_exactly_the_idle_and_low_jobs_with_the_agents_ratios(
     for jobid, (busy, allocated) in truth.items():
         assert rows[jobid]["busy_ratio"] == pytest.approx(busy / allocated, abs=0.005), jobid
         assert rows[jobid]["gpu_hours"] == pytest.approx(allocated / 3600, rel=1e-6)
+        assert rows[jobid]["idle_gpus"] == idle_gpus({}, busy_by_gpu(texts))[jobid], jobid
 
     default = report(node, "low-util", *window, "--format", "json")
     assert default.returncode == 0, default.stderr
@@ -153,6 +170,13 @@ def test_a_window_that_starts_after_the_jobs_counts_only_what_happened_in_it(
         busy_in, allocated_in = busy - first[jobid][0], allocated - first[jobid][1]
         assert rows[jobid]["gpu_hours"] == pytest.approx(allocated_in / 3600, rel=1e-6)
         assert rows[jobid]["busy_ratio"] == pytest.approx(busy_in / allocated_in, abs=0.005)
+    idle = idle_gpus(busy_by_gpu(before), busy_by_gpu(after))
+    assert {j: r["idle_gpus"] for j, r in rows.items()} == idle
+    for jobid, name in job_names(after).items():
+        if name == "idle-train":
+            assert idle[jobid] == 2  # its GPU on each of the two nodes
+        elif name == "busy-train":
+            assert idle[jobid] == 0
 
 
 def test_job_report_of_an_idle_job_says_the_gpu_was_never_used(node: Node) -> None:
@@ -195,7 +219,7 @@ def test_html_report_charts_the_flagged_jobs_with_one_more_query(node: Node,
     page = path.read_text()
     assert page.count('class="chart timeline"') >= 2
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
-    assert "11 PromQL queries" in page  # the 10 of low-util, plus one range query
+    assert "10 PromQL queries" in page  # the 9 of low-util, plus one range query
 
 
 def test_unknown_job_is_one_line_and_a_non_zero_exit(node: Node) -> None:

@@ -91,8 +91,8 @@ def low_util_json(report: LowUtilReport) -> str:
         "window": {"start": report.window.start, "end": report.window.end},
         "threshold": report.threshold, "jobs_seen": report.jobs_seen,
         "queries": report.queries,
-        "flagged": [{**job_row(j), "name": j.name, "cluster": j.cluster, "start": j.start,
-                     "end": j.end} for j in report.flagged],
+        "flagged": [{**job_row(j), "name": j.name, "cluster": j.cluster}
+                    for j in report.flagged],
         "users": [total_row(t) for t in report.by_user],
         "accounts": [total_row(t) for t in report.by_account],
     }
