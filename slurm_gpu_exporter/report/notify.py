@@ -1,0 +1,144 @@
+"""Telling users about their flagged jobs: SMTP or a webhook, at most once a week per job.
+
+Each flagged user gets one message listing their own jobs, made from the site's
+templates. A state file remembers when each job was reported, so a job is not
+reported again within ``repeat_after_days``; it is written only after a send
+succeeded, and atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import smtplib
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any
+
+from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.model import JobUsage, LowUtilReport
+from slurm_gpu_exporter.report.render.values import when
+from slurm_gpu_exporter.report.rules import Config, render_template
+
+EXIT_NOTIFY = 6
+SEND_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Message:
+    user: str
+    to: str
+    subject: str
+    text: str
+    jobids: tuple[str, ...]
+
+
+def _job_key(job: JobUsage) -> str:
+    return f"{job.cluster}/{job.jobid}" if job.cluster else job.jobid
+
+
+class NotifyState:
+    """When each job was last reported: a JSON file of job key -> Unix time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.sent: dict[str, float] = json.loads(path.read_text())
+        except FileNotFoundError:
+            self.sent = {}
+        except (OSError, ValueError) as exc:
+            raise ReportError(f"cannot read the notify state {path}: {exc}; fix or remove "
+                              "it", EXIT_NOTIFY) from None
+
+    def due(self, job: JobUsage, now: float, repeat_after_s: float) -> bool:
+        last = self.sent.get(_job_key(job))
+        return last is None or now - last >= repeat_after_s
+
+    def mark(self, jobs: list[JobUsage], now: float, keep_s: float) -> None:
+        for job in jobs:
+            self.sent[_job_key(job)] = now
+        # Forget what can no longer suppress anything, so the file stays small.
+        self.sent = {k: t for k, t in self.sent.items() if now - t < keep_s}
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(self.sent, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, self.path)
+
+
+def messages(report: LowUtilReport, config: Config, state: NotifyState, now: float,
+             address: str) -> list[tuple[Message, list[JobUsage]]]:
+    """One message per flagged user, with the jobs not reported recently."""
+    repeat_after_s = config.repeat_after_days * 86400
+    by_user: dict[str, list[JobUsage]] = {}
+    for job in report.flagged:
+        if job.user and state.due(job, now, repeat_after_s):
+            by_user.setdefault(job.user, []).append(job)
+    out = []
+    for user, jobs in sorted(by_user.items()):
+        lines = [render_template(config.job_line, _job_facts(job)) for job in jobs]
+        facts: dict[str, Any] = {
+            "user": user, "count": len(jobs), "jobs": "\n".join(lines),
+            "start": when(report.window.start), "end": when(report.window.end),
+            "gpu_hours": sum(j.gpu_hours for j in jobs),
+            "wasted_gpu_hours": sum(j.wasted_gpu_hours for j in jobs),
+            "threshold": report.threshold,
+        }
+        message = Message(
+            user=user, to=render_template(address, {"user": user}),
+            subject=render_template(config.subject, facts),
+            text=render_template(config.template, facts).strip() + "\n",
+            jobids=tuple(j.jobid for j in jobs))
+        out.append((message, jobs))
+    return out
+
+
+def _job_facts(job: JobUsage) -> dict[str, Any]:
+    return {"jobid": job.jobid, "name": job.name or "-", "user": job.user,
+            "account": job.account, "partition": job.partition, "gpus": job.gpus,
+            "gpu_hours": job.gpu_hours, "busy_ratio": job.busy_ratio or 0.0,
+            "idle_gpus": job.idle_gpus, "wasted_gpu_hours": job.wasted_gpu_hours}
+
+
+def send(message: Message, target: str, sender: str) -> None:
+    """Deliver one message: ``smtp://host[:port]`` or an ``http(s)://`` webhook."""
+    url = urllib.parse.urlsplit(target)
+    if url.scheme == "smtp":
+        _send_smtp(message, url.hostname or "localhost", url.port or 25, sender)
+    elif url.scheme in ("http", "https"):
+        _send_webhook(message, target)
+    else:
+        raise ReportError(f"bad --notify {target!r}: use smtp://host[:port] or an http(s) "
+                          "webhook URL")
+
+
+def _send_smtp(message: Message, host: str, port: int, sender: str) -> None:
+    mail = EmailMessage()
+    mail["From"], mail["To"], mail["Subject"] = sender, message.to, message.subject
+    mail.set_content(message.text)
+    try:
+        with smtplib.SMTP(host, port, timeout=SEND_TIMEOUT_S) as smtp:
+            smtp.send_message(mail)
+    except (OSError, smtplib.SMTPException) as exc:
+        raise ReportError(f"cannot send mail to {message.to} through {host}:{port}: {exc}",
+                          EXIT_NOTIFY) from None
+
+
+def _send_webhook(message: Message, url: str) -> None:
+    body = json.dumps({"user": message.user, "to": message.to, "subject": message.subject,
+                       "text": message.text, "jobs": list(message.jobids)}).encode()
+    request = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=SEND_TIMEOUT_S) as resp:
+            resp.read()
+    except (OSError, urllib.error.URLError) as exc:
+        raise ReportError(f"the webhook {url} failed for {message.user}: {exc}",
+                          EXIT_NOTIFY) from None
+
+
+def dry_run_text(message: Message) -> str:
+    return f"To: {message.to}\nSubject: {message.subject}\n\n{message.text}"

@@ -1,0 +1,1 @@
+"""Renderers: the same report as a terminal table, CSV, JSON, Markdown or HTML."""

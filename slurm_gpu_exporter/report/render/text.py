@@ -1,0 +1,208 @@
+"""The report as a terminal table (rich), CSV, JSON and Markdown."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from slurm_gpu_exporter.report.model import JobDetail, LowUtilReport
+from slurm_gpu_exporter.report.render.values import (
+    GPU_COLUMNS,
+    GPU_HEADINGS,
+    HEADINGS,
+    LOW_UTIL_COLUMNS,
+    TOTAL_COLUMNS,
+    gpu_rows,
+    job_header,
+    job_row,
+    job_summary,
+    low_util_summary,
+    low_util_title,
+    show,
+    show_gpu,
+    total_row,
+)
+
+NUMERIC = {"gpus", "gpu_hours", "busy_ratio", "idle_gpus", "gpu_memory_peak_gib",
+           "wasted_gpu_hours", "jobs", "allocated_hours", "gpu_memory_total_gib", "energy_kwh"}
+
+
+def _console(width: int, color: bool) -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, width=width, color_system="standard" if color else None,
+                   force_terminal=color, highlight=False, emoji=False), out
+
+
+def _table(title: str | None, columns: tuple[str, ...], headings: dict[str, str],
+           rows: list[dict[str, Any]], fmt: Any = show) -> Table:
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for col in columns:
+        table.add_column(headings[col], justify="right" if col in NUMERIC else "left")
+    for row in rows:
+        table.add_row(*(fmt(col, row[col]) for col in columns))
+    return table
+
+
+# --- low-util ----------------------------------------------------------------------
+
+
+def low_util_table(report: LowUtilReport, width: int = 120, color: bool = False) -> str:
+    console, out = _console(width, color)
+    console.print(low_util_title(report), style="bold")
+    if not report.flagged:
+        console.print(f"No job under the threshold ({report.jobs_seen} GPU jobs in the "
+                      "window).")
+        return out.getvalue()
+    console.print(_table(None, LOW_UTIL_COLUMNS, HEADINGS,
+                         [job_row(j) for j in report.flagged]))
+    for title, totals in (("Per user", report.by_user), ("Per account", report.by_account)):
+        headings = {**HEADINGS, "key": title.split()[1].capitalize()}
+        console.print(_table(title, TOTAL_COLUMNS, headings, [total_row(t) for t in totals]))
+    console.print(low_util_summary(report))
+    return out.getvalue()
+
+
+def low_util_csv(report: LowUtilReport) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(LOW_UTIL_COLUMNS)
+    for job in report.flagged:
+        row = job_row(job)
+        writer.writerow(_csv_value(row[c]) for c in LOW_UTIL_COLUMNS)
+    return out.getvalue()
+
+
+def _csv_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def low_util_json(report: LowUtilReport) -> str:
+    data = {
+        "window": {"start": report.window.start, "end": report.window.end},
+        "threshold": report.threshold, "jobs_seen": report.jobs_seen,
+        "queries": report.queries,
+        "flagged": [{**job_row(j), "name": j.name, "cluster": j.cluster}
+                    for j in report.flagged],
+        "users": [total_row(t) for t in report.by_user],
+        "accounts": [total_row(t) for t in report.by_account],
+    }
+    return json.dumps(data, indent=2) + "\n"
+
+
+def _md_table(columns: tuple[str, ...], headings: dict[str, str], rows: list[dict[str, Any]],
+              fmt: Any = show) -> str:
+    lines = ["| " + " | ".join(headings[c] for c in columns) + " |",
+             "|" + "|".join("---:" if c in NUMERIC else "---" for c in columns) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(c, row[c]).replace("|", "\\|") for c in columns)
+                     + " |")
+    return "\n".join(lines) + "\n"
+
+
+def low_util_markdown(report: LowUtilReport) -> str:
+    parts = [f"# {low_util_title(report)}\n"]
+    if not report.flagged:
+        parts.append(f"No job under the threshold ({report.jobs_seen} GPU jobs in the "
+                     "window).\n")
+        return "\n".join(parts)
+    parts.append(_md_table(LOW_UTIL_COLUMNS, HEADINGS, [job_row(j) for j in report.flagged]))
+    for title, totals in (("Per user", report.by_user), ("Per account", report.by_account)):
+        parts.append(f"## {title}\n")
+        headings = {**HEADINGS, "key": title.split()[1].capitalize()}
+        parts.append(_md_table(TOTAL_COLUMNS, headings, [total_row(t) for t in totals]))
+    parts.append(low_util_summary(report) + "\n")
+    return "\n".join(parts)
+
+
+# --- job ----------------------------------------------------------------------------
+
+
+def job_table(details: list[JobDetail], width: int = 100, color: bool = False) -> str:
+    console, out = _console(width, color)
+    for i, detail in enumerate(details):
+        if i:
+            console.rule()
+        header = Table.grid(padding=(0, 2))
+        header.add_column(style="bold")
+        header.add_column()
+        for label, value in job_header(detail) + job_summary(detail):
+            header.add_row(label, value)
+        console.print(header)
+        console.print(_table(None, GPU_COLUMNS, GPU_HEADINGS, gpu_rows(detail), show_gpu))
+        if detail.notes:
+            console.print("Notes", style="bold")
+            notes = Table.grid(padding=(0, 1))
+            notes.add_column()
+            notes.add_column()  # wraps under its own start, not under the bullet
+            for note in detail.notes:
+                notes.add_row("  *", note)
+            console.print(notes)
+    return out.getvalue()
+
+
+def job_csv(details: list[JobDetail]) -> str:
+    """One row per GPU, the job's columns repeated."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    job_cols = ("job", "user", "account", "partition", "state", "start", "run_time_s",
+                "cpu_efficiency", "memory_peak_gib", "memory_request_gib")
+    writer.writerow(job_cols + GPU_COLUMNS + ("uuid",))
+    for detail in details:
+        facts = _job_values(detail)
+        for gpu in gpu_rows(detail):
+            writer.writerow([_csv_value(facts[c]) for c in job_cols]
+                            + [_csv_value(gpu[c]) for c in (*GPU_COLUMNS, "uuid")])
+    return out.getvalue()
+
+
+def _job_values(detail: JobDetail) -> dict[str, Any]:
+    usage = detail.usage
+    gib = 2**30
+    return {
+        "job": usage.jobid, "user": usage.user, "account": usage.account,
+        "partition": usage.partition, "name": usage.name,
+        "state": detail.accounting.state if detail.accounting and detail.accounting.state
+        else ("RUNNING" if detail.running else "ENDED"),
+        "running": detail.running, "start": detail.start, "end": detail.end,
+        "run_time_s": detail.elapsed_s,
+        "time_limit_s": detail.accounting.time_limit_s if detail.accounting else None,
+        "cpus": detail.cpus, "cpu_efficiency": detail.cpu_efficiency,
+        "memory_peak_gib": detail.memory_peak / gib if detail.memory_peak is not None
+        else None,
+        "memory_request_gib": detail.memory_request / gib if detail.memory_request else None,
+        "gpus": usage.gpus, "gpu_hours": usage.gpu_hours, "busy_ratio": usage.busy_ratio,
+        "idle_gpus": usage.idle_gpus,
+        "gpu_memory_peak_gib": usage.gpu_memory_peak / gib
+        if usage.gpu_memory_peak is not None else None,
+        "energy_kwh": detail.energy_j / 3.6e6 if detail.energy_j is not None else None,
+    }
+
+
+def job_json(details: list[JobDetail], queries: int) -> str:
+    data = {"queries": queries,
+            "jobs": [{**_job_values(d), "gpus_detail": gpu_rows(d), "notes": d.notes}
+                     for d in details]}
+    return json.dumps(data, indent=2) + "\n"
+
+
+def job_markdown(details: list[JobDetail]) -> str:
+    parts = []
+    for detail in details:
+        parts.append(f"# Job {detail.usage.jobid}\n")
+        parts.append("\n".join(f"- **{label}**: {value}" for label, value in
+                               job_header(detail) + job_summary(detail)) + "\n")
+        parts.append(_md_table(GPU_COLUMNS, GPU_HEADINGS, gpu_rows(detail), show_gpu))
+        if detail.notes:
+            parts.append("## Notes\n")
+            parts.append("\n".join(f"- {n}" for n in detail.notes) + "\n")
+    return "\n".join(parts)

@@ -1,0 +1,60 @@
+"""The two reports, assembled from the queries: ``low-util`` and ``job``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.model import Accounting, JobDetail, LowUtilReport
+from slurm_gpu_exporter.report.promql import PrometheusClient
+from slurm_gpu_exporter.report.queries import Filters, fetch_jobs, fetch_timelines, fetch_usage
+from slurm_gpu_exporter.report.rules import Config, job_facts, notes_for
+from slurm_gpu_exporter.report.window import Window
+
+EXIT_UNKNOWN_JOB = 5
+
+AccountingSource = Callable[[list[str]], dict[str, Accounting]]
+
+
+async def low_util_report(prom: PrometheusClient, window: Window, filters: Filters,
+                          threshold: float, min_gpu_hours: float, chart_jobs: int = 0
+                          ) -> LowUtilReport:
+    """Jobs under ``threshold`` busy, most wasteful first; ``chart_jobs`` of them get a
+    timeline (one range query for all of them)."""
+    jobs = await fetch_usage(prom, window, filters)
+    ratios = [j.busy_ratio for j in jobs if j.busy_ratio is not None]
+    flagged = [j for j in jobs
+               if j.busy_ratio is not None and j.busy_ratio < threshold
+               and j.gpu_hours >= min_gpu_hours]
+    flagged.sort(key=lambda j: (-j.wasted_gpu_hours, j.cluster, j.jobid))
+    report = LowUtilReport(window=window, threshold=threshold, jobs_seen=len(jobs),
+                           flagged=flagged, all_ratios=ratios)
+    if chart_jobs > 0 and flagged:
+        report.timelines = await fetch_timelines(
+            prom, window, filters, [j.jobid for j in flagged[:chart_jobs]])
+    report.queries = prom.queries
+    return report
+
+
+async def job_report(prom: PrometheusClient, window: Window, jobids: list[str],
+                     filters: Filters, config: Config, accounting: AccountingSource,
+                     now: float) -> tuple[list[JobDetail], list[str]]:
+    """The named jobs' details with their notes, and the ids Prometheus does not know."""
+    found = await fetch_jobs(prom, window, jobids, filters)
+    acct = accounting([j for j in jobids if j in found]) if found else {}
+    details = []
+    for jobid in jobids:
+        if jobid not in found:
+            continue
+        usage, nodes = found[jobid]
+        detail = JobDetail(usage=usage, nodes=nodes, accounting=acct.get(jobid), now=now)
+        detail.notes = notes_for(job_facts(detail, config), config.notes)
+        details.append(detail)
+    unknown = [j for j in jobids if j not in found]
+    return details, unknown
+
+
+def unknown_jobs_error(unknown: list[str], window: Window) -> ReportError:
+    ids = ", ".join(unknown)
+    return ReportError(f"no metrics for job {ids} in Prometheus in the window; check the id, "
+                       "or widen it with --since", EXIT_UNKNOWN_JOB)
