@@ -241,6 +241,14 @@ def test_check_diff_on_a_fresh_node_writes_nothing(node: Node) -> None:
     assert node.slurm_conf.read_text() == conf_before
 
 
+def test_run_tag_alone_on_a_fresh_node_says_what_to_do(node: Node) -> None:
+    result = node.play("--tags", "run")
+    assert result.rc != 0
+    assert "is not installed on localhost; run the role with the install and configure tags" \
+        in result.output
+    assert node.leftovers() == []
+
+
 def test_install_from_the_checkout(node: Node, installed: PlayResult) -> None:
     assert installed.recap["changed"] > 0 and installed.recap["failed"] == 0
     version = subprocess.run([str(PREFIX / "bin" / "slurm-gpu-exporter"), "--version"],
