@@ -1,0 +1,1 @@
+../../../../../epilog/slurm-gpu-exporter.sh

@@ -1,0 +1,1 @@
+../../../../../prolog/slurm-gpu-exporter.sh
