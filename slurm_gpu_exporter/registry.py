@@ -29,8 +29,12 @@ from slurm_gpu_exporter.slurm import SlurmMetadata
 
 log = logging.getLogger(__name__)
 
-# A record whose cgroup was never seen is checked against Slurm after this long.
+# A record whose cgroup was never seen is checked against Slurm after this long,
+# then every NEVER_SEEN_RECHECK_S; after NEVER_SEEN_MAX_CHECKS checks in a row where
+# Slurm does not know the job (or cannot be asked) the job is taken as ended.
 NEVER_SEEN_CHECK_S = 120.0
+NEVER_SEEN_RECHECK_S = 60.0
+NEVER_SEEN_MAX_CHECKS = 5
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class _Tracked:
     uid_from_process: int | None = None
     discovered: bool = False  # found in cgroups before any record
     ended_at: float | None = None  # when the agent learnt the job ended (linger counts from it)
+    next_state_check: float | None = None  # a record without a cgroup: next check with Slurm
+    failed_state_checks: int = 0  # checks in a row where Slurm did not know the job
 
 
 @dataclass(frozen=True)
@@ -195,8 +201,17 @@ class Registry:
     ) -> dict[str, JobCgroup] | None:
         if self.cgroups is None:
             return None
+        # Running records whose cgroup has not shown yet: their cgroup may sit under a
+        # Slurm root that appeared after the last search.
+        expected = [
+            key
+            for jobid, (_, record) in records.items()
+            if record.end_time is None and not getattr(self._jobs.get(jobid), "cgroup_seen", False)
+            for key in (jobid, record.sluid)
+            if key
+        ]
         try:
-            found = self.cgroups.find_jobs()
+            found = self.cgroups.find_jobs(expected)
         except OSError as exc:
             self.errors.count("cgroup", f"cannot scan cgroups under {self.cgroups.root}: {exc}")
             return None
@@ -283,24 +298,49 @@ class Registry:
         # The prolog never knows the job name, and 22.05 gives it no account either:
         # every job is looked up once (the answer is cached for its life).
         need = [t.jobid for t in running]
-        check_state = [
-            t.jobid for t in running
-            if t.record is not None and not t.cgroup_seen and self.cgroups is not None
-            and now - t.first_seen >= NEVER_SEEN_CHECK_S
-        ]
-        failed = self.metadata.refresh(need, force_state=check_state)
+        check_state = [t for t in running if self._state_check_due(t, now)]
+        failed = self.metadata.refresh(need, force_state=[t.jobid for t in check_state])
         for _ in range(failed):
             self.errors.count("slurm", "a Slurm look-up failed (see the log line above)",
                               log_it=False)
-        for jobid in check_state:
-            info = self.metadata.get(jobid)
-            if info is not None and info.finished:
-                self._mark_ended(self._jobs[jobid], now, now)
-                log.info("job %s: Slurm reports it %s and it never had a cgroup here; "
-                         "marked ended", jobid, info.state)
+        for tracked in check_state:
+            self._check_state(tracked, now)
         for tracked in running:
             if tracked.record is None and tracked.uid_from_process is None:
                 tracked.uid_from_process = self._uid_from_processes(tracked)
+
+    def _state_check_due(self, tracked: _Tracked, now: float) -> bool:
+        """A record whose cgroup never showed is due for a check with Slurm."""
+        if tracked.record is None or tracked.cgroup_seen or self.cgroups is None:
+            return False
+        if tracked.next_state_check is None:
+            tracked.next_state_check = tracked.first_seen + NEVER_SEEN_CHECK_S
+        if now < tracked.next_state_check:
+            return False
+        tracked.next_state_check = now + NEVER_SEEN_RECHECK_S
+        return True
+
+    def _check_state(self, tracked: _Tracked, now: float) -> None:
+        """End a job without a cgroup that Slurm reports finished, or keeps not knowing."""
+        answered = tracked.jobid in self.metadata.last_answers
+        info = self.metadata.last_answers.get(tracked.jobid)
+        if info is not None and info.finished:
+            self._mark_ended(tracked, now, now)
+            log.info("job %s: Slurm reports it %s and it never had a cgroup here; "
+                     "marked ended", tracked.jobid, info.state)
+            return
+        if info is not None:
+            tracked.failed_state_checks = 0  # Slurm still runs it: keep waiting
+            return
+        if not answered and not self.metadata.unreachable:
+            return  # not asked this time (too many look-ups at once): not a failed check
+        tracked.failed_state_checks += 1
+        if tracked.failed_state_checks < NEVER_SEEN_MAX_CHECKS:
+            return
+        self._mark_ended(tracked, now, now)
+        why = "Slurm no longer knows it" if answered else "Slurm could not be asked"
+        log.warning("job %s: never had a cgroup here and %s after %d checks; marked ended",
+                    tracked.jobid, why, tracked.failed_state_checks)
 
     def _uid_from_processes(self, tracked: _Tracked) -> int | None:
         if tracked.cgroup is None:
@@ -355,8 +395,10 @@ class Registry:
         try:
             spool.remove_record(dir_fd, jobid)
         except OSError as exc:
-            # Not fatal: the expired version is remembered and ignored.
-            log.debug("cannot remove spool record of job %s: %s", jobid, exc.strerror)
+            # Not fatal: the expired version is remembered and ignored, and removal is
+            # not tried again, so this is said once per record.
+            log.warning("cannot remove the expired spool record of job %s: %s; it is "
+                        "ignored from now on, remove it by hand", jobid, exc.strerror)
 
     # -- output -------------------------------------------------------------
 

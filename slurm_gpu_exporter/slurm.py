@@ -303,10 +303,17 @@ class SlurmMetadata:
         # After a failure no call is made until then: a controller that hangs costs
         # one timeout per back-off period, not one per job per sample.
         self._paused_until = 0.0
+        # What the last refresh learnt: job id -> its info, None where Slurm does not know it.
+        self.last_answers: dict[str, SlurmJobInfo | None] = {}
 
     @property
     def available(self) -> bool:
         return self._lookup is not None
+
+    @property
+    def unreachable(self) -> bool:
+        """True while look-ups are paused after a failure (or there is no way to ask)."""
+        return self._lookup is None or self._clock() < self._paused_until
 
     def get(self, jobid: str) -> SlurmJobInfo | None:
         return self._known.get(jobid)
@@ -317,6 +324,7 @@ class SlurmMetadata:
         At most ``max_per_refresh`` calls per refresh so a burst of unknown jobs cannot
         stall a sample.
         """
+        self.last_answers = {}
         if self._lookup is None:
             return 0
         now = self._clock()
@@ -339,8 +347,11 @@ class SlurmMetadata:
                 log.warning("Slurm look-up of job %s failed: %s (no look-ups for %.0f s)",
                             jobid, exc, RETRY_AFTER_S)
                 break
+            self.last_answers[jobid] = info
             if info is not None:
                 self._known[jobid] = info
+            elif jobid in forced:
+                self._known.pop(jobid, None)  # Slurm forgot it: the old answer is stale
             # Unknown jobs are asked again later; so are state re-checks, never every sample.
             if info is None or jobid in forced:
                 self._retry_at[jobid] = now + RETRY_AFTER_S

@@ -211,6 +211,77 @@ def test_record_never_seen_in_cgroups_ends_when_slurm_says_so(node: Node) -> Non
     assert not registry.refresh()[0].running
 
 
+def _never_seen_job_after(registry: Registry, clock: Clock, minutes: int) -> bool:
+    """Whether job 41 still runs after ``minutes`` of one sample a second."""
+    for _ in range(minutes * 60):
+        clock.now += 1
+        jobs = registry.refresh()
+    return bool(jobs) and jobs[0].running
+
+
+def test_record_never_seen_in_cgroups_ends_once_slurm_no_longer_knows_it(node: Node) -> None:
+    # A prolog ran, the job never got a cgroup here, and the controller forgot it:
+    # without a bound the record stays "running" for ever.
+    clock = Clock()
+    node.record("41", start_time=1.0)
+    asked: list[str] = []
+
+    def lookup(jobid: str) -> SlurmJobInfo | None:
+        asked.append(jobid)
+        return None
+
+    registry = make_registry(node, clock, lookup)
+    registry.refresh()
+    assert _never_seen_job_after(registry, clock, 2)
+    assert not _never_seen_job_after(registry, clock, 10)
+    # About one look-up a minute over 12 minutes of samples, not one per sample.
+    assert len(asked) <= 13, len(asked)
+
+
+def test_record_never_seen_in_cgroups_ends_when_slurm_lookups_keep_failing(node: Node) -> None:
+    clock = Clock()
+    node.record("41", start_time=1.0)
+
+    def lookup(jobid: str) -> SlurmJobInfo | None:
+        raise RuntimeError("scontrol did not answer within 5 s")
+
+    registry = make_registry(node, clock, lookup)
+    registry.refresh()
+    assert not _never_seen_job_after(registry, clock, 10)
+
+
+def test_record_never_seen_in_cgroups_stays_while_slurm_reports_it_running(node: Node) -> None:
+    clock = Clock()
+    node.record("41", start_time=1.0)
+
+    def lookup(jobid: str) -> SlurmJobInfo | None:
+        return SlurmJobInfo(jobid=jobid, state="RUNNING")
+
+    registry = make_registry(node, clock, lookup)
+    registry.refresh()
+    assert _never_seen_job_after(registry, clock, 15)
+
+
+def test_expired_record_that_cannot_be_deleted_is_logged_at_warning_once(
+    node: Node, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    node.record("42", start_time=1.0, end_time=clock.now)
+
+    def refuse(dir_fd: int, jobid: str) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(spool, "remove_record", refuse)
+    registry = make_registry(node, clock)
+    registry.refresh()
+    for _ in range(5):
+        clock.now += 61
+        assert registry.refresh() == []
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "42" in r.message]
+    assert len(warnings) == 1, [r.message for r in caplog.records]
+    assert "Permission denied" in warnings[0].message
+
+
 def _v2_sluid_node(root: Path, sluid: str) -> Path:
     cg = root / "cg2"
     task = cg / "system.slice" / "slurmstepd.scope" / sluid / "step_0" / "user" / "task_0"
