@@ -457,9 +457,9 @@ class CgroupFS:
         now = self._clock()
         roots = self._current_roots(now)
         found, stale = self._list_jobs(roots)
-        if self._track_new(now, found, expected) and not stale:
-            if self._rescan_late_roots():
-                found, stale = self._list_jobs(self._roots)
+        new_jobs = self._track_new(now, found, expected)
+        if new_jobs and not stale and self._rescan_late_roots():
+            found, stale = self._list_jobs(self._roots)
         if stale:
             self._roots_scanned_at = None  # look for the roots again next time
         return self._job_cgroups(found)

@@ -17,6 +17,7 @@ from slurm_gpu_exporter.cgroups import (
     parse_cgroup_path,
     parse_cpu_list,
 )
+from tests.support import require
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 LAYOUTS = FIXTURES / "cgroup-layouts"
@@ -526,8 +527,10 @@ def test_step_that_ends_during_the_walk_is_skipped(tmp_path: Path) -> None:
 
 
 def _real_capture() -> tuple[Path, str]:
-    if not (REAL / "cgroup").is_dir() or not (REAL / "capture.txt").is_file():
-        pytest.skip("no captured Slurm 22.05 tree in tests/fixtures/slurm-22.05")
+    require(
+        (REAL / "cgroup").is_dir() and (REAL / "capture.txt").is_file(),
+        "no captured Slurm 22.05 tree in tests/fixtures/slurm-22.05",
+    )
     m = re.search(r"^job: (\d+)$", (REAL / "capture.txt").read_text(), re.MULTILINE)
     assert m, "capture.txt names the job"
     return REAL / "cgroup", m.group(1)
@@ -550,12 +553,15 @@ def test_real_v1_tree_is_found_with_node_prefix_and_uid() -> None:
 
 def test_real_v1_step_dirs_all_parse_to_the_job() -> None:
     root, job_id = _real_capture()
+    steps = set()
     for dirpath, _, _ in os.walk(root):
         rel = Path(dirpath).relative_to(root).parts[1:]  # drop the controller
         if len(rel) >= 4:  # slurm_<node>/uid_<uid>/job_<id>/step_<s>...
             ref = parse_cgroup_path("/" + "/".join(rel))
             assert ref is not None and ref.job_key == job_id, dirpath
             assert ref.step is not None
+            steps.add(ref.step)
+    assert {"batch", "extern", "0"} <= steps, steps
 
 
 def test_real_v1_stats_are_read() -> None:
