@@ -76,6 +76,7 @@ class _Tracked:
     uid_from_process: int | None = None
     discovered: bool = False  # found in cgroups before any record
     ended_at: float | None = None  # when the agent learnt the job ended (linger counts from it)
+    cgroup_ino: int | None = None  # inode of the job's cgroup: a requeued run gets another
     next_state_check: float | None = None  # a record without a cgroup: next check with Slurm
     failed_state_checks: int = 0  # checks in a row where Slurm did not know the job
 
@@ -120,6 +121,9 @@ class Registry:
         # job id -> the spool file version that already expired (None: a job that had
         # no record), so that a leftover file or cgroup does not revive it
         self._expired: dict[str, _FileKey | None] = {}
+        # job id -> inode of the cgroup an expired job had: a cgroup with another one is a
+        # new run of a requeued job, not a leftover
+        self._expired_cgroups: dict[str, int] = {}
         self._spool_missing_logged = False
 
     # -- public -------------------------------------------------------------
@@ -249,8 +253,10 @@ class Registry:
                 if tracked.record is not None and record.end_time is None and (
                     tracked.record.start_time != record.start_time
                 ):
-                    # The job was requeued: a new prolog record.
+                    # The job was requeued: a new prolog record, a new run.
                     tracked.end_time = tracked.ended_at = None
+                    tracked.cgroup_missing_since = None
+                    tracked.failed_state_checks = 0
                 tracked.record = record
             if record.end_time is not None and tracked.end_time is None:
                 self._mark_ended(tracked, record.end_time, now)
@@ -259,16 +265,27 @@ class Registry:
         gone = [j for j in self._expired if j not in records and j not in (cgroup_jobs or {})]
         for jobid in gone:
             del self._expired[jobid]
+            self._expired_cgroups.pop(jobid, None)
         if cgroup_jobs is None:
             return
         for jobid, cgroup in cgroup_jobs.items():
             tracked = self._jobs.get(jobid)
+            if tracked is not None and tracked.end_time is not None and _is_other_cgroup(
+                cgroup, tracked.cgroup_ino
+            ):
+                tracked = self._new_run(jobid, now)
             if tracked is None:
                 if jobid in self._expired:
-                    continue  # its record expired; a cgroup left behind is not a new job
-                tracked = self._jobs[jobid] = _Tracked(jobid, first_seen=now, discovered=True)
-                log.info("job %s found in cgroups without a spool record (agent started "
-                         "late or prolog not installed); tracking it", jobid)
+                    if not _is_other_cgroup(cgroup, self._expired_cgroups.get(jobid)):
+                        continue  # its record expired; a cgroup left behind is not a new job
+                    tracked = self._new_run(jobid, now)
+                else:
+                    tracked = self._jobs[jobid] = _Tracked(jobid, first_seen=now,
+                                                           discovered=True)
+                    log.info("job %s found in cgroups without a spool record (agent started "
+                             "late or prolog not installed); tracking it", jobid)
+            if tracked.cgroup_ino is None:
+                tracked.cgroup_ino = _cgroup_ino(cgroup)
             tracked.cgroup = cgroup
             tracked.cgroup_seen = True
             tracked.cgroup_missing_since = None
@@ -285,6 +302,22 @@ class Registry:
                     # No epilog came (or there is no record to wait for): the job is over.
                     self._mark_ended(tracked, tracked.cgroup_missing_since, now)
                     log.info("job %s: cgroup gone without an epilog; marked ended", tracked.jobid)
+
+    def _new_run(self, jobid: str, now: float) -> _Tracked:
+        """A job that ended here runs again in a new cgroup: it was requeued onto this node.
+
+        Slurm 22.05 runs no prolog for such a run, so the ended run's record stays as it
+        is: it is set aside (a new prolog record would still be taken), and Slurm is asked
+        again for the new run's start time.
+        """
+        cached = self._files.get(jobid + spool.RECORD_SUFFIX)
+        if cached is not None and cached[1] is not None:
+            self._expired[jobid] = cached[0]
+        self._expired_cgroups.pop(jobid, None)
+        self.metadata.drop(jobid)
+        log.info("job %s runs again in a new cgroup (requeued); tracking its new run", jobid)
+        tracked = self._jobs[jobid] = _Tracked(jobid, first_seen=now, discovered=True)
+        return tracked
 
     @staticmethod
     def _mark_ended(tracked: _Tracked, end_time: float, now: float) -> None:
@@ -379,6 +412,8 @@ class Registry:
                     dir_fd = None
             for tracked in expired:
                 del self._jobs[tracked.jobid]
+                if tracked.cgroup_ino is not None:
+                    self._expired_cgroups[tracked.jobid] = tracked.cgroup_ino
                 cached = self._files.get(tracked.jobid + spool.RECORD_SUFFIX)
                 if cached is not None and cached[1] is not None:
                     self._expired[tracked.jobid] = cached[0]
@@ -443,6 +478,24 @@ class Registry:
                 source="cgroup",
             )
         return replace(job, end_time=tracked.end_time, cgroup=tracked.cgroup)
+
+
+def _cgroup_ino(cgroup: JobCgroup) -> int | None:
+    """Inode of one of the job's cgroup directories: a re-created cgroup gets a new one."""
+    for path in sorted(cgroup.dirs.values()):
+        try:
+            return os.stat(path).st_ino
+        except OSError:
+            continue
+    return None
+
+
+def _is_other_cgroup(cgroup: JobCgroup, known_ino: int | None) -> bool:
+    """True when ``cgroup`` is not the directory the job had (which may be left behind)."""
+    if known_ino is None:
+        return False
+    ino = _cgroup_ino(cgroup)
+    return ino is not None and ino != known_ino
 
 
 def _user_name(uid: int | None) -> str:

@@ -359,6 +359,11 @@ class SlurmMetadata:
                 self._retry_at.pop(jobid, None)
         return errors
 
+    def drop(self, jobid: str) -> None:
+        """Forget one job's answer, so that the next refresh asks again (a new run)."""
+        self._known.pop(jobid, None)
+        self._retry_at.pop(jobid, None)
+
     def forget(self, keep: Iterable[str]) -> None:
         """Drop cached entries of jobs no longer tracked."""
         keep = set(keep)

@@ -160,6 +160,54 @@ def test_requeued_job_with_a_new_prolog_record_runs_again(node: Node) -> None:
     assert registry.refresh()[0].running
 
 
+@pytest.mark.parametrize("linger_first", [False, True])
+def test_job_requeued_onto_this_node_without_a_prolog_runs_again_with_its_new_start(
+    node: Node, linger_first: bool
+) -> None:
+    # Slurm 22.05 runs no prolog for a batch job requeued onto the node it ran on: the
+    # new run shows only as a new cgroup under the same job id, while the record still
+    # says the first run ended. It must not be taken for a leftover of the first run.
+    clock = Clock()
+    starts = {"17": 1.0}
+
+    def lookup(jobid: str) -> SlurmJobInfo:
+        return SlurmJobInfo(jobid=jobid, state="RUNNING", start_time=starts[jobid])
+
+    node.record("17", start_time=1.0)
+    node.start_cgroup("17")
+    registry = make_registry(node, clock, lookup)
+    (job,) = registry.refresh()
+    assert job.running and job.start_time == 1.0
+    node.record("17", start_time=1.0, end_time=clock.now)  # the epilog of the first run
+    for ctrl in ("memory", "freezer"):  # kept aside: the new cgroup gets another inode
+        old = node.cgroup_root / ctrl / "slurm_node1" / "uid_1001" / "job_17"
+        old.rename(old.with_name("old_17"))
+    clock.now += 1
+    (job,) = registry.refresh()
+    assert not job.running
+    if linger_first:
+        clock.now += 61
+        assert registry.refresh() == []
+    starts["17"] = clock.now + 1
+    node.start_cgroup("17")
+    clock.now += 2
+    (job,) = registry.refresh()
+    assert job.running and job.start_time == starts["17"] and job.cgroup is not None
+
+
+def test_leftover_cgroup_of_an_ended_job_does_not_restart_it(node: Node) -> None:
+    clock = Clock()
+    node.record("18", start_time=1.0)
+    node.start_cgroup("18")
+    registry = make_registry(node, clock)
+    registry.refresh()
+    node.record("18", start_time=1.0, end_time=clock.now)
+    clock.now += 1
+    for _ in range(3):
+        (job,) = registry.refresh()
+        assert not job.running
+
+
 def test_hostile_spool_files_are_skipped_counted_once_and_others_unaffected(node: Node) -> None:
     node.record("20", start_time=1.0)
     (node.spool_dir / "21.json").write_text("{not json")
