@@ -58,6 +58,8 @@ class JobStatsCollector:
         for job in jobs:
             key = run_key(job)
             self._unclaimed.pop(key, None)
+            if (job.jobid, None) in self._unclaimed and key not in self._last:
+                self._adopt_unkeyed(job.jobid, key)
             sample = self._sample(job, key) if job.running else self._final(job, key)
             self._last[key] = sample
             samples.append(sample)
@@ -71,6 +73,19 @@ class JobStatsCollector:
                 del self._unclaimed[key]
                 self._forget(key)
         return samples
+
+    def _adopt_unkeyed(self, jobid: str, key: RunKey) -> None:
+        """State saved before runs were told apart (no start time) goes to the job's run."""
+        old: RunKey = (jobid, None)
+        del self._unclaimed[old]
+        if old in self._cpu_floor:
+            self._cpu_floor[key] = self._cpu_floor.pop(old)
+        if old in self._peak_floor:
+            self._peak_floor[key] = self._peak_floor.pop(old)
+        saved = self.cpu_from_processes.export_job(_process_key(old))
+        if saved is not None:
+            self.cpu_from_processes.forget(_process_key(old))
+            self.cpu_from_processes.import_job(_process_key(key), saved)
 
     def _forget(self, key: RunKey) -> None:
         self._cpu_floor.pop(key, None)

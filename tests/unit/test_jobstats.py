@@ -150,3 +150,10 @@ def test_job_without_cpuacct_counts_the_cpu_of_its_processes(node: Node) -> None
     (sample,) = collector.collect([node.job(cgroup=CgroupFS(node.root).find_jobs()["101"])])
     hz = collector.cpu_from_processes._hz
     assert sample.cpu_seconds == pytest.approx(2 * 400 / hz)
+
+
+def test_state_saved_without_start_times_still_restores_the_floor(node: Node) -> None:
+    collector = node.collector()
+    collector.import_state({"101": {"cpu_seconds": 500.0, "memory_peak_bytes": 7}})
+    node.set_cpu(10.0)
+    assert collector.collect([node.job()])[0].cpu_seconds == pytest.approx(500.0)
