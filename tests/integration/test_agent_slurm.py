@@ -623,6 +623,18 @@ def test_requeued_job_counts_cpu_seconds_from_the_start_of_its_new_run(
         assert old_start is not None
         cluster.run(["scontrol", "requeue", str(jobid)])
         cluster.wait_state(jobid, "PENDING", timeout=30)
+        record = cluster.spool_dir / f"{jobid}.json"
+        wait_for(
+            "the first run's epilog and the end of its cgroup",
+            lambda: True
+            if cluster.job_cgroup_dir(jobid) is None
+            and (not record.exists() or json.loads(record.read_bytes())["end_time"])
+            else None,
+            timeout=30,
+        )
+        # slurmd refuses a credential issued in the same second as the kill of the first
+        # run ("Job credential revoked"); it compares whole seconds.
+        time.sleep(1.1)
         # A requeued job waits about two minutes before it may start again.
         cluster.run(["scontrol", "update", f"jobid={jobid}", "starttime=now"])
         cluster.wait_state(jobid, "RUNNING", timeout=30)
