@@ -28,8 +28,12 @@ JobID,Sluid`` (or ``%s``), ``scontrol -d show job`` (``SLUID=``),
 ``.jobs[].step_id.sluid`` of ``squeue --json`` and ``.jobs[].sluid`` of ``sacct --json``.
 
 Cost: finding jobs lists only Slurm's own levels (the ``slurm*`` / scope
-directories, their ``uid_*`` and job children); where those roots are is looked up
-again at most every ``rescan_interval`` seconds, or sooner when one vanishes.
+directories, their ``uid_*`` and job children). Where those roots are is looked up
+again every ``rescan_interval`` seconds, when one vanishes, and on every call while
+a job is new (seen, or expected by the caller, for less than ``NEW_JOB_WINDOW_S``):
+slurmd makes some v1 roots (cpuset, devices) only at the first job after it starts,
+and a new scope appears with its first job. On v1 such a call lists only the
+hierarchies that have no Slurm root yet.
 """
 
 from __future__ import annotations
@@ -80,6 +84,10 @@ _V1_UNLIMITED = 1 << 60
 _V1_PID_SOURCES = ("freezer", "cpuacct", "memory", "devices", "cpuset")
 
 _SLICE_DEPTH = 4  # how deep nested systemd slices (a.slice/a-b.slice/...) are searched
+
+# Seconds after a job is first seen (or first expected) during which every call
+# looks for Slurm roots that appeared late.
+NEW_JOB_WINDOW_S = 10.0
 
 
 class CgroupGone(Exception):
@@ -390,6 +398,11 @@ def _sum_float(values: Iterable[float | None]) -> float | None:
     return sum(present) if present else None
 
 
+def _slurm_tops(hierarchy: str) -> list[str]:
+    """The ``slurm*`` roots directly under one v1 hierarchy."""
+    return [e.path for e in _subdirs(hierarchy) if _V1_TOP_RE.fullmatch(e.name)]
+
+
 class CgroupFS:
     """Reads Slurm's job cgroups under a cgroup mount (``--cgroup-root``).
 
@@ -410,6 +423,10 @@ class CgroupFS:
         self._roots: list[tuple[frozenset[str], str]] = []  # (controllers, Slurm tree root)
         self._roots_version = 0
         self._roots_scanned_at: float | None = None
+        # v1 hierarchies (real path -> controllers) without a Slurm root at the last scan.
+        self._bare: dict[str, frozenset[str]] = {}
+        # job key -> when it was first seen or expected, while it is new.
+        self._new_since: dict[str, float] = {}
         # job key -> (what it was found as, the JobCgroup handed out for it).
         self._jobs: dict[str, tuple[object, JobCgroup]] = {}
         # v2 job dir -> (nr_descendants, leaf cgroups) when last walked.
@@ -429,11 +446,52 @@ class CgroupFS:
 
         Empty where Slurm does not use cgroups (or no slurmd has started yet).
         """
-        return tuple(Path(path) for _, path in self._current_roots())
+        return tuple(Path(path) for _, path in self._current_roots(self._clock()))
 
-    def find_jobs(self) -> dict[str, JobCgroup]:
-        """Every job with a cgroup on this node, keyed by job key (job id or SLUID)."""
-        roots = self._current_roots()
+    def find_jobs(self, expected: Iterable[str] = ()) -> dict[str, JobCgroup]:
+        """Every job with a cgroup on this node, keyed by job key (job id or SLUID).
+
+        ``expected``: keys of jobs the caller knows to run here (spool records) that
+        had no cgroup yet; while one is new, a late Slurm root is looked for.
+        """
+        now = self._clock()
+        roots = self._current_roots(now)
+        found, stale = self._list_jobs(roots)
+        new_jobs = self._track_new(now, found, expected)
+        if new_jobs and not stale and self._rescan_late_roots():
+            found, stale = self._list_jobs(self._roots)
+        if stale:
+            self._roots_scanned_at = None  # look for the roots again next time
+        return self._job_cgroups(found)
+
+    def _track_new(self, now: float, found: Mapping[str, object], expected: Iterable[str]) -> bool:
+        """Note first sightings; True while some job is new enough to look for late roots."""
+        wanted = set(found)
+        wanted.update(expected)
+        for key in wanted:
+            self._new_since.setdefault(key, now)
+        self._new_since = {k: t for k, t in self._new_since.items() if k in wanted}
+        return any(now - t < NEW_JOB_WINDOW_S for t in self._new_since.values())
+
+    def _rescan_late_roots(self) -> bool:
+        """Look for roots made after the last scan; True when the roots changed."""
+        if self._roots_version == 2:
+            roots = [(frozenset({UNIFIED}), p) for p in self._scan_v2_roots()]
+        elif self._bare:
+            roots = list(self._roots)
+            for real, names in self._bare.items():
+                roots.extend((names, p) for p in _slurm_tops(real))
+        else:
+            return False
+        if roots == self._roots:
+            return False
+        self._set_roots(roots)
+        return True
+
+    def _list_jobs(
+        self, roots: list[tuple[frozenset[str], str]]
+    ) -> tuple[dict[str, tuple[int | None, bool, dict[str, dict[str, str]]]], bool]:
+        """(job key -> (uid, is_sluid, instance -> controller -> dir), a root vanished)."""
         version = self._roots_version
         # A job has one set of directories per slurmd instance: per v1 "slurm*" name
         # (shared by all controllers) or per v2 scope.
@@ -449,8 +507,12 @@ class CgroupFS:
                 dirs = instances.setdefault(instance, {})
                 for ctrl in controllers:
                     dirs[ctrl] = job_dir
-        if stale:
-            self._roots_scanned_at = None  # look for the roots again next time
+        return found, stale
+
+    def _job_cgroups(
+        self, found: dict[str, tuple[int | None, bool, dict[str, dict[str, str]]]]
+    ) -> dict[str, JobCgroup]:
+        version = self._roots_version
         jobs: dict[str, JobCgroup] = {}
         for job_key, (uid, is_sluid, instances) in found.items():
             ordered = tuple(tuple(sorted(instances[name].items())) for name in sorted(instances))
@@ -508,8 +570,7 @@ class CgroupFS:
 
     # --- roots -------------------------------------------------------------
 
-    def _current_roots(self) -> list[tuple[frozenset[str], str]]:
-        now = self._clock()
+    def _current_roots(self, now: float) -> list[tuple[frozenset[str], str]]:
         if (
             not self._roots
             or self._roots_scanned_at is None
@@ -517,11 +578,18 @@ class CgroupFS:
         ):
             self._roots_version = self.version()
             if self._roots_version == 2:
-                self._roots = [(frozenset({UNIFIED}), p) for p in self._scan_v2_roots()]
+                self._bare = {}
+                self._set_roots([(frozenset({UNIFIED}), p) for p in self._scan_v2_roots()])
             else:
-                self._roots = self._scan_v1_roots()
+                self._set_roots(self._scan_v1_roots())
             self._roots_scanned_at = now
         return self._roots
+
+    def _set_roots(self, roots: list[tuple[frozenset[str], str]]) -> None:
+        self._roots = sorted(roots, key=lambda root: root[1])
+        if self._roots_version == 1:
+            rooted = {os.path.dirname(path) for _, path in self._roots}
+            self._bare = {real: names for real, names in self._bare.items() if real not in rooted}
 
     def _scan_v1_roots(self) -> list[tuple[frozenset[str], str]]:
         # Group mount points by their real directory: "cpu" and "cpuacct" are often
@@ -531,6 +599,7 @@ class CgroupFS:
             with os.scandir(self.root) as it:
                 entries = [e for e in it if e.is_dir()]
         except (FileNotFoundError, NotADirectoryError):
+            self._bare = {}
             return []
         for entry in entries:
             real = os.path.realpath(entry.path)
@@ -538,10 +607,12 @@ class CgroupFS:
             names.update(n for n in entry.name.split(",") if n)
             names.update(n for n in os.path.basename(real).split(",") if n)
         roots = []
+        self._bare = {}
         for real, names in sorted(hierarchies.items()):
-            for child in _subdirs(real):
-                if _V1_TOP_RE.fullmatch(child.name):
-                    roots.append((frozenset(names), child.path))
+            tops = _slurm_tops(real)
+            if not tops:
+                self._bare[real] = frozenset(names)
+            roots.extend((frozenset(names), top) for top in tops)
         return roots
 
     def _scan_v2_roots(self) -> list[str]:

@@ -194,13 +194,29 @@ class PidJobMapper:
     ) -> None:
         """See the class docstring for what each option bounds."""
         self.proc_root = Path(proc_root)
-        self.environ_fallback = environ_fallback
+        self._environ_fallback = environ_fallback
         self._max_entries = max_entries
         self._idle_seconds = idle_seconds
         self._negative_ttl = negative_ttl
         self._clock = clock
         self._cache: dict[int, _CacheEntry] = {}
         self._pruned_at = clock()
+
+    @property
+    def environ_fallback(self) -> bool:
+        """Whether a process outside every Slurm cgroup is mapped by its environment."""
+        return self._environ_fallback
+
+    @environ_fallback.setter
+    def environ_fallback(self, enabled: bool) -> None:
+        # Turned off when Slurm cgroups appear: answers taken from the (forgeable)
+        # environment must not outlive that moment, so they are dropped at once.
+        if self._environ_fallback and not enabled:
+            self._cache = {
+                pid: e for pid, e in self._cache.items()
+                if e.job is None or e.job.source != "environ"
+            }
+        self._environ_fallback = enabled
 
     def __len__(self) -> int:
         """Number of cached pids."""

@@ -29,8 +29,12 @@ from slurm_gpu_exporter.slurm import SlurmMetadata
 
 log = logging.getLogger(__name__)
 
-# A record whose cgroup was never seen is checked against Slurm after this long.
+# A record whose cgroup was never seen is checked against Slurm after this long,
+# then every NEVER_SEEN_RECHECK_S; after NEVER_SEEN_MAX_CHECKS checks in a row where
+# Slurm does not know the job (or cannot be asked) the job is taken as ended.
 NEVER_SEEN_CHECK_S = 120.0
+NEVER_SEEN_RECHECK_S = 60.0
+NEVER_SEEN_MAX_CHECKS = 5
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,9 @@ class _Tracked:
     uid_from_process: int | None = None
     discovered: bool = False  # found in cgroups before any record
     ended_at: float | None = None  # when the agent learnt the job ended (linger counts from it)
+    cgroup_ino: int | None = None  # inode of the job's cgroup: a requeued run gets another
+    next_state_check: float | None = None  # a record without a cgroup: next check with Slurm
+    failed_state_checks: int = 0  # checks in a row where Slurm did not know the job
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,9 @@ class Registry:
         # job id -> the spool file version that already expired (None: a job that had
         # no record), so that a leftover file or cgroup does not revive it
         self._expired: dict[str, _FileKey | None] = {}
+        # job id -> inode of the cgroup an expired job had: a cgroup with another one is a
+        # new run of a requeued job, not a leftover
+        self._expired_cgroups: dict[str, int] = {}
         self._spool_missing_logged = False
 
     # -- public -------------------------------------------------------------
@@ -195,8 +205,17 @@ class Registry:
     ) -> dict[str, JobCgroup] | None:
         if self.cgroups is None:
             return None
+        # Running records whose cgroup has not shown yet: their cgroup may sit under a
+        # Slurm root that appeared after the last search.
+        expected = [
+            key
+            for jobid, (_, record) in records.items()
+            if record.end_time is None and not getattr(self._jobs.get(jobid), "cgroup_seen", False)
+            for key in (jobid, record.sluid)
+            if key
+        ]
         try:
-            found = self.cgroups.find_jobs()
+            found = self.cgroups.find_jobs(expected)
         except OSError as exc:
             self.errors.count("cgroup", f"cannot scan cgroups under {self.cgroups.root}: {exc}")
             return None
@@ -234,8 +253,10 @@ class Registry:
                 if tracked.record is not None and record.end_time is None and (
                     tracked.record.start_time != record.start_time
                 ):
-                    # The job was requeued: a new prolog record.
+                    # The job was requeued: a new prolog record, a new run.
                     tracked.end_time = tracked.ended_at = None
+                    tracked.cgroup_missing_since = None
+                    tracked.failed_state_checks = 0
                 tracked.record = record
             if record.end_time is not None and tracked.end_time is None:
                 self._mark_ended(tracked, record.end_time, now)
@@ -244,16 +265,27 @@ class Registry:
         gone = [j for j in self._expired if j not in records and j not in (cgroup_jobs or {})]
         for jobid in gone:
             del self._expired[jobid]
+            self._expired_cgroups.pop(jobid, None)
         if cgroup_jobs is None:
             return
         for jobid, cgroup in cgroup_jobs.items():
             tracked = self._jobs.get(jobid)
+            if tracked is not None and tracked.end_time is not None and _is_other_cgroup(
+                cgroup, tracked.cgroup_ino
+            ):
+                tracked = self._new_run(jobid, now)
             if tracked is None:
                 if jobid in self._expired:
-                    continue  # its record expired; a cgroup left behind is not a new job
-                tracked = self._jobs[jobid] = _Tracked(jobid, first_seen=now, discovered=True)
-                log.info("job %s found in cgroups without a spool record (agent started "
-                         "late or prolog not installed); tracking it", jobid)
+                    if not _is_other_cgroup(cgroup, self._expired_cgroups.get(jobid)):
+                        continue  # its record expired; a cgroup left behind is not a new job
+                    tracked = self._new_run(jobid, now)
+                else:
+                    tracked = self._jobs[jobid] = _Tracked(jobid, first_seen=now,
+                                                           discovered=True)
+                    log.info("job %s found in cgroups without a spool record (agent started "
+                             "late or prolog not installed); tracking it", jobid)
+            if tracked.cgroup_ino is None:
+                tracked.cgroup_ino = _cgroup_ino(cgroup)
             tracked.cgroup = cgroup
             tracked.cgroup_seen = True
             tracked.cgroup_missing_since = None
@@ -271,6 +303,22 @@ class Registry:
                     self._mark_ended(tracked, tracked.cgroup_missing_since, now)
                     log.info("job %s: cgroup gone without an epilog; marked ended", tracked.jobid)
 
+    def _new_run(self, jobid: str, now: float) -> _Tracked:
+        """A job that ended here runs again in a new cgroup: it was requeued onto this node.
+
+        Slurm 22.05 runs no prolog for such a run, so the ended run's record stays as it
+        is: it is set aside (a new prolog record would still be taken), and Slurm is asked
+        again for the new run's start time.
+        """
+        cached = self._files.get(jobid + spool.RECORD_SUFFIX)
+        if cached is not None and cached[1] is not None:
+            self._expired[jobid] = cached[0]
+        self._expired_cgroups.pop(jobid, None)
+        self.metadata.drop(jobid)
+        log.info("job %s runs again in a new cgroup (requeued); tracking its new run", jobid)
+        tracked = self._jobs[jobid] = _Tracked(jobid, first_seen=now, discovered=True)
+        return tracked
+
     @staticmethod
     def _mark_ended(tracked: _Tracked, end_time: float, now: float) -> None:
         """The job ended at ``end_time``; it lingers from ``now``, when the agent learnt it,
@@ -283,24 +331,49 @@ class Registry:
         # The prolog never knows the job name, and 22.05 gives it no account either:
         # every job is looked up once (the answer is cached for its life).
         need = [t.jobid for t in running]
-        check_state = [
-            t.jobid for t in running
-            if t.record is not None and not t.cgroup_seen and self.cgroups is not None
-            and now - t.first_seen >= NEVER_SEEN_CHECK_S
-        ]
-        failed = self.metadata.refresh(need, force_state=check_state)
+        check_state = [t for t in running if self._state_check_due(t, now)]
+        failed = self.metadata.refresh(need, force_state=[t.jobid for t in check_state])
         for _ in range(failed):
             self.errors.count("slurm", "a Slurm look-up failed (see the log line above)",
                               log_it=False)
-        for jobid in check_state:
-            info = self.metadata.get(jobid)
-            if info is not None and info.finished:
-                self._mark_ended(self._jobs[jobid], now, now)
-                log.info("job %s: Slurm reports it %s and it never had a cgroup here; "
-                         "marked ended", jobid, info.state)
+        for tracked in check_state:
+            self._check_state(tracked, now)
         for tracked in running:
             if tracked.record is None and tracked.uid_from_process is None:
                 tracked.uid_from_process = self._uid_from_processes(tracked)
+
+    def _state_check_due(self, tracked: _Tracked, now: float) -> bool:
+        """A record whose cgroup never showed is due for a check with Slurm."""
+        if tracked.record is None or tracked.cgroup_seen or self.cgroups is None:
+            return False
+        if tracked.next_state_check is None:
+            tracked.next_state_check = tracked.first_seen + NEVER_SEEN_CHECK_S
+        if now < tracked.next_state_check:
+            return False
+        tracked.next_state_check = now + NEVER_SEEN_RECHECK_S
+        return True
+
+    def _check_state(self, tracked: _Tracked, now: float) -> None:
+        """End a job without a cgroup that Slurm reports finished, or keeps not knowing."""
+        answered = tracked.jobid in self.metadata.last_answers
+        info = self.metadata.last_answers.get(tracked.jobid)
+        if info is not None and info.finished:
+            self._mark_ended(tracked, now, now)
+            log.info("job %s: Slurm reports it %s and it never had a cgroup here; "
+                     "marked ended", tracked.jobid, info.state)
+            return
+        if info is not None:
+            tracked.failed_state_checks = 0  # Slurm still runs it: keep waiting
+            return
+        if not answered and not self.metadata.unreachable:
+            return  # not asked this time (too many look-ups at once): not a failed check
+        tracked.failed_state_checks += 1
+        if tracked.failed_state_checks < NEVER_SEEN_MAX_CHECKS:
+            return
+        self._mark_ended(tracked, now, now)
+        why = "Slurm no longer knows it" if answered else "Slurm could not be asked"
+        log.warning("job %s: never had a cgroup here and %s after %d checks; marked ended",
+                    tracked.jobid, why, tracked.failed_state_checks)
 
     def _uid_from_processes(self, tracked: _Tracked) -> int | None:
         if tracked.cgroup is None:
@@ -339,6 +412,8 @@ class Registry:
                     dir_fd = None
             for tracked in expired:
                 del self._jobs[tracked.jobid]
+                if tracked.cgroup_ino is not None:
+                    self._expired_cgroups[tracked.jobid] = tracked.cgroup_ino
                 cached = self._files.get(tracked.jobid + spool.RECORD_SUFFIX)
                 if cached is not None and cached[1] is not None:
                     self._expired[tracked.jobid] = cached[0]
@@ -355,8 +430,10 @@ class Registry:
         try:
             spool.remove_record(dir_fd, jobid)
         except OSError as exc:
-            # Not fatal: the expired version is remembered and ignored.
-            log.debug("cannot remove spool record of job %s: %s", jobid, exc.strerror)
+            # Not fatal: the expired version is remembered and ignored, and removal is
+            # not tried again, so this is said once per record.
+            log.warning("cannot remove the expired spool record of job %s: %s; it is "
+                        "ignored from now on, remove it by hand", jobid, exc.strerror)
 
     # -- output -------------------------------------------------------------
 
@@ -401,6 +478,24 @@ class Registry:
                 source="cgroup",
             )
         return replace(job, end_time=tracked.end_time, cgroup=tracked.cgroup)
+
+
+def _cgroup_ino(cgroup: JobCgroup) -> int | None:
+    """Inode of one of the job's cgroup directories: a re-created cgroup gets a new one."""
+    for path in sorted(cgroup.dirs.values()):
+        try:
+            return os.stat(path).st_ino
+        except OSError:
+            continue
+    return None
+
+
+def _is_other_cgroup(cgroup: JobCgroup, known_ino: int | None) -> bool:
+    """True when ``cgroup`` is not the directory the job had (which may be left behind)."""
+    if known_ino is None:
+        return False
+    ino = _cgroup_ino(cgroup)
+    return ino is not None and ino != known_ino
 
 
 def _user_name(uid: int | None) -> str:

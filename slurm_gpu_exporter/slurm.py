@@ -1,11 +1,13 @@
 """The Slurm adapter: job metadata by job id, for what the prolog could not tell.
 
-pyslurm is used when it imports and its version matches the local Slurm
-(pyslurm's major.minor follows Slurm's); otherwise the Slurm CLI:
-``scontrol -o -d show job <id>`` for jobs the controller still knows, then
-``sacct`` for finished ones. Results are cached for the job's life, failures are
-retried after a back-off, and every call has a timeout: the adapter runs in
-the sampler thread, never on a scrape.
+With ``--slurm-lookup auto`` pyslurm is used when it imports and its version
+matches the local Slurm (pyslurm's major.minor follows Slurm's: pyslurm 22.5.x
+for Slurm 22.05, as ``scontrol --version`` prints it); otherwise, and with
+``--slurm-lookup cli``, the Slurm CLI: ``scontrol -o -d show job <id>`` for jobs
+the controller still knows, then ``sacct`` for finished ones. Both paths fill the
+same fields; SLUIDs and jobs the controller forgot go through the CLI on both.
+Results are cached for the job's life, failures are retried after a back-off, and
+every call has a timeout: the adapter runs in the sampler thread, never on a scrape.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import logging
 import re
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from types import ModuleType
 
 log = logging.getLogger(__name__)
 
@@ -239,24 +243,107 @@ class SlurmCli:
         return proc.stdout
 
 
+def release(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a Slurm or pyslurm version: ``22.05.8`` and ``22.5.1`` -> (22, 5)."""
+    m = re.match(r"\s*(?:slurm\s+)?(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def pyslurm_matches(pyslurm_version: str, slurm_version: str) -> bool:
+    """Whether a pyslurm build belongs to the local Slurm release (same major.minor)."""
+    ours = release(pyslurm_version)
+    return ours is not None and ours == release(slurm_version)
+
+
+def local_slurm_version(bindir: str | None = None) -> str | None:
+    """The local Slurm release as ``scontrol --version`` prints it, or None."""
+    scontrol = shutil.which("scontrol", path=bindir)
+    if not scontrol:
+        return None
+    try:
+        out = SlurmCli._run([scontrol, "--version"])
+    except RuntimeError:
+        return None
+    return out.strip() or None
+
+
+def _gpu_indices_from_layout(gres: object) -> str:
+    """GPU indices from one node of pyslurm's ``get_resource_layout_per_node()``.
+
+    Its ``gres`` maps ``gpu[:type]`` to ``{"count": n, "indexes": "0,2-3"}``.
+    """
+    if not isinstance(gres, dict):
+        return ""
+    parts = []
+    for name, value in gres.items():
+        if str(name).split(":")[0] != "gpu" or not isinstance(value, dict):
+            continue
+        indexes = str(value.get("indexes") or "")
+        if indexes:
+            parts.append(f"gpu:1(IDX:{indexes})")
+    return gres_indices(",".join(parts))
+
+
 class PySlurm:
-    """Job look-ups through pyslurm (the >= 22.5 object API)."""
+    """Job look-ups through pyslurm (the >= 22.5 object API), bounded by CLI_TIMEOUT_S.
 
-    def __init__(self, node: str) -> None:
-        import pyslurm  # optional: only where it matches the local Slurm
+    SLUIDs, and jobs the controller no longer knows (sacct), go through the CLI.
+    """
 
-        self.node = node
-        self._pyslurm = pyslurm
+    def __init__(self, node: str, pyslurm: ModuleType, cli: SlurmCli) -> None:
         if not hasattr(pyslurm, "Job"):
             raise RuntimeError("this pyslurm has no Job API (pyslurm >= 22.5 needed)")
+        self.node = node
+        self._pyslurm = pyslurm
+        self._cli = cli
+        self._hung: threading.Thread | None = None
 
     def __call__(self, jobid: str) -> SlurmJobInfo | None:
+        """Look a job up by job id; a SLUID or a job the controller forgot goes to the CLI."""
+        if not jobid.isdigit():
+            return self._cli(jobid)
+        info = self._bounded(jobid)
+        return info if info is not None else self._cli(jobid)
+
+    def _bounded(self, jobid: str) -> SlurmJobInfo | None:
+        """_load in a daemon thread, waited for no longer than a CLI call.
+
+        A libslurm call cannot be interrupted: a hung one is left behind (it cannot
+        hold up the agent's exit), and no new one starts until it has returned.
+        """
+        if self._hung is not None and self._hung.is_alive():
+            raise RuntimeError("pyslurm has not returned from an earlier call yet")
+        result: dict[str, object] = {}
+
+        def run() -> None:
+            try:
+                result["info"] = self._load(jobid)
+            except Exception as exc:
+                result["error"] = exc
+
+        thread = threading.Thread(target=run, name="pyslurm", daemon=True)
+        thread.start()
+        thread.join(CLI_TIMEOUT_S)
+        if thread.is_alive():
+            self._hung = thread
+            raise RuntimeError(f"pyslurm did not answer within {CLI_TIMEOUT_S:g} s")
+        if "error" in result:
+            raise RuntimeError(str(result["error"]))
+        return result.get("info")  # type: ignore[return-value]
+
+    def _load(self, jobid: str) -> SlurmJobInfo | None:
         try:
             job = self._pyslurm.Job.load(int(jobid))
-        except self._pyslurm.RPCError as exc:
+        except Exception as exc:
             if "Invalid job id" in str(exc):
                 return None
             raise RuntimeError(f"pyslurm: {exc}") from None
+        try:
+            layout = job.get_resource_layout_per_node() or {}
+        except Exception:
+            layout = {}
+        node = layout.get(self.node) if isinstance(layout, dict) else None
+        start = getattr(job, "start_time", None)
         return SlurmJobInfo(
             jobid=jobid,
             uid=getattr(job, "user_id", None),
@@ -268,23 +355,57 @@ class PySlurm:
             state=str(getattr(job, "state", "") or ""),
             array_job_id=str(getattr(job, "array_id", "") or ""),
             array_task_id=str(getattr(job, "array_task_id", "") or ""),
+            job_gpus=_gpu_indices_from_layout(node.get("gres") if isinstance(node, dict) else None),
+            start_time=float(start) if isinstance(start, int | float) and start > 0 else None,
         )
 
 
-def make_lookup(node: str, prefer_pyslurm: bool = True) -> JobLookup | None:
-    """The best available job look-up for this node, or None when Slurm is not reachable."""
-    if prefer_pyslurm:
-        try:
-            return PySlurm(node)
-        except Exception as exc:  # ImportError, a libslurm mismatch, an old API
-            log.debug("pyslurm not usable (%s); using the Slurm CLI", exc)
+def _import_pyslurm() -> ModuleType:
+    import pyslurm  # optional: only where it matches the local Slurm
+
+    return pyslurm
+
+
+def make_lookup(
+    node: str,
+    prefer_pyslurm: bool = True,
+    *,
+    import_pyslurm: Callable[[], ModuleType] = _import_pyslurm,
+    bindir: str | None = None,
+) -> JobLookup | None:
+    """The job look-up for this node, or None when Slurm is not reachable.
+
+    ``prefer_pyslurm`` (``--slurm-lookup auto``): pyslurm when it imports and its
+    release is the local Slurm's; otherwise the CLI.
+    """
     try:
-        return SlurmCli(node)
+        cli = SlurmCli(node, bindir)
     except RuntimeError as exc:
         log.warning("Slurm metadata look-ups disabled: %s. Jobs found only in cgroups "
                     "will lack account/partition; install the Slurm client commands "
                     "to fill them.", exc)
         return None
+    if not prefer_pyslurm:
+        return cli
+    try:
+        pyslurm = import_pyslurm()
+    except Exception as exc:  # ImportError, or a libslurm it was not built against
+        log.info("Slurm look-ups through the Slurm CLI (pyslurm not importable: %s)", exc)
+        return cli
+    version = str(getattr(pyslurm, "__version__", ""))
+    slurm_version = local_slurm_version(bindir) or ""
+    if not pyslurm_matches(version, slurm_version):
+        log.warning("pyslurm %s does not match the local Slurm (%s); using the Slurm CLI "
+                    "for look-ups", version or "of unknown version", slurm_version or
+                    "version unknown")
+        return cli
+    try:
+        lookup = PySlurm(node, pyslurm, cli)
+    except RuntimeError as exc:
+        log.warning("%s; using the Slurm CLI for look-ups", exc)
+        return cli
+    log.info("Slurm look-ups through pyslurm %s (Slurm %s)", version, slurm_version)
+    return lookup
 
 
 class SlurmMetadata:
@@ -303,10 +424,17 @@ class SlurmMetadata:
         # After a failure no call is made until then: a controller that hangs costs
         # one timeout per back-off period, not one per job per sample.
         self._paused_until = 0.0
+        # What the last refresh learnt: job id -> its info, None where Slurm does not know it.
+        self.last_answers: dict[str, SlurmJobInfo | None] = {}
 
     @property
     def available(self) -> bool:
         return self._lookup is not None
+
+    @property
+    def unreachable(self) -> bool:
+        """True while look-ups are paused after a failure (or there is no way to ask)."""
+        return self._lookup is None or self._clock() < self._paused_until
 
     def get(self, jobid: str) -> SlurmJobInfo | None:
         return self._known.get(jobid)
@@ -317,6 +445,7 @@ class SlurmMetadata:
         At most ``max_per_refresh`` calls per refresh so a burst of unknown jobs cannot
         stall a sample.
         """
+        self.last_answers = {}
         if self._lookup is None:
             return 0
         now = self._clock()
@@ -339,14 +468,22 @@ class SlurmMetadata:
                 log.warning("Slurm look-up of job %s failed: %s (no look-ups for %.0f s)",
                             jobid, exc, RETRY_AFTER_S)
                 break
+            self.last_answers[jobid] = info
             if info is not None:
                 self._known[jobid] = info
+            elif jobid in forced:
+                self._known.pop(jobid, None)  # Slurm forgot it: the old answer is stale
             # Unknown jobs are asked again later; so are state re-checks, never every sample.
             if info is None or jobid in forced:
                 self._retry_at[jobid] = now + RETRY_AFTER_S
             else:
                 self._retry_at.pop(jobid, None)
         return errors
+
+    def drop(self, jobid: str) -> None:
+        """Forget one job's answer, so that the next refresh asks again (a new run)."""
+        self._known.pop(jobid, None)
+        self._retry_at.pop(jobid, None)
 
     def forget(self, keep: Iterable[str]) -> None:
         """Drop cached entries of jobs no longer tracked."""

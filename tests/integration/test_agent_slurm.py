@@ -596,20 +596,66 @@ def restart_and_compare(
     return before, after, grown
 
 
+# -- requeues ------------------------------------------------------------------------
+
+
 @pytest.mark.slurm
-def test_agent_restart_mid_job_never_lowers_cpu_seconds(
+def test_requeued_job_counts_cpu_seconds_from_the_start_of_its_new_run(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
+    """A job requeued onto the same node keeps its id; its new run counts from zero.
+
+    Counters kept by job id alone stay flat at the first run's total until the new
+    run's own CPU time passes it.
+    """
     cluster = slurm_cluster
-    with running_job(cluster, burn_script(30)) as jobid:
-        before, after, grown = restart_and_compare(
-            cluster,
-            tmp_path,
-            jobid,
-            lambda s: (s.job("slurm_job_cpu_seconds_total", jobid) or 0) > 0.5,
+    with (
+        running_agent(cluster, tmp_path) as agent,
+        running_job(cluster, burn_script(60), extra_args=["--requeue"]) as jobid,
+    ):
+        first = wait_scrape(
+            agent,
+            "3 s of CPU in the first run",
+            lambda s: (s.job("slurm_job_cpu_seconds_total", jobid) or 0) >= 3.0,
+            timeout=30,
         )
-        assert after >= before, f"restart lowered the counter: {before} -> {after}"
-        assert grown > after
+        old_start = first.job("slurm_job_start_time_seconds", jobid)
+        assert old_start is not None
+        cluster.run(["scontrol", "requeue", str(jobid)])
+        cluster.wait_state(jobid, "PENDING", timeout=30)
+        record = cluster.spool_dir / f"{jobid}.json"
+        wait_for(
+            "the first run's epilog and the end of its cgroup",
+            lambda: True
+            if cluster.job_cgroup_dir(jobid) is None
+            and (not record.exists() or json.loads(record.read_bytes())["end_time"])
+            else None,
+            timeout=30,
+        )
+        # slurmd refuses a credential issued in the same second as the kill of the first
+        # run ("Job credential revoked"); it compares whole seconds.
+        time.sleep(1.1)
+        # A requeued job waits about two minutes before it may start again.
+        cluster.run(["scontrol", "update", f"jobid={jobid}", "starttime=now"])
+        cluster.wait_state(jobid, "RUNNING", timeout=30)
+        cluster.wait_for_process(jobid, step="batch", timeout=15)
+
+        def new_run(s: Scrape) -> bool:
+            start = s.job("slurm_job_start_time_seconds", jobid) or 0
+            return start > old_start and (s.job("slurm_job_processes", jobid) or 0) > 0
+
+        s1 = wait_scrape(agent, "the new run's processes", new_run, timeout=20)
+        new_start = s1.job("slurm_job_start_time_seconds", jobid)
+        cpu1 = s1.job("slurm_job_cpu_seconds_total", jobid)
+        assert new_start is not None and cpu1 is not None
+        # One CPU: the new run cannot have used more CPU time than wall time since it began.
+        assert cpu1 <= s1.at - new_start + INTERVAL, (
+            f"the new run shows {cpu1:.2f} s of CPU {s1.at - new_start:.2f} s after its start "
+            "(the first run's total carried over)"
+        )
+        s2 = wait_samples(agent, 3)
+        cpu2 = s2.job("slurm_job_cpu_seconds_total", jobid)
+        assert cpu2 is not None and cpu2 > cpu1, (cpu1, cpu2)
 
 
 # -- a node without cpuacct job cgroups ---------------------------------------------------

@@ -17,6 +17,7 @@ from slurm_gpu_exporter.cgroups import (
     parse_cgroup_path,
     parse_cpu_list,
 )
+from tests.support import require
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 LAYOUTS = FIXTURES / "cgroup-layouts"
@@ -290,18 +291,51 @@ def test_node_without_slurm_cgroups_has_no_jobs(tmp_path: Path) -> None:
     assert CgroupFS(tmp_path / "missing").find_jobs() == {}
 
 
-def test_new_job_is_found_at_once_but_roots_are_searched_only_on_rescan(tmp_path: Path) -> None:
-    # Per call, find_jobs lists only Slurm's own directories; where they are is
-    # looked up again only every rescan_interval seconds.
+def test_scope_that_appears_with_a_new_job_is_read_from_the_next_call_on(
+    tmp_path: Path,
+) -> None:
+    # A second stepd scope (another CgroupSlice, another slurmd) appears after the
+    # agent started: its jobs are found at once, not after rescan_interval.
     now = [0.0]
     root = layout_copy(tmp_path, "v2-system-slice")
     fs = CgroupFS(root, rescan_interval=60.0, clock=lambda: now[0])
     assert set(fs.find_jobs()) == {"401", "402"}
-    (root / "system.slice/slurmstepd.scope/job_403").mkdir()
+    now[0] = 30.0  # the jobs above are no longer new
     (root / "other.slice/slurmstepd.scope/job_900").mkdir(parents=True)
-    assert set(fs.find_jobs()) == {"401", "402", "403"}
+    assert set(fs.find_jobs(expected=["900"])) == {"401", "402", "900"}
+    assert Path(root / "other.slice/slurmstepd.scope") in fs.slurm_roots()
+
+
+def test_v1_root_made_at_the_first_job_is_read_from_the_next_call_on(tmp_path: Path) -> None:
+    # slurmd makes slurm_<node> in cpuset and devices only at the first job after it
+    # starts: that job's CPUs must be read from the next sample, not a minute later.
+    now = [0.0]
+    root = layout_copy(tmp_path, "v1-slurm")
+    late = root / "cpuset" / "slurm"
+    moved = tmp_path / "cpuset-slurm"
+    late.rename(moved)
+    fs = CgroupFS(root, rescan_interval=60.0, clock=lambda: now[0])
+    job = fs.find_jobs()["101"]
+    assert "cpuset" not in job.dirs and fs.read_stats(job).cpus is None
+    now[0] = 1.0
+    moved.rename(late)
+    job = fs.find_jobs()["101"]
+    assert job.dirs["cpuset"] == late / "uid_1000" / "job_101"
+    assert fs.read_stats(job).cpus == 5  # 0-3,8
+
+
+def test_roots_are_not_searched_again_while_no_job_is_new(tmp_path: Path) -> None:
+    # Searching for roots costs a walk of the systemd slices: once every job is
+    # older than the new-job window, only rescan_interval brings a new search.
+    now = [0.0]
+    root = layout_copy(tmp_path, "v2-system-slice")
+    fs = CgroupFS(root, rescan_interval=60.0, clock=lambda: now[0])
+    assert set(fs.find_jobs()) == {"401", "402"}
+    now[0] = 30.0
+    (root / "other.slice/slurmstepd.scope/job_900").mkdir(parents=True)
+    assert set(fs.find_jobs()) == {"401", "402"}  # nothing new is expected
     now[0] = 61.0
-    assert set(fs.find_jobs()) == {"401", "402", "403", "900"}
+    assert set(fs.find_jobs()) == {"401", "402", "900"}
 
 
 def test_vanished_root_triggers_a_new_search(tmp_path: Path) -> None:
@@ -493,8 +527,10 @@ def test_step_that_ends_during_the_walk_is_skipped(tmp_path: Path) -> None:
 
 
 def _real_capture() -> tuple[Path, str]:
-    if not (REAL / "cgroup").is_dir() or not (REAL / "capture.txt").is_file():
-        pytest.skip("no captured Slurm 22.05 tree in tests/fixtures/slurm-22.05")
+    require(
+        (REAL / "cgroup").is_dir() and (REAL / "capture.txt").is_file(),
+        "no captured Slurm 22.05 tree in tests/fixtures/slurm-22.05",
+    )
     m = re.search(r"^job: (\d+)$", (REAL / "capture.txt").read_text(), re.MULTILINE)
     assert m, "capture.txt names the job"
     return REAL / "cgroup", m.group(1)
@@ -517,12 +553,15 @@ def test_real_v1_tree_is_found_with_node_prefix_and_uid() -> None:
 
 def test_real_v1_step_dirs_all_parse_to_the_job() -> None:
     root, job_id = _real_capture()
+    steps = set()
     for dirpath, _, _ in os.walk(root):
         rel = Path(dirpath).relative_to(root).parts[1:]  # drop the controller
         if len(rel) >= 4:  # slurm_<node>/uid_<uid>/job_<id>/step_<s>...
             ref = parse_cgroup_path("/" + "/".join(rel))
             assert ref is not None and ref.job_key == job_id, dirpath
             assert ref.step is not None
+            steps.add(ref.step)
+    assert {"batch", "extern", "0"} <= steps, steps
 
 
 def test_real_v1_stats_are_read() -> None:

@@ -22,6 +22,7 @@ from slurm_gpu_exporter.procfs import (
     read_stat,
     read_uid,
 )
+from tests.support import require
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
 
@@ -184,6 +185,20 @@ def test_mapper_ignores_environ_when_the_fallback_is_off(tmp_path: Path) -> None
     assert PidJobMapper(tmp_path, environ_fallback=False).job_of(105) is None
 
 
+def test_environ_answer_does_not_outlive_the_appearance_of_slurm_cgroups(tmp_path: Path) -> None:
+    # Mapped through its (forgeable) environment while the node had no Slurm
+    # cgroups; once they appear the sampler turns the fallback off and the cached
+    # answer must go with it, not be served while the process lives.
+    make_proc(tmp_path, 105, cgroup=OUTSIDE_LINES, environ={"SLURM_JOB_ID": "77"})
+    make_proc(tmp_path, 108, cgroup=v1_cgroup(31))
+    mapper = PidJobMapper(tmp_path, clock=lambda: 0.0)
+    assert mapper.job_of(105) == PidJob("77", None, False, "environ")
+    assert mapper.job_of(108) == PidJob("31", "0", False, "cgroup")
+    mapper.environ_fallback = False
+    assert mapper.job_of(105) is None
+    assert mapper.job_of(108) == PidJob("31", "0", False, "cgroup")
+
+
 @pytest.mark.parametrize("value", ["", "abc", "12x", "-3", "0", "012"])
 def test_mapper_rejects_malformed_environ_job_id(tmp_path: Path, value: str) -> None:
     make_proc(tmp_path, 106, environ={"SLURM_JOB_ID": value})
@@ -329,8 +344,10 @@ def test_accumulator_keeps_jobs_apart_and_forgets(tmp_path: Path) -> None:
 
 
 def _real_proc() -> tuple[Path, str]:
-    if not (REAL / "proc").is_dir() or not (REAL / "capture.txt").is_file():
-        pytest.skip("no captured Slurm 22.05 processes in tests/fixtures/slurm-22.05")
+    require(
+        (REAL / "proc").is_dir() and (REAL / "capture.txt").is_file(),
+        "no captured Slurm 22.05 processes in tests/fixtures/slurm-22.05",
+    )
     m = re.search(r"^job: (\d+)$", (REAL / "capture.txt").read_text(), re.MULTILINE)
     assert m, "capture.txt names the job"
     return REAL / "proc", m.group(1)

@@ -160,6 +160,54 @@ def test_requeued_job_with_a_new_prolog_record_runs_again(node: Node) -> None:
     assert registry.refresh()[0].running
 
 
+@pytest.mark.parametrize("linger_first", [False, True])
+def test_job_requeued_onto_this_node_without_a_prolog_runs_again_with_its_new_start(
+    node: Node, linger_first: bool
+) -> None:
+    # Slurm 22.05 runs no prolog for a batch job requeued onto the node it ran on: the
+    # new run shows only as a new cgroup under the same job id, while the record still
+    # says the first run ended. It must not be taken for a leftover of the first run.
+    clock = Clock()
+    starts = {"17": 1.0}
+
+    def lookup(jobid: str) -> SlurmJobInfo:
+        return SlurmJobInfo(jobid=jobid, state="RUNNING", start_time=starts[jobid])
+
+    node.record("17", start_time=1.0)
+    node.start_cgroup("17")
+    registry = make_registry(node, clock, lookup)
+    (job,) = registry.refresh()
+    assert job.running and job.start_time == 1.0
+    node.record("17", start_time=1.0, end_time=clock.now)  # the epilog of the first run
+    for ctrl in ("memory", "freezer"):  # kept aside: the new cgroup gets another inode
+        old = node.cgroup_root / ctrl / "slurm_node1" / "uid_1001" / "job_17"
+        old.rename(old.with_name("old_17"))
+    clock.now += 1
+    (job,) = registry.refresh()
+    assert not job.running
+    if linger_first:
+        clock.now += 61
+        assert registry.refresh() == []
+    starts["17"] = clock.now + 1
+    node.start_cgroup("17")
+    clock.now += 2
+    (job,) = registry.refresh()
+    assert job.running and job.start_time == starts["17"] and job.cgroup is not None
+
+
+def test_leftover_cgroup_of_an_ended_job_does_not_restart_it(node: Node) -> None:
+    clock = Clock()
+    node.record("18", start_time=1.0)
+    node.start_cgroup("18")
+    registry = make_registry(node, clock)
+    registry.refresh()
+    node.record("18", start_time=1.0, end_time=clock.now)
+    clock.now += 1
+    for _ in range(3):
+        (job,) = registry.refresh()
+        assert not job.running
+
+
 def test_hostile_spool_files_are_skipped_counted_once_and_others_unaffected(node: Node) -> None:
     node.record("20", start_time=1.0)
     (node.spool_dir / "21.json").write_text("{not json")
@@ -209,6 +257,77 @@ def test_record_never_seen_in_cgroups_ends_when_slurm_says_so(node: Node) -> Non
     assert registry.refresh()[0].running, "state is re-checked after a back-off, not per sample"
     clock.now += 31
     assert not registry.refresh()[0].running
+
+
+def _never_seen_job_after(registry: Registry, clock: Clock, minutes: int) -> bool:
+    """Whether job 41 still runs after ``minutes`` of one sample a second."""
+    for _ in range(minutes * 60):
+        clock.now += 1
+        jobs = registry.refresh()
+    return bool(jobs) and jobs[0].running
+
+
+def test_record_never_seen_in_cgroups_ends_once_slurm_no_longer_knows_it(node: Node) -> None:
+    # A prolog ran, the job never got a cgroup here, and the controller forgot it:
+    # without a bound the record stays "running" for ever.
+    clock = Clock()
+    node.record("41", start_time=1.0)
+    asked: list[str] = []
+
+    def lookup(jobid: str) -> SlurmJobInfo | None:
+        asked.append(jobid)
+        return None
+
+    registry = make_registry(node, clock, lookup)
+    registry.refresh()
+    assert _never_seen_job_after(registry, clock, 2)
+    assert not _never_seen_job_after(registry, clock, 10)
+    # About one look-up a minute over 12 minutes of samples, not one per sample.
+    assert len(asked) <= 13, len(asked)
+
+
+def test_record_never_seen_in_cgroups_ends_when_slurm_lookups_keep_failing(node: Node) -> None:
+    clock = Clock()
+    node.record("41", start_time=1.0)
+
+    def lookup(jobid: str) -> SlurmJobInfo | None:
+        raise RuntimeError("scontrol did not answer within 5 s")
+
+    registry = make_registry(node, clock, lookup)
+    registry.refresh()
+    assert not _never_seen_job_after(registry, clock, 10)
+
+
+def test_record_never_seen_in_cgroups_stays_while_slurm_reports_it_running(node: Node) -> None:
+    clock = Clock()
+    node.record("41", start_time=1.0)
+
+    def lookup(jobid: str) -> SlurmJobInfo | None:
+        return SlurmJobInfo(jobid=jobid, state="RUNNING")
+
+    registry = make_registry(node, clock, lookup)
+    registry.refresh()
+    assert _never_seen_job_after(registry, clock, 15)
+
+
+def test_expired_record_that_cannot_be_deleted_is_logged_at_warning_once(
+    node: Node, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    node.record("42", start_time=1.0, end_time=clock.now)
+
+    def refuse(dir_fd: int, jobid: str) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(spool, "remove_record", refuse)
+    registry = make_registry(node, clock)
+    registry.refresh()
+    for _ in range(5):
+        clock.now += 61
+        assert registry.refresh() == []
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "42" in r.message]
+    assert len(warnings) == 1, [r.message for r in caplog.records]
+    assert "Permission denied" in warnings[0].message
 
 
 def _v2_sluid_node(root: Path, sluid: str) -> Path:

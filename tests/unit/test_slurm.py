@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
+from types import ModuleType
 
+import pytest
+
+from slurm_gpu_exporter import slurm
 from slurm_gpu_exporter.slurm import (
+    PySlurm,
+    SlurmCli,
     SlurmJobInfo,
     SlurmMetadata,
     expand_hostlist,
     gres_indices,
+    make_lookup,
     parse_sacct,
     parse_scontrol_job,
     parse_scontrol_line,
+    pyslurm_matches,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05"
@@ -88,3 +98,134 @@ def test_at_most_a_few_lookups_per_refresh() -> None:
     meta = SlurmMetadata(lambda j: calls.append(j) or None, max_per_refresh=3)  # type: ignore[func-returns-value]
     meta.refresh([str(i) for i in range(1, 20)])
     assert len(calls) == 3
+
+
+# --- which look-up a node gets (--slurm-lookup auto) -----------------------------------
+
+SLUID = "sEKNKTV3WPV500"
+
+
+def fake_scontrol(tmp_path: Path, version: str = "slurm 22.05.8") -> str:
+    """A bindir whose scontrol prints ``version`` and one job carrying a SLUID."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    line = (f"JobId=77 JobName=train UserId=alice(1001) Account=phys JobState=RUNNING "
+            f"Partition=gpu StartTime=2026-01-02T03:04:05 SLUID={SLUID} Nodes=node1 "
+            "CPU_IDs=0-1 Mem=100 GRES=gpu:a100:2(IDX:0,2)")
+    script = bindir / "scontrol"
+    script.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "{version}"; '
+                      f'else echo "{line}"; fi\n')
+    script.chmod(0o755)
+    return str(bindir)
+
+
+class FakeJob:
+    """What pyslurm.Job.load returns, with the attributes the look-up reads."""
+
+    user_id = 1001
+    user_name = "alice"
+    account = "phys"
+    partition = "gpu"
+    cluster = "c1"
+    name = "train"
+    state = "RUNNING"
+    array_id = None
+    array_task_id = None
+    start_time = 1_767_323_045
+
+    def get_resource_layout_per_node(self) -> dict[str, object]:
+        return {"node1": {"cpu_ids": "0-1", "memory": 100,
+                          "gres": {"gpu:a100": {"count": 2, "indexes": "0,2"}}},
+                "node2": {"cpu_ids": "0", "memory": 100,
+                          "gres": {"gpu:a100": {"count": 1, "indexes": "3"}}}}
+
+
+def fake_pyslurm(version: str, load: object = None) -> ModuleType:
+    module = ModuleType("pyslurm")
+    module.__version__ = version  # type: ignore[attr-defined]
+
+    class Job:
+        @staticmethod
+        def load(jobid: int) -> object:
+            return load() if callable(load) else FakeJob()
+
+    module.Job = Job  # type: ignore[attr-defined]
+    return module
+
+
+@pytest.mark.parametrize(
+    ("pyslurm_version", "slurm_version", "matches"),
+    [
+        ("22.5.1", "slurm 22.05.8", True),
+        ("23.2.2", "slurm 23.02.7", True),
+        ("24.11.0", "slurm 24.11.1", True),
+        ("23.2.2", "slurm 22.05.8", False),
+        ("22.5.1", "slurm 23.05.0", False),
+        ("", "slurm 22.05.8", False),
+        ("22.5.1", "", False),
+    ],
+)
+def test_pyslurm_is_used_only_for_the_local_slurm_release(
+    pyslurm_version: str, slurm_version: str, matches: bool
+) -> None:
+    assert pyslurm_matches(pyslurm_version, slurm_version) is matches
+
+
+def test_auto_does_not_use_a_pyslurm_built_for_another_slurm(tmp_path: Path) -> None:
+    bindir = fake_scontrol(tmp_path, "slurm 22.05.8")
+    lookup = make_lookup("node1", True, import_pyslurm=lambda: fake_pyslurm("23.2.2"),
+                         bindir=bindir)
+    assert isinstance(lookup, SlurmCli)
+
+
+def test_auto_uses_the_cli_when_pyslurm_does_not_import(tmp_path: Path) -> None:
+    def missing() -> ModuleType:
+        raise ImportError("libslurm.so.38: cannot open shared object file")
+
+    lookup = make_lookup("node1", True, import_pyslurm=missing, bindir=fake_scontrol(tmp_path))
+    assert isinstance(lookup, SlurmCli)
+
+
+def test_cli_mode_never_uses_pyslurm(tmp_path: Path) -> None:
+    lookup = make_lookup("node1", False, import_pyslurm=lambda: fake_pyslurm("22.5.1"),
+                         bindir=fake_scontrol(tmp_path))
+    assert isinstance(lookup, SlurmCli)
+
+
+def test_matching_pyslurm_fills_the_same_fields_as_the_cli(tmp_path: Path) -> None:
+    bindir = fake_scontrol(tmp_path)
+    lookup = make_lookup("node1", True, import_pyslurm=lambda: fake_pyslurm("22.5.1"),
+                         bindir=bindir)
+    assert isinstance(lookup, PySlurm)
+    info = lookup("77")
+    assert info is not None
+    cli_info = SlurmCli("node1", bindir)("77")
+    assert cli_info is not None
+    # This node's GPU indices and the start time, as the CLI path gives them.
+    assert info.job_gpus == cli_info.job_gpus == "0,2"
+    assert info.start_time == FakeJob.start_time
+    assert (info.user, info.uid, info.account, info.partition, info.state) == (
+        cli_info.user, cli_info.uid, cli_info.account, cli_info.partition, cli_info.state)
+
+
+def test_sluid_look_ups_go_through_the_cli_on_the_pyslurm_path(tmp_path: Path) -> None:
+    lookup = make_lookup("node1", True, import_pyslurm=lambda: fake_pyslurm("22.5.1"),
+                         bindir=fake_scontrol(tmp_path))
+    info = lookup(SLUID)  # type: ignore[misc]
+    assert info is not None and info.jobid == "77" and info.sluid == SLUID
+
+
+def test_a_hung_pyslurm_call_fails_after_the_cli_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    monkeypatch.setattr(slurm, "CLI_TIMEOUT_S", 0.2)
+    lookup = make_lookup("node1", True, bindir=fake_scontrol(tmp_path),
+                         import_pyslurm=lambda: fake_pyslurm("22.5.1", lambda: release.wait(5)))
+    started = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"did not answer within 0\.2 s"):
+            lookup("77")  # type: ignore[misc]
+        assert time.monotonic() - started < 2
+    finally:
+        release.set()
