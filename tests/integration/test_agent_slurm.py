@@ -541,7 +541,7 @@ def test_hostile_spool_entries_are_refused_and_counted_and_other_jobs_are_unaffe
             after = wait_samples(agent, 2)
             # Counted once per file, not once per sample.
             assert after.spool_errors() == base + len(planted)
-            assert after.value("slurm_gpu_exporter_source_up", source="registry") == 1
+            assert after.value("slurm_gpu_exporter_source_up", source="spool") == 1
             assert agent.proc.poll() is None
             assert agent.get("/-/healthy")[0] == 200
             for hostile in (*hostile_ids, "99992"):
