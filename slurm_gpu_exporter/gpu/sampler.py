@@ -47,6 +47,14 @@ from slurm_gpu_exporter.gpu.backend import (
     ProcessUtilSample,
     UtilSample,
 )
+from slurm_gpu_exporter.gpu.counters import (
+    CLOCK_TOLERANCE_S,
+    JobGpuCounters,
+    JobKey,
+    clock_offset_s,
+    load_job_counters,
+    save_job_counters,
+)
 from slurm_gpu_exporter.procfs import PidJobMapper, ProcessGone, read_uid
 from slurm_gpu_exporter.registry import Job
 from slurm_gpu_exporter.snapshot import GpuSample, JobGpuSample, UnattributedSample
@@ -56,11 +64,6 @@ log = logging.getLogger(__name__)
 # Gaps between driver samples longer than this are not integrated (samples were
 # lost, e.g. the agent was down longer than the driver's buffer reaches back).
 MIN_MAX_GAP_S = 2.0
-# Driver sample timestamps further than this from the wall clock are on another
-# clock: they are still integrated, but never compared with a job's start.
-CLOCK_TOLERANCE_S = 60.0
-
-JobKey = tuple[str, float | None]  # (job id, start time): a requeued job is a new run
 
 
 @dataclass(frozen=True)
@@ -71,54 +74,6 @@ class GpuPartResult:
     job_gpus: tuple[JobGpuSample, ...] = ()
     gpus: tuple[GpuSample, ...] = ()
     unattributed: tuple[UnattributedSample, ...] = ()
-
-
-@dataclass
-class _Counters:
-    """Per job run and GPU: what must only grow, plus the last gauges.
-
-    busy and energy stay None only while the GPU has never measured them (not
-    supported); once they hold a total, nothing sets them back to None.
-    """
-
-    gpu: str
-    held: float = 0.0  # wall seconds the job held the GPU
-    window: float = 0.0  # seconds covered by the driver's samples while held
-    busy: float | None = None
-    energy: float | None = None
-    peak: int = 0
-    held_until: float | None = None  # wall time up to which ``held`` is counted
-    fresh: bool = True  # no sample window counted yet: the first is trimmed to the start
-    utilization: float | None = None
-    memory: int = 0
-    processes: int = 0
-
-    @property
-    def allocated(self) -> float:
-        # Never below the sampled window, so that busy / allocated stays <= 1 even
-        # where the driver's clock runs a little ahead of the wall clock.
-        return max(self.held, self.window)
-
-    def to_state(self) -> list[Any]:
-        return [self.gpu, self.held, self.window, self.busy, self.energy, self.peak,
-                self.held_until]
-
-    @classmethod
-    def from_state(cls, data: Any) -> _Counters | None:
-        def opt(x: Any) -> float | None:
-            return None if x is None else float(x)
-
-        try:
-            if len(data) == 5:  # before 0.2: one allocated total, no time held until
-                gpu, allocated, busy, energy, peak = data
-                held = window = float(allocated)
-                held_until = None
-            else:
-                gpu, held, window, busy, energy, peak, held_until = data
-            return cls(str(gpu), float(held), float(window), opt(busy), opt(energy),
-                       int(peak), opt(held_until), fresh=False)
-        except (TypeError, ValueError):
-            return None
 
 
 @dataclass
@@ -218,7 +173,7 @@ class GpuSampler:
         self._device_busy: dict[str, float] = {}
         self._unattributed_busy: dict[tuple[str, str], float] = {}  # (uuid, user) -> s
         self._clock_warned: set[str] = set()
-        self._counters: dict[JobKey, dict[str, _Counters]] = {}  # job run -> uuid -> counters
+        self._counters: dict[JobKey, dict[str, JobGpuCounters]] = {}  # job run -> uuid -> counters
         self._users: dict[int, str] = {}
         self._allocations: dict[str, tuple[tuple[str, str], GpuAllocation]] = {}
         self._xid_lock = threading.Lock()
@@ -377,8 +332,8 @@ class GpuSampler:
                     c.fresh = False
                 if jobid in holders:
                     self._hold(c, job, now, job_window)
-                self._accrue(
-                    c, window=job_window,
+                c.accrue(
+                    window=job_window,
                     busy=None if job_busy is None else job_busy * busy_shares.get(jobid, 0.0),
                     energy=None if energy is None else energy * e_shares.get(jobid, 0.0),
                     memory=usage.memory.get(jobid, 0), processes=usage.processes.get(jobid, 0))
@@ -470,9 +425,8 @@ class GpuSampler:
                 c = self._counter(job, target)
                 if jobid in holders:
                     self._hold(c, job, now, 0.0)
-                self._accrue(c, window=0.0, busy=None, energy=None,
-                             memory=usage.memory.get(jobid, 0),
-                             processes=usage.processes.get(jobid, 0))
+                c.accrue(window=0.0, busy=None, energy=None, memory=usage.memory.get(jobid, 0),
+                         processes=usage.processes.get(jobid, 0))
             for user, (n, mem) in sorted(usage.unattributed.items()):
                 unattributed.append(UnattributedSample(target.gpu, target.uuid, user, n, mem))
             devices.append(GpuSample(
@@ -483,26 +437,8 @@ class GpuSampler:
                 unattributed_memory_bytes=sum(m for _, m in usage.unattributed.values()),
             ))
 
-    def _hold(self, c: _Counters, job: Job, now: float, window: float) -> None:
-        """Count wall time (and the sampled window) for a job that holds the GPU."""
-        c.held += held_seconds(c.held_until, job.start_time, self._first_poll or now, now)
-        c.held_until = now
-        c.window += window
-
-    @staticmethod
-    def _accrue(c: _Counters, *, window: float, busy: float | None, energy: float | None,
-                memory: int, processes: int) -> None:
-        """Add one poll to a job's counters on one GPU. None: the GPU cannot measure it,
-        which leaves a total already counted as it is."""
-        if busy is not None:
-            c.busy = (c.busy or 0.0) + busy
-            if window > 0:
-                c.utilization = busy / window
-        if energy is not None:
-            c.energy = (c.energy or 0.0) + energy
-        c.memory = memory
-        c.peak = max(c.peak, memory)
-        c.processes = processes
+    def _hold(self, c: JobGpuCounters, job: Job, now: float, window: float) -> None:
+        c.hold(now, job.start_time, self._first_poll or now, window)
 
     def _usage(self, processes: Iterable[GpuProcess],
                process_samples: Iterable[ProcessUtilSample], key_to_job: dict[str, Job],
@@ -583,7 +519,7 @@ class GpuSampler:
             return 0.0
         return (reading.energy_mj - last) / 1000.0
 
-    def _job_counters(self, job: Job) -> dict[str, _Counters] | None:
+    def _job_counters(self, job: Job) -> dict[str, JobGpuCounters] | None:
         key = (job.jobid, job.start_time)
         per_job = self._counters.get(key)
         if per_job is None and (job.jobid, None) in self._counters:
@@ -591,13 +527,13 @@ class GpuSampler:
             per_job = self._counters[key] = self._counters.pop((job.jobid, None))
         return per_job
 
-    def _counter(self, job: Job, target: GpuTarget) -> _Counters:
+    def _counter(self, job: Job, target: GpuTarget) -> JobGpuCounters:
         per_job = self._job_counters(job)
         if per_job is None:
             per_job = self._counters[(job.jobid, job.start_time)] = {}
         counter = per_job.get(target.uuid)
         if counter is None:
-            counter = per_job[target.uuid] = _Counters(gpu=target.gpu)
+            counter = per_job[target.uuid] = JobGpuCounters(gpu=target.gpu)
         return counter
 
     # -- output -------------------------------------------------------------
@@ -688,8 +624,7 @@ class GpuSampler:
         return {
             "cursors": {uuid: list(c) for uuid, c in self._cursors.items()},
             "device_busy": dict(self._device_busy),
-            "job_counters": [[jobid, start, {uuid: c.to_state() for uuid, c in per.items()}]
-                             for (jobid, start), per in self._counters.items()],
+            "job_counters": save_job_counters(self._counters),
             "unattributed_busy": [[uuid, user, v]
                                   for (uuid, user), v in self._unattributed_busy.items()],
         }
@@ -701,36 +636,12 @@ class GpuSampler:
         for uuid, busy in (data.get("device_busy") or {}).items():
             if isinstance(busy, int | float):
                 self._device_busy[uuid] = float(busy)
-        runs: list[tuple[Any, Any, Any]] = [
-            (jobid, None, per) for jobid, per in (data.get("counters") or {}).items()]  # old
-        runs += [tuple(r) for r in data.get("job_counters") or () if isinstance(r, list)
-                 and len(r) == 3]
-        for jobid, start, per in runs:
-            if not isinstance(per, dict) or not isinstance(start, int | float | None):
-                continue
-            for uuid, raw in per.items():
-                counter = _Counters.from_state(raw)
-                if counter is not None:
-                    key = (str(jobid), None if start is None else float(start))
-                    self._counters.setdefault(key, {})[uuid] = counter
-        for row in data.get("unattributed_busy") or ():
+        for key, per in load_job_counters(data).items():
+            self._counters.setdefault(key, {}).update(per)
+        rows = data.get("unattributed_busy")
+        for row in rows if isinstance(rows, list) else ():
             if (isinstance(row, list) and len(row) == 3 and isinstance(row[2], int | float)):
                 self._unattributed_busy[(str(row[0]), str(row[1]))] = float(row[2])
-
-
-def held_seconds(held_until: float | None, start: float | None, first_poll: float,
-                 now: float) -> float:
-    """Wall seconds a held GPU adds to a job's allocated time at ``now``: since the last
-    count, or for a new counter since the job's start (not before the agent's first
-    poll, as nothing is known of earlier use), whether or not the driver had samples."""
-    since = held_until if held_until is not None else max(start or now, first_poll)
-    return max(0.0, now - since)
-
-
-def clock_offset_s(samples: Iterable[UtilSample], now: float) -> float:
-    """Seconds by which the newest driver sample is ahead of the wall clock (0 without one)."""
-    newest = max((s.timestamp_us for s in samples), default=None)
-    return 0.0 if newest is None else newest / 1e6 - now
 
 
 def integrate_samples(samples: tuple[UtilSample, ...], cursor_us: int | None,

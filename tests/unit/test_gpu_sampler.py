@@ -17,12 +17,8 @@ import pytest
 
 from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuProcess, UtilSample, XidEvent
-from slurm_gpu_exporter.gpu.sampler import (
-    GpuPartResult,
-    GpuSampler,
-    clock_offset_s,
-    held_seconds,
-)
+from slurm_gpu_exporter.gpu.counters import clock_offset_s, held_seconds, load_job_counters
+from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
 from slurm_gpu_exporter.procfs import PidJob
 from slurm_gpu_exporter.registry import Job
 from slurm_gpu_exporter.snapshot import JobGpuSample
@@ -133,6 +129,15 @@ def test_clock_offset_is_the_newest_sample_against_the_wall_clock() -> None:
     samples = [UtilSample(2_000_000, 0.0), UtilSample(5_000_000, 0.0)]
     assert clock_offset_s(samples, 3.0) == pytest.approx(2.0)
     assert clock_offset_s([], 3.0) == 0.0
+
+
+@pytest.mark.parametrize("data", [
+    {"counters": ["not", "a", "map"]}, {"job_counters": {"7": 1}},
+    {"job_counters": [["7", "yesterday", {}], ["8", 1.0, {"GPU-a": ["0", "x"]}], 5]},
+    {"counters": {"7": {"GPU-a": None}}},
+])
+def test_unreadable_saved_counters_are_left_out_without_an_error(data: dict) -> None:
+    assert load_job_counters(data) == {}
 
 
 # ------------------------------------------- 3. transient errors: no reset
