@@ -137,13 +137,19 @@ def test_requeued_job_starts_new_gpu_counters(slurm_cluster: SlurmCluster,
         slurm_cluster.run(["scontrol", "update", f"jobid={jobid}", "starttime=now"])
         slurm_cluster.wait_state(jobid, "RUNNING", timeout=30)
 
+        seen: list[str] = []
+
         def new_run() -> str | None:
             text = agent.metrics()
+            seen[:] = [ln for ln in text.splitlines() if f'jobid="{jobid}"' in ln]
             start = job_value(text, "slurm_job_start_time_seconds") or 0
             alloc = job_value(text, "slurm_job_gpu_allocated_seconds_total")
             return text if start > old_start and alloc is not None else None
 
-        text = _wait_for(new_run, 30, "the new run's GPU series", agent)
+        try:
+            text = _wait_for(new_run, 30, "the new run's GPU series", agent)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nthe job's last series:\n" + "\n".join(seen)) from None
         new_start = job_value(text, "slurm_job_start_time_seconds")
         alloc = job_value(text, "slurm_job_gpu_allocated_seconds_total")
         [(_, at)] = series(text, "slurm_gpu_exporter_last_sample_timestamp_seconds")
