@@ -10,6 +10,8 @@
 - Busy time with no process to show for it goes to the job holding the GPU if
   there is exactly one, else stays unattributed.
 - Energy follows the busy split; an idle GPU's energy goes to the jobs holding it.
+- Busy time of processes outside every job is split among their users by the
+  processes' samples, else evenly.
 """
 
 from __future__ import annotations
@@ -72,3 +74,13 @@ def energy_shares(busy_shares: Mapping[str, float], busy_seconds: float,
         return {k: v for k, v in busy_shares.items() if k != UNATTRIBUTED}
     holders = list(holders)
     return {key: 1.0 / len(holders) for key in holders} if holders else {}
+
+
+def user_shares(weights: Mapping[str, float], users: Iterable[str]) -> dict[str, float]:
+    """Fractions per user of the busy time of processes outside every job: by the
+    weight of their processes' samples, evenly where none has any."""
+    users = list(users)
+    total = sum(weights.get(u, 0.0) for u in users)
+    if total <= 0:
+        return {u: 1.0 / len(users) for u in users}
+    return {u: weights.get(u, 0.0) / total for u in users}

@@ -140,6 +140,9 @@ def gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
     unattr_mem = _gauge("slurm_gpu_unattributed_memory_bytes",
                         "GPU memory of processes that belong to no Slurm job, by user.",
                         [*GPU_LABELS, "user"])
+    unattr_busy = _counter("slurm_gpu_unattributed_busy_seconds",
+                           "Seconds of GPU busy time of processes that belong to no Slurm job, "
+                           "by user.", [*GPU_LABELS, "user"])
     for g in snapshot.gpus:
         key = [g.gpu, g.uuid]
         info.add_metric([*key, g.name, "" if g.minor is None else str(g.minor), g.pci_bus_id,
@@ -159,8 +162,9 @@ def gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
     for u in snapshot.unattributed:
         unattr_procs.add_metric([u.gpu, u.uuid, u.user], u.processes)
         unattr_mem.add_metric([u.gpu, u.uuid, u.user], u.memory_bytes)
+        _maybe(unattr_busy, [u.gpu, u.uuid, u.user], u.busy_seconds)
     yield from (info, lost, util, busy, mem_used, mem_total, power, energy, temp, ecc, xid,
-                unattr_procs, unattr_mem)
+                unattr_procs, unattr_mem, unattr_busy)
 
 
 def self_families(snapshot: Snapshot) -> Iterator[Metric]:

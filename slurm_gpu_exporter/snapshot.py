@@ -77,6 +77,7 @@ class UnattributedSample:
     user: str
     processes: int
     memory_bytes: int
+    busy_seconds: float | None = None  # counter; None where the GPU has no busy samples
 
 
 @dataclass(frozen=True)

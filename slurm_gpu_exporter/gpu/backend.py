@@ -81,6 +81,9 @@ class DeviceReading:
     process_samples: tuple[ProcessUtilSample, ...] | None = None
     mig: tuple[MigInstance, ...] = ()
     errors: tuple[str, ...] = ()  # calls that failed in an unexpected way, for the log
+    # Fields whose read failed this time ("energy", ...): their None means "unknown
+    # now", not "not supported", so counters built on them must not restart.
+    failed: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

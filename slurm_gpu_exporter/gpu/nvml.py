@@ -155,6 +155,7 @@ class NvmlBackend:
                 process_samples=None if mig else self._process_samples(d, cursor[1], errors),
                 mig=mig,
                 errors=tuple(errors),
+                failed=frozenset(e.split(":", 1)[0] for e in errors),  # "field: message"
             )
         except _Lost:
             if not d.lost:

@@ -2,9 +2,12 @@
 
 Busy time comes from the driver's own sample buffer: every sample newer than the
 last one seen is integrated once, so a job's mean utilization is exact whatever
-the scrape or sample interval. Per job and GPU, allocated seconds, busy seconds
-and energy are counters that start at 0 with the job and are saved in the state
-dir, so a restart of the agent never lowers them.
+the scrape or sample interval. Per job run (job id and start time) and GPU,
+allocated seconds, busy seconds and energy are counters that start at 0 with the
+job and are saved in the state dir, so a restart of the agent never lowers them.
+Allocated time is wall-clock time held; busy time and energy come from the
+driver, and a read that fails once leaves them where they were (the driver's
+counters are cumulative, so the next good read counts what was missed).
 
 NVML runs in a worker thread: a call that hangs freezes the GPU figures (and
 shows as ``slurm_gpu_exporter_nvml_up 0``) but never the job metrics or a scrape.
@@ -32,6 +35,7 @@ from slurm_gpu_exporter.attribution import (
     energy_shares,
     held_targets,
     shares,
+    user_shares,
 )
 from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.errors import SourceErrors
@@ -42,6 +46,14 @@ from slurm_gpu_exporter.gpu.backend import (
     GpuUnavailable,
     ProcessUtilSample,
     UtilSample,
+)
+from slurm_gpu_exporter.gpu.counters import (
+    CLOCK_TOLERANCE_S,
+    JobGpuCounters,
+    JobKey,
+    clock_offset_s,
+    load_job_counters,
+    save_job_counters,
 )
 from slurm_gpu_exporter.procfs import PidJobMapper, ProcessGone, read_uid
 from slurm_gpu_exporter.registry import Job
@@ -65,32 +77,6 @@ class GpuPartResult:
 
 
 @dataclass
-class _Counters:
-    """Per job and GPU: what must only grow, plus the last gauges."""
-
-    gpu: str
-    allocated: float = 0.0
-    busy: float | None = 0.0
-    energy: float | None = 0.0
-    peak: int = 0
-    utilization: float | None = None
-    memory: int = 0
-    processes: int = 0
-
-    def to_state(self) -> list[Any]:
-        return [self.gpu, self.allocated, self.busy, self.energy, self.peak]
-
-    @classmethod
-    def from_state(cls, data: Any) -> _Counters | None:
-        try:
-            gpu, allocated, busy, energy, peak = data
-            return cls(str(gpu), float(allocated), None if busy is None else float(busy),
-                       None if energy is None else float(energy), int(peak))
-        except (TypeError, ValueError):
-            return None
-
-
-@dataclass
 class _Usage:
     """One target's users in one poll: processes and SM weights by job key."""
 
@@ -98,6 +84,7 @@ class _Usage:
     processes: dict[str, int] = field(default_factory=dict)
     weight: dict[str, float] = field(default_factory=dict)
     unattributed: dict[str, tuple[int, int]] = field(default_factory=dict)  # user -> (n, bytes)
+    unattributed_weight: dict[str, float] = field(default_factory=dict)  # user -> SM weight
 
 
 class _Poller:
@@ -180,11 +167,13 @@ class GpuSampler:
         self._initialised = False
         self._next_init = 0.0
         self._init_error_logged = False
+        self._first_poll: float | None = None  # wall time of the first sample
         self._cursors: dict[str, tuple[int, int]] = {}
         self._last_energy: dict[str, int] = {}
-        self._last_wall: dict[str, float] = {}
         self._device_busy: dict[str, float] = {}
-        self._counters: dict[str, dict[str, _Counters]] = {}  # jobid -> uuid -> counters
+        self._unattributed_busy: dict[tuple[str, str], float] = {}  # (uuid, user) -> s
+        self._clock_warned: set[str] = set()
+        self._counters: dict[JobKey, dict[str, JobGpuCounters]] = {}  # job run -> uuid -> counters
         self._users: dict[int, str] = {}
         self._allocations: dict[str, tuple[tuple[str, str], GpuAllocation]] = {}
         self._xid_lock = threading.Lock()
@@ -266,8 +255,10 @@ class GpuSampler:
     # -- sampling -----------------------------------------------------------
 
     def sample(self, jobs: list[Job], now: float) -> GpuPartResult:
+        if self._first_poll is None:
+            self._first_poll = now
         if not self._ensure_init():
-            self._last_part = self._frozen(jobs, nvml_up=False)
+            self._last_part = self._frozen(jobs, now)
             return self._last_part
         assert self._poller is not None
         try:
@@ -277,13 +268,13 @@ class GpuSampler:
                               f"{self.reinit_after:.0f} s")
             self.close()
             self._next_init = time.monotonic() + self.reinit_after
-            self._last_part = self._frozen(jobs, nvml_up=False)
+            self._last_part = self._frozen(jobs, now)
             return self._last_part
         if readings is None:
             log.debug("NVML read stuck for %.0f s", self._poller.stuck_for)
             self.errors.count("nvml", "an NVML call has not returned (hung driver?); GPU "
                               "figures are frozen until it does")
-            self._last_part = self._frozen(jobs, nvml_up=False)
+            self._last_part = self._frozen(jobs, now)
             return self._last_part
         if self.cgroups is not None:
             # A process's environment is the user's to forge: trust it only on nodes
@@ -321,33 +312,39 @@ class GpuSampler:
             if reading.mig:
                 self._attribute_mig(reading, running, key_to_job, now, devices,
                                     unattributed, seen_pids, touched)
-            else:
-                holders = self._holders(parent, running)
-                wall = self._wall_dt(reading.uuid, now)
-                busy_shares = shares(usage.weight, holders) if busy else {}
-                e_shares = energy_shares(busy_shares, busy or 0.0, holders)
-                for jobid in set(holders) | set(usage.processes) - {UNATTRIBUTED}:
-                    job = key_to_job.get(jobid)
-                    if job is None:
-                        continue
-                    touched.add((job.jobid, parent.uuid))
-                    job_window, job_busy = window, busy
-                    if window and job.start_time and cursor and reading.util_samples:
-                        # A job that started inside this window only gets the part after
-                        # its start (its first window would otherwise be too long).
-                        job_window, job_busy = integrate_samples(
-                            reading.util_samples, cursor, not_before_us=int(job.start_time * 1e6))
-                    self._accrue(
-                        self._counter(job.jobid, parent), holder=jobid in holders,
-                        dt=job_window if job_window is not None else wall,
-                        busy=None if job_busy is None else job_busy * busy_shares.get(jobid, 0.0),
-                        energy=None if energy is None else energy * e_shares.get(jobid, 0.0),
-                        memory=usage.memory.get(jobid, 0), processes=usage.processes.get(jobid, 0))
-                for user, (n, mem) in sorted(usage.unattributed.items()):
-                    unattributed.append(UnattributedSample(parent.gpu, parent.uuid, user, n, mem))
+                continue
+            trim = cursor if window and self._driver_clock_ok(reading, now) else 0
+            holders = self._holders(parent, running)
+            busy_shares = shares(usage.weight, holders) if busy else {}
+            e_shares = energy_shares(busy_shares, busy or 0.0, holders)
+            for jobid in set(holders) | set(usage.processes) - {UNATTRIBUTED}:
+                job = key_to_job.get(jobid)
+                if job is None:
+                    continue
+                touched.add((job.jobid, parent.uuid))
+                c = self._counter(job, parent)
+                job_window, job_busy = window or 0.0, busy
+                if trim and c.fresh and job.start_time and reading.util_samples:
+                    # Only a job's first window can reach back before its start.
+                    job_window, job_busy = integrate_samples(
+                        reading.util_samples, trim, not_before_us=int(job.start_time * 1e6))
+                if window:
+                    c.fresh = False
+                if jobid in holders:
+                    self._hold(c, job, now, job_window)
+                c.accrue(
+                    window=job_window,
+                    busy=None if job_busy is None else job_busy * busy_shares.get(jobid, 0.0),
+                    energy=None if energy is None else energy * e_shares.get(jobid, 0.0),
+                    memory=usage.memory.get(jobid, 0), processes=usage.processes.get(jobid, 0))
+            user_busy = self._count_unattributed_busy(parent.uuid, usage, busy, busy_shares)
+            for user, (n, mem) in sorted(usage.unattributed.items()):
+                unattributed.append(UnattributedSample(parent.gpu, parent.uuid, user, n, mem,
+                                                       user_busy.get(user)))
             devices.append(self._device_sample(
                 reading, busy, (busy / window) if busy is not None and window else None,
                 usage.unattributed))
+        self._prune_gpus({r.uuid for r in readings} | {m.uuid for r in readings for m in r.mig})
         self._forget(jobs, seen_pids)
         return GpuPartResult(
             nvml_up=True,
@@ -355,6 +352,30 @@ class GpuSampler:
             gpus=tuple(devices),
             unattributed=tuple(unattributed),
         )
+
+    def _count_unattributed_busy(self, uuid: str, usage: _Usage, busy: float | None,
+                                 busy_shares: dict[str, float]) -> dict[str, float]:
+        """Busy totals of the users with processes outside every job on this GPU."""
+        if busy is None:
+            return {}
+        outside = busy * busy_shares.get(UNATTRIBUTED, 0.0)
+        for user, share in user_shares(usage.unattributed_weight, usage.unattributed).items():
+            key = (uuid, user)
+            self._unattributed_busy[key] = self._unattributed_busy.get(key, 0.0) + outside * share
+        return {user: self._unattributed_busy.get((uuid, user), 0.0)
+                for user in usage.unattributed}
+
+    def _driver_clock_ok(self, reading: DeviceReading, now: float) -> bool:
+        """False (logged once per GPU) when the driver stamps samples on another clock."""
+        offset = clock_offset_s(reading.util_samples or (), now)
+        if abs(offset) <= CLOCK_TOLERANCE_S:
+            return True
+        if reading.uuid not in self._clock_warned:
+            self._clock_warned.add(reading.uuid)
+            log.warning("GPU %d (%s): driver sample timestamps are %.0f s off the wall clock; "
+                        "busy time is still counted, but a job's first window is not trimmed "
+                        "to its start", reading.index, reading.uuid, offset)
+        return False
 
     def _holders(self, target: GpuTarget, running: list[Job]) -> list[str]:
         """Ids of the running jobs whose allocation covers the target."""
@@ -375,12 +396,13 @@ class GpuSampler:
         if not reading.uuid:
             return  # lost before it could be identified: nothing to match jobs against
         target = GpuTarget(str(reading.index), reading.uuid, reading.minor)
-        dt = self._wall_dt(reading.uuid, now)
-        for jobid in self._holders(target, running):
-            c = self._counter(jobid, target)
-            touched.add((jobid, target.uuid))
-            c.allocated += dt
-            c.utilization, c.memory, c.processes = None, 0, 0
+        holders = set(self._holders(target, running))
+        for job in running:
+            if job.jobid in holders:
+                c = self._counter(job, target)
+                touched.add((job.jobid, target.uuid))
+                self._hold(c, job, now, 0.0)
+                c.utilization, c.memory, c.processes = None, 0, 0
 
     def _attribute_mig(self, reading: DeviceReading, running: list[Job],
                        key_to_job: dict[str, Job], now: float,
@@ -395,15 +417,16 @@ class GpuSampler:
                           if p.gpu_instance_id == inst.gpu_instance_id)
             usage = self._usage(procs, (), key_to_job, seen_pids)
             holders = self._holders(target, running)
-            dt = self._wall_dt(inst.uuid, now)
             for jobid in set(holders) | set(usage.processes) - {UNATTRIBUTED}:
                 job = key_to_job.get(jobid)
                 if job is None:
                     continue
                 touched.add((job.jobid, target.uuid))
-                self._accrue(self._counter(job.jobid, target), holder=jobid in holders, dt=dt,
-                             busy=None, energy=None, memory=usage.memory.get(jobid, 0),
-                             processes=usage.processes.get(jobid, 0))
+                c = self._counter(job, target)
+                if jobid in holders:
+                    self._hold(c, job, now, 0.0)
+                c.accrue(window=0.0, busy=None, energy=None, memory=usage.memory.get(jobid, 0),
+                         processes=usage.processes.get(jobid, 0))
             for user, (n, mem) in sorted(usage.unattributed.items()):
                 unattributed.append(UnattributedSample(target.gpu, target.uuid, user, n, mem))
             devices.append(GpuSample(
@@ -414,21 +437,8 @@ class GpuSampler:
                 unattributed_memory_bytes=sum(m for _, m in usage.unattributed.values()),
             ))
 
-    @staticmethod
-    def _accrue(c: _Counters, *, holder: bool, dt: float, busy: float | None,
-                energy: float | None, memory: int, processes: int) -> None:
-        """Add one poll to a job's counters on one GPU. None: the GPU cannot measure it."""
-        if holder:
-            c.allocated += dt
-        if busy is None:
-            c.busy = c.utilization = None
-        else:
-            c.busy = (c.busy or 0.0) + busy
-            c.utilization = busy / dt if dt > 0 else c.utilization
-        c.energy = None if energy is None else (c.energy or 0.0) + energy
-        c.memory = memory
-        c.peak = max(c.peak, memory)
-        c.processes = processes
+    def _hold(self, c: JobGpuCounters, job: Job, now: float, window: float) -> None:
+        c.hold(now, job.start_time, self._first_poll or now, window)
 
     def _usage(self, processes: Iterable[GpuProcess],
                process_samples: Iterable[ProcessUtilSample], key_to_job: dict[str, Job],
@@ -449,6 +459,8 @@ class GpuSampler:
                     continue  # exited between NVML's list and our look
                 n, mem = usage.unattributed.get(user, (0, 0))
                 usage.unattributed[user] = (n + 1, mem + memory)
+                usage.unattributed_weight[user] = (usage.unattributed_weight.get(user, 0.0)
+                                                   + weights.get(proc.pid, 0.0))
                 key = UNATTRIBUTED
             else:
                 key = job.jobid
@@ -494,25 +506,34 @@ class GpuSampler:
         return window, busy
 
     def _energy_delta(self, reading: DeviceReading) -> float | None:
-        """Joules since the previous reading; None where the GPU has no energy counter."""
+        """Joules since the previous reading; None where the GPU has no energy counter.
+
+        A read that failed counts 0 now: the last good value is kept, so the next good
+        read counts the energy used in between (the driver's counter is cumulative).
+        """
         if reading.energy_mj is None:
-            return None
+            return 0.0 if "energy" in reading.failed else None
         last = self._last_energy.get(reading.uuid)
         self._last_energy[reading.uuid] = reading.energy_mj
         if last is None or reading.energy_mj < last:  # first look, or the driver reloaded
             return 0.0
         return (reading.energy_mj - last) / 1000.0
 
-    def _wall_dt(self, uuid: str, now: float) -> float:
-        last = self._last_wall.get(uuid)
-        self._last_wall[uuid] = now
-        return max(0.0, now - last) if last is not None else 0.0
+    def _job_counters(self, job: Job) -> dict[str, JobGpuCounters] | None:
+        key = (job.jobid, job.start_time)
+        per_job = self._counters.get(key)
+        if per_job is None and (job.jobid, None) in self._counters:
+            # Saved by an agent that keyed counters by job id alone: this job's.
+            per_job = self._counters[key] = self._counters.pop((job.jobid, None))
+        return per_job
 
-    def _counter(self, jobid: str, target: GpuTarget) -> _Counters:
-        per_job = self._counters.setdefault(jobid, {})
+    def _counter(self, job: Job, target: GpuTarget) -> JobGpuCounters:
+        per_job = self._job_counters(job)
+        if per_job is None:
+            per_job = self._counters[(job.jobid, job.start_time)] = {}
         counter = per_job.get(target.uuid)
         if counter is None:
-            counter = per_job[target.uuid] = _Counters(gpu=target.gpu)
+            counter = per_job[target.uuid] = JobGpuCounters(gpu=target.gpu)
         return counter
 
     # -- output -------------------------------------------------------------
@@ -524,6 +545,9 @@ class GpuSampler:
             xids = tuple(sorted((x, n) for (u, x), n in self._xid_counts.items()
                                 if u == reading.uuid))
         unattributed = unattributed or {}
+        energy_mj = reading.energy_mj
+        if energy_mj is None and "energy" in reading.failed:
+            energy_mj = self._last_energy.get(reading.uuid)  # a failed read: the last good one
         return GpuSample(
             gpu=str(reading.index), uuid=reading.uuid, name=reading.name, minor=reading.minor,
             pci_bus_id=reading.pci_bus_id, lost=reading.lost,
@@ -531,7 +555,7 @@ class GpuSampler:
             busy_seconds=self._device_busy.get(reading.uuid) if busy is not None else None,
             memory_used_bytes=reading.memory_used, memory_total_bytes=reading.memory_total,
             power_watts=reading.power_watts,
-            energy_joules=reading.energy_mj / 1000.0 if reading.energy_mj is not None else None,
+            energy_joules=energy_mj / 1000.0 if energy_mj is not None else None,
             temperature_celsius=reading.temperature_c,
             ecc_corrected=reading.ecc_corrected, ecc_uncorrected=reading.ecc_uncorrected,
             xid_errors=xids,
@@ -543,7 +567,7 @@ class GpuSampler:
                          ) -> tuple[JobGpuSample, ...]:
         out = []
         for job in jobs:
-            for uuid, c in sorted(self._counters.get(job.jobid, {}).items(),
+            for uuid, c in sorted((self._job_counters(job) or {}).items(),
                                   key=lambda item: item[1].gpu):
                 live = job.running and (touched is None or (job.jobid, uuid) in touched)
                 out.append(JobGpuSample(
@@ -556,21 +580,43 @@ class GpuSampler:
                 ))
         return tuple(out)
 
-    def _frozen(self, jobs: list[Job], nvml_up: bool) -> GpuPartResult:
-        """The last figures, counters unchanged (NVML down or stuck)."""
-        return GpuPartResult(nvml_up=nvml_up,
+    def _frozen(self, jobs: list[Job], now: float) -> GpuPartResult:
+        """The last figures (NVML down or stuck): only the time held goes on."""
+        for job in jobs:
+            if job.running:
+                for c in (self._job_counters(job) or {}).values():
+                    if c.held_until is not None:
+                        self._hold(c, job, now, 0.0)
+        return GpuPartResult(nvml_up=False,
                              job_gpus=self._job_gpu_samples(jobs, touched=None),
                              gpus=self._last_part.gpus,
                              unattributed=self._last_part.unattributed)
 
     def _forget(self, jobs: Iterable[Job], seen_pids: set[int]) -> None:
+        """Drop what belongs to jobs and processes no longer around."""
+        jobs = list(jobs)
+        runs = {(j.jobid, j.start_time) for j in jobs}
         tracked = {j.jobid for j in jobs}
-        for jobid in [j for j in self._counters if j not in tracked]:
-            del self._counters[jobid]
+        for key in [k for k in self._counters
+                    if k not in runs and not (k[1] is None and k[0] in tracked)]:
+            del self._counters[key]
         for jobid in [j for j in self._allocations if j not in tracked]:
             del self._allocations[jobid]
         for pid in [p for p in self._users if p not in seen_pids]:
             del self._users[pid]
+
+    def _prune_gpus(self, present: set[str]) -> None:
+        """Drop what is kept per GPU or MIG UUID for those no longer present (a MIG
+        layout changed, a GPU was removed), so the caches do not grow for ever."""
+        for cache in (self._cursors, self._last_energy, self._device_busy):
+            for uuid in [u for u in cache if u not in present]:
+                del cache[uuid]
+        for key in [k for k in self._unattributed_busy if k[0] not in present]:
+            del self._unattributed_busy[key]
+        self._clock_warned &= present
+        with self._xid_lock:
+            for key in [k for k in self._xid_counts if k[0] not in present]:
+                del self._xid_counts[key]
 
     # -- state dir ----------------------------------------------------------
 
@@ -578,8 +624,9 @@ class GpuSampler:
         return {
             "cursors": {uuid: list(c) for uuid, c in self._cursors.items()},
             "device_busy": dict(self._device_busy),
-            "counters": {jobid: {uuid: c.to_state() for uuid, c in per.items()}
-                         for jobid, per in self._counters.items()},
+            "job_counters": save_job_counters(self._counters),
+            "unattributed_busy": [[uuid, user, v]
+                                  for (uuid, user), v in self._unattributed_busy.items()],
         }
 
     def import_state(self, data: dict[str, Any]) -> None:
@@ -589,13 +636,12 @@ class GpuSampler:
         for uuid, busy in (data.get("device_busy") or {}).items():
             if isinstance(busy, int | float):
                 self._device_busy[uuid] = float(busy)
-        for jobid, per in (data.get("counters") or {}).items():
-            if not isinstance(per, dict):
-                continue
-            for uuid, raw in per.items():
-                counter = _Counters.from_state(raw)
-                if counter is not None:
-                    self._counters.setdefault(str(jobid), {})[uuid] = counter
+        for key, per in load_job_counters(data).items():
+            self._counters.setdefault(key, {}).update(per)
+        rows = data.get("unattributed_busy")
+        for row in rows if isinstance(rows, list) else ():
+            if (isinstance(row, list) and len(row) == 3 and isinstance(row[2], int | float)):
+                self._unattributed_busy[(str(row[0]), str(row[1]))] = float(row[2])
 
 
 def integrate_samples(samples: tuple[UtilSample, ...], cursor_us: int | None,

@@ -254,6 +254,7 @@ class Device:
     lost: bool = False
     errors: dict[str, str] = field(default_factory=dict)
     sleeps: dict[str, float] = field(default_factory=dict)
+    errors_once: dict[str, str] = field(default_factory=dict)  # the next call fails, once
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < 64:
@@ -301,6 +302,12 @@ class NvmlState:
     process_zero_samples: bool = False
     time_scale: float = 1.0
     time_origin: float | None = None  # real epoch s; None: the first write
+    errors_once: dict[str, str] = field(default_factory=dict)  # the next call fails, once
+    # Device samples come up to this fraction of a period late, and about one in
+    # ``sample_missing_every`` is missing (0: none), as on real drivers.
+    sample_jitter: float = 0.3
+    sample_missing_every: int = 7
+    clock_offset_s: float = 0.0  # added to every sample timestamp (a driver on another clock)
 
 
 # ------------------------------------------------------------------- build
@@ -423,8 +430,11 @@ def _trace(key: str, start: float, pattern: Pattern | None, none_word: str) -> s
     return f"{key} {start!r} {float(pattern.origin)!r} {int(pattern.repeat)} {segs}"
 
 
-def _injections(errors: Mapping[str, str], sleeps: Mapping[str, float]) -> list[str]:
+def _injections(errors: Mapping[str, str], sleeps: Mapping[str, float],
+                errors_once: Mapping[str, str]) -> list[str]:
     lines = [f"error {_word(fn, 'function name')} {_error(e)}" for fn, e in errors.items()]
+    lines += [f"error_once {_word(fn, 'function name')} {_error(e)}"
+              for fn, e in errors_once.items()]
     for fn, secs in sleeps.items():
         if not 0 <= secs <= 3600:
             raise ValueError(f"sleep for {fn} must be within 0..3600 s")
@@ -580,7 +590,15 @@ class FakeNvml:
             out.append(f"init_error {_error(state.init_error)}")
         if scale != 1.0:
             out.append(f"time_scale {scale!r} {origin!r}")
-        out += _injections(state.errors, state.sleeps)
+        if not 0 <= state.sample_jitter <= 0.9 or state.sample_missing_every in (1,) \
+                or not 0 <= state.sample_missing_every <= 1_000_000:
+            raise ValueError("sample_jitter must be within 0..0.9 and sample_missing_every "
+                             "0 or 2..1000000")
+        out.append(f"sample_jitter {float(state.sample_jitter)!r} "
+                   f"{int(state.sample_missing_every)}")
+        if state.clock_offset_s:
+            out.append(f"clock_offset {float(state.clock_offset_s)!r}")
+        out += _injections(state.errors, state.sleeps, state.errors_once)
 
         seen_idx: set[int] = set()
         seen_uuid: set[str] = set()
@@ -681,7 +699,7 @@ class FakeNvml:
                 f"xid {int(ev.seq)} {int(ev.xid)} {float(when)!r} "
                 f"{_id(ev.gpu_instance_id)} {_id(ev.compute_instance_id)}"
             )
-        out += _injections(dev.errors, dev.sleeps)
+        out += _injections(dev.errors, dev.sleeps, dev.errors_once)
         out.append("end")
         return out
 

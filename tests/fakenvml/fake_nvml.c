@@ -98,6 +98,7 @@ typedef struct {
     char fn[STR_LEN];
     nvmlReturn_t err;
     double secs;
+    int once, used; /* error_once: fails one call per state file, then works */
 } inject_t;
 
 typedef struct {
@@ -133,6 +134,9 @@ typedef struct {
     int proc_latest;  /* process_util_mode latest */
     int zero_samples; /* report processes' 0 % samples too */
     double time_scale, time_origin; /* fake clock = origin + (real - origin) * scale */
+    double jitter;       /* device samples: up to this fraction of a period late */
+    unsigned miss_every; /* device samples: about one in N missing (0: none) */
+    double clock_offset; /* seconds added to every sample timestamp reported */
     nvmlReturn_t init_error;
     injlist_t errors, sleeps;
     int ndev;
@@ -457,10 +461,11 @@ static int parse_trace(char **p, tracelist_t *tl, perr_t *pe)
     return 0;
 }
 
-static int parse_inject(char **p, injlist_t *l, int is_sleep, perr_t *pe)
+static int parse_inject(char **p, injlist_t *l, int is_sleep, perr_t *pe, int once)
 {
     inject_t in;
     memset(&in, 0, sizeof in);
+    in.once = once;
     if (copy_str(in.fn, next_tok(p)))
         return fail(pe, "injection needs a function name", NULL);
     char *v = next_tok(p);
@@ -607,10 +612,10 @@ static int parse_device_line(fdev_t *d, const char *key, char **p, perr_t *pe)
         if (grow((void **)&d->xids, &d->capxid, d->nxid, sizeof(xid_t)))
             return fail(pe, "out of memory", NULL);
         d->xids[d->nxid++] = x;
-    } else if (strcmp(key, "error") == 0) {
-        return parse_inject(p, &d->errors, 0, pe);
+    } else if (strcmp(key, "error") == 0 || strcmp(key, "error_once") == 0) {
+        return parse_inject(p, &d->errors, 0, pe, key[5] == '_');
     } else if (strcmp(key, "sleep") == 0) {
-        return parse_inject(p, &d->sleeps, 1, pe);
+        return parse_inject(p, &d->sleeps, 1, pe, 0);
     } else {
         return fail(pe, "unknown device key '%s'", key);
     }
@@ -669,10 +674,20 @@ static int parse_global_line(state_t *st, const char *key, char **p, perr_t *pe)
             return fail(pe, "bad init_error", NULL);
         if (strcmp(v, "none") == 0)
             st->init_error = NVML_SUCCESS;
-    } else if (strcmp(key, "error") == 0) {
-        return parse_inject(p, &st->errors, 0, pe);
+    } else if (strcmp(key, "error") == 0 || strcmp(key, "error_once") == 0) {
+        return parse_inject(p, &st->errors, 0, pe, key[5] == '_');
     } else if (strcmp(key, "sleep") == 0) {
-        return parse_inject(p, &st->sleeps, 1, pe);
+        return parse_inject(p, &st->sleeps, 1, pe, 0);
+    } else if (strcmp(key, "sample_jitter") == 0) {
+        unsigned long long every;
+        if (parse_dbl(next_tok(p), &st->jitter) || st->jitter < 0 || st->jitter > 0.9 ||
+            parse_ull(next_tok(p), &every) || every == 1 || every > 1000000)
+            return fail(pe, "bad sample_jitter (want 0 <= FRACTION <= 0.9, EVERY 0 or >= 2)",
+                        NULL);
+        st->miss_every = (unsigned)every;
+    } else if (strcmp(key, "clock_offset") == 0) {
+        if (parse_dbl(next_tok(p), &st->clock_offset) || fabs(st->clock_offset) > 1e10)
+            return fail(pe, "bad clock_offset (seconds)", NULL);
     } else {
         return fail(pe, "unknown key '%s'", key);
     }
@@ -1057,6 +1072,47 @@ static double k_time(const state_t *st, unsigned long long k)
     return (double)k * (double)st->period_ms / 1000.0;
 }
 
+/* Device sample k is taken up to `jitter` of a period after k * period, and
+ * about one in `miss_every` is missing (never two in a row), as real drivers
+ * do; each sample covers the time since the previous one taken. */
+static unsigned long long mix(unsigned long long k)
+{
+    k += 0x9E3779B97F4A7C15ull;
+    k = (k ^ (k >> 30)) * 0xBF58476D1CE4E5B9ull;
+    k = (k ^ (k >> 27)) * 0x94D049BB133111EBull;
+    return k ^ (k >> 31);
+}
+
+static int sample_missing(const state_t *st, unsigned long long k)
+{
+    if (!st->miss_every || k == 0)
+        return 0;
+    return mix(k) % st->miss_every == 0 && mix(k - 1) % st->miss_every != 0;
+}
+
+static unsigned long long sample_us(const state_t *st, unsigned long long k)
+{
+    unsigned long long per = (unsigned long long)st->period_ms * 1000ull;
+    unsigned long long late = st->jitter > 0 ? mix(~k) % (unsigned long long)(st->jitter * per + 1)
+                                             : 0;
+    return k * per + late;
+}
+
+/* Driver timestamps: the fake clock plus clock_offset (never below 0). */
+static unsigned long long to_driver_us(unsigned long long us)
+{
+    double v = (double)us + g_state->clock_offset * 1e6;
+    return v > 0 ? (unsigned long long)v : 0ull;
+}
+
+static unsigned long long from_driver_us(unsigned long long us)
+{
+    if (us == 0)
+        return 0; /* "everything in the buffer" */
+    double v = (double)us - g_state->clock_offset * 1e6;
+    return v > 0 ? (unsigned long long)v : 1ull;
+}
+
 /* --------------------------------------------------------- call plumbing */
 
 typedef struct {
@@ -1078,18 +1134,19 @@ static const inject_t *find_inject(const injlist_t *l, const char *fn)
     /* Exact name first, then without a _vN suffix (so "nvmlDeviceGetMemoryInfo"
      * also covers nvmlDeviceGetMemoryInfo_v2), then "*". */
     for (int i = 0; i < l->n; i++)
-        if (strcmp(l->v[i].fn, fn) == 0)
+        if (strcmp(l->v[i].fn, fn) == 0 && !(l->v[i].once && l->v[i].used))
             return &l->v[i];
     const char *us = strrchr(fn, '_');
     if (us && us[1] == 'v' && us[2] >= '0' && us[2] <= '9') {
         size_t n = (size_t)(us - fn);
         for (int i = 0; i < l->n; i++)
-            if (strlen(l->v[i].fn) == n && strncmp(l->v[i].fn, fn, n) == 0)
+            if (strlen(l->v[i].fn) == n && strncmp(l->v[i].fn, fn, n) == 0 &&
+                !(l->v[i].once && l->v[i].used))
                 return &l->v[i];
     }
     if (star_applies(fn))
         for (int i = 0; i < l->n; i++)
-            if (strcmp(l->v[i].fn, "*") == 0)
+            if (strcmp(l->v[i].fn, "*") == 0 && !(l->v[i].once && l->v[i].used))
                 return &l->v[i];
     return NULL;
 }
@@ -1105,12 +1162,13 @@ static double sleep_for(const fdev_t *d, const char *fn)
 
 static nvmlReturn_t error_for(const fdev_t *d, const char *fn)
 {
-    const inject_t *in = find_inject(&g_state->errors, fn);
-    if (in)
-        return in->err;
-    if (d && (in = find_inject(&d->errors, fn)) != NULL)
-        return in->err;
-    return NVML_SUCCESS;
+    inject_t *in = (inject_t *)find_inject(&g_state->errors, fn);
+    if (!in && d)
+        in = (inject_t *)find_inject(&d->errors, fn);
+    if (!in)
+        return NVML_SUCCESS;
+    in->used = 1; /* spends an error_once until the state file changes */
+    return in->err;
 }
 
 /* Locks; checks init; reloads the state; honours injected sleeps (without
@@ -1673,30 +1731,39 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
         return done(NVML_ERROR_NOT_SUPPORTED);
     if (t.dev->nmig && type != NVML_TOTAL_POWER_SAMPLES) /* documented for MIG */
         return done(NVML_ERROR_NOT_SUPPORTED);
-    unsigned long long lo, hi;
-    if (!sample_range(g_state, lastSeenTimeStamp, &lo, &hi))
+    unsigned long long lo, hi, now = now_us();
+    if (!sample_range(g_state, from_driver_us(lastSeenTimeStamp), &lo, &hi))
+        return done(NVML_ERROR_NOT_FOUND);
+    unsigned long long avail = 0;
+    for (unsigned long long k = lo; k <= hi; k++)
+        avail += !sample_missing(g_state, k) && sample_us(g_state, k) <= now;
+    if (!avail)
         return done(NVML_ERROR_NOT_FOUND);
     *sampleValType = NVML_VALUE_TYPE_UNSIGNED_INT;
-    unsigned long long avail = hi - lo + 1;
     if (!samples) {
         *sampleCount = (unsigned)avail;
         return done(NVML_SUCCESS);
     }
     /* Oldest first; a short buffer gets the oldest ones, so a caller that
      * continues from the newest timestamp it got loses nothing. */
-    unsigned n = avail < *sampleCount ? (unsigned)avail : *sampleCount;
-    unsigned long long per_us = (unsigned long long)g_state->period_ms * 1000ull;
-    for (unsigned i = 0; i < n; i++) {
-        unsigned long long k = lo + i;
-        samples[i].timeStamp = k * per_us;
+    unsigned n = 0;
+    for (unsigned long long k = lo; k <= hi && n < *sampleCount; k++) {
+        unsigned long long ts = sample_us(g_state, k);
+        if (sample_missing(g_state, k) || ts > now)
+            continue;
+        unsigned long long prev = k ? k - 1 : 0;
+        if (prev && sample_missing(g_state, prev))
+            prev--;
+        samples[n].timeStamp = to_driver_us(ts);
         unsigned v;
         if (type == NVML_TOTAL_POWER_SAMPLES) {
             v = (unsigned)llround(t.dev->power_w * 1000.0);
         } else {
-            double m = mean_dev(t.dev, NULL, k_time(g_state, k - 1), k_time(g_state, k));
+            double m = mean_dev(t.dev, NULL, (double)sample_us(g_state, prev) / 1e6,
+                                (double)ts / 1e6);
             v = pct_round(type == NVML_GPU_UTILIZATION_SAMPLES ? m : m * 0.5);
         }
-        samples[i].sampleValue.uiVal = v;
+        samples[n++].sampleValue.uiVal = v;
     }
     *sampleCount = n;
     return done(NVML_SUCCESS);
@@ -1786,7 +1853,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         return done(NVML_ERROR_NOT_SUPPORTED);
     psample_t *v;
     unsigned long long first_k = 0;
-    long n = collect_psamples(t.dev, lastSeenTimeStamp, &v, &first_k);
+    long n = collect_psamples(t.dev, from_driver_us(lastSeenTimeStamp), &v, &first_k);
     if (n < 0)
         return done(NVML_ERROR_MEMORY);
     if (n == 0) {
@@ -1815,7 +1882,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     }
     for (long i = 0; i < n; i++) {
         utilization[i].pid = v[i].pid;
-        utilization[i].timeStamp = v[i].ts;
+        utilization[i].timeStamp = to_driver_us(v[i].ts);
         utilization[i].smUtil = v[i].sm;
         utilization[i].memUtil = pct_round(v[i].sm * 0.5);
         utilization[i].encUtil = 0;

@@ -274,11 +274,61 @@ def test_processes_by_kind(fake: FakeNvml) -> None:
     assert got["used"] == 6 * GIB + 512
 
 
+def test_jittered_samples_with_gaps_each_cover_the_time_since_the_one_before(
+    fake: FakeNvml,
+) -> None:
+    now = time.time()
+    pattern = Pattern.square(3, 30, origin=now - 12.4)
+    fake.write(NvmlState(clock_offset_s=-1000.0, devices=[Device(0, util=pattern)]))
+    got = run(
+        fake,
+        """
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        first = N.nvmlDeviceGetSamples(h, N.NVML_GPU_UTILIZATION_SAMPLES, 0)[1]
+        seen = [[s.timeStamp, s.sampleValue.uiVal] for s in first]
+        time.sleep(0.5)
+        r = call(N.nvmlDeviceGetSamples, h, N.NVML_GPU_UTILIZATION_SAMPLES, seen[-1][0])
+        seen += [[s.timeStamp, s.sampleValue.uiVal] for s in r[1]]
+        out({"seen": seen})
+        """,
+    )
+    offset_us = -1000 * 1_000_000
+    stamps = [ts - offset_us for ts, _ in got["seen"]]  # back on the library's clock
+    period_us = 167_000
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    assert stamps == sorted(set(stamps))
+    assert any(ts % period_us for ts in stamps)  # not on the grid
+    assert len(set(gaps)) > 3 and min(gaps) > 0 and max(gaps) < 3 * period_us  # jitter
+    assert any(g > 1.5 * period_us for g in gaps)  # missing samples
+    assert abs(stamps[-1] / 1e6 - time.time()) < 5  # the offset only shifts the stamps
+    busy = sum((b - a) / 1e6 * v / 100 for (a, _), (b, v)
+               in itertools.pairwise(zip(stamps, [v for _, v in got["seen"]], strict=True)))
+    exact = pattern.integral(stamps[0] / 1e6, stamps[-1] / 1e6) / 100
+    assert busy == pytest.approx(exact, abs=0.01)
+
+
+def test_error_once_fails_one_call_then_the_call_works(fake: FakeNvml) -> None:
+    fake.write(NvmlState(devices=[Device(0, power_w=100.0, errors_once={
+        "nvmlDeviceGetTotalEnergyConsumption": "UNKNOWN"})]))
+    got = run(
+        fake,
+        """
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        out([call(N.nvmlDeviceGetTotalEnergyConsumption, h) for _ in range(3)])
+        """,
+    )
+    assert got[0] == "ERR:UNKNOWN"
+    assert all(isinstance(v, int) for v in got[1:])
+
+
 def test_samples_on_grid_once_and_exact(fake: FakeNvml) -> None:
     now = time.time()
     # 100 % for 3 s every 30 s, the busy part well inside the 20 s buffer.
     pattern = Pattern.square(3, 30, origin=now - 12.4)
-    fake.write(NvmlState(devices=[Device(0, util=pattern)]))
+    fake.write(NvmlState(sample_jitter=0, sample_missing_every=0,
+                         devices=[Device(0, util=pattern)]))
     got = run(
         fake,
         """
@@ -323,13 +373,14 @@ def test_samples_on_grid_once_and_exact(fake: FakeNvml) -> None:
 def test_time_scale_speeds_up_samples_energy_and_process_traces(fake: FakeNvml) -> None:
     """With time_scale 10 the library's clock runs 10x: sample stamps, pattern values,
     process samples and energy all follow it; an event wait's timeout stays real."""
-    fake.write(NvmlState(time_scale=10.0, devices=[Device(0)]))  # fixes the clock's origin
+    grid = {"sample_jitter": 0.0, "sample_missing_every": 0}  # full buffers, counted below
+    fake.write(NvmlState(time_scale=10.0, **grid, devices=[Device(0)]))  # fixes the origin
     t0 = fake.now()
     # 100 % for 3 NVML-s every 30 NVML-s (0.3 s busy every 3 s of real time).
     pattern = Pattern.square(3, 30, origin=t0 - 10)
     fake.write(
         NvmlState(
-            time_scale=10.0,
+            time_scale=10.0, **grid,
             devices=[Device(0, power_w=100.0, processes=[
                 Process(7, sm=Pattern.constant(40), start_time=t0 - 60)]),
                      Device(1, util=pattern)],

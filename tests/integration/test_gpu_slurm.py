@@ -99,3 +99,65 @@ def test_slurm_job_gpus_are_attributed_by_real_pid_and_idle_gpu_shows_zero(
         if agent is not None:
             agent.stop()
         slurm_cluster.cancel(jobid)
+
+
+def test_requeued_job_starts_new_gpu_counters(slurm_cluster: SlurmCluster,
+                                              tmp_path: Path) -> None:
+    """A job requeued onto the same node keeps its id; its new run's GPU counters start
+    at 0, not at the first run's totals."""
+    fake = fake_nvml_or_skip(tmp_path / "nvml")
+    fake.write(NvmlState(devices=[Device(index=i, minor=3 - i) for i in range(4)]))
+    jobid = slurm_cluster.submit("sleep 300\n", gres="gpu:1", extra_args=["--requeue"])
+    agent = None
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING", timeout=30)
+        agent = Agent(
+            ["--spool-dir", str(slurm_cluster.spool_dir), "--state-dir", str(tmp_path / "state"),
+             "--sample-interval", "1", "--slurm-lookup", "cli",
+             "--node-name", slurm_cluster.node_name],
+            env={**fake.env(), **slurm_cluster.env}, log_path=tmp_path / "agent.log",
+        )
+        agent.wait_ready()
+
+        def job_value(text: str, name: str) -> float | None:
+            found = [v for labels, v in series(text, name) if labels["jobid"] == str(jobid)]
+            return found[0] if len(found) == 1 else None
+
+        def first_run() -> str | None:
+            text = agent.metrics()
+            alloc = job_value(text, "slurm_job_gpu_allocated_seconds_total")
+            return text if alloc is not None and alloc >= 4.0 else None
+
+        first = _wait_for(first_run, 30, "4 s of allocated GPU time in the first run", agent)
+        old_start = job_value(first, "slurm_job_start_time_seconds")
+        assert old_start is not None
+        slurm_cluster.run(["scontrol", "requeue", str(jobid)])
+        slurm_cluster.wait_state(jobid, "PENDING", timeout=30)
+        # A requeued job waits about two minutes before it may start again.
+        slurm_cluster.run(["scontrol", "update", f"jobid={jobid}", "starttime=now"])
+        slurm_cluster.wait_state(jobid, "RUNNING", timeout=30)
+
+        seen: list[str] = []
+
+        def new_run() -> str | None:
+            text = agent.metrics()
+            seen[:] = [ln for ln in text.splitlines() if f'jobid="{jobid}"' in ln]
+            start = job_value(text, "slurm_job_start_time_seconds") or 0
+            alloc = job_value(text, "slurm_job_gpu_allocated_seconds_total")
+            return text if start > old_start and alloc is not None else None
+
+        try:
+            text = _wait_for(new_run, 30, "the new run's GPU series", agent)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nthe job's last series:\n" + "\n".join(seen)) from None
+        new_start = job_value(text, "slurm_job_start_time_seconds")
+        alloc = job_value(text, "slurm_job_gpu_allocated_seconds_total")
+        [(_, at)] = series(text, "slurm_gpu_exporter_last_sample_timestamp_seconds")
+        assert new_start is not None and alloc is not None
+        assert alloc <= at - new_start + 1.0, (
+            f"the new run shows {alloc:.1f} s allocated {at - new_start:.1f} s after its start "
+            "(the first run's total carried over)")
+    finally:
+        if agent is not None:
+            agent.stop()
+        slurm_cluster.cancel(jobid)
