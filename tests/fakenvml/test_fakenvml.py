@@ -395,13 +395,15 @@ def test_time_scale_speeds_up_samples_energy_and_process_traces(fake: FakeNvml) 
         N.nvmlDeviceRegisterEvents(h1, N.nvmlEventTypeXidCriticalError, es)
         r0 = time.time(); e0 = N.nvmlDeviceGetTotalEnergyConsumption(h0)
         first = N.nvmlDeviceGetSamples(h1, N.NVML_GPU_UTILIZATION_SAMPLES, 0)[1]
+        r0_after = time.time()
         time.sleep(0.5)
         r1 = time.time(); e1 = N.nvmlDeviceGetTotalEnergyConsumption(h0)
         last = N.nvmlDeviceGetSamples(h1, N.NVML_GPU_UTILIZATION_SAMPLES, 0)[1]
+        r1_after = time.time()
         procs = N.nvmlDeviceGetProcessUtilization(h0, 0)
         t = time.time(); wait = call(N.nvmlEventSetWait_v2, es, 200)
         waited = time.time() - t
-        out({"r0": r0, "r1": r1, "de": e1 - e0,
+        out({"r0": r0, "r1": r1, "r0_after": r0_after, "r1_after": r1_after, "de": e1 - e0,
              "first": [[s.timeStamp, s.sampleValue.uiVal] for s in first],
              "last": [[s.timeStamp, s.sampleValue.uiVal] for s in last],
              "proc_sm": sorted({p.smUtil for p in procs}),
@@ -410,10 +412,13 @@ def test_time_scale_speeds_up_samples_energy_and_process_traces(fake: FakeNvml) 
         """,
     )
     period_us = 167_000
-    # The newest sample is the one before the fake clock's "now", not the real one.
-    for stamps, real in ((got["first"], got["r0"]), (got["last"], got["r1"])):
+    # The newest sample is the one before the fake clock's "now", not the real one. The
+    # call lies between the two real readings, and the fake clock runs 10x, so the bounds
+    # are taken on each side of it.
+    for stamps, before, after in ((got["first"], got["r0"], got["r0_after"]),
+                                  (got["last"], got["r1"], got["r1_after"])):
         newest = stamps[-1][0] / 1e6
-        assert fake.now(real) - 0.2 <= newest <= fake.now(real) + 1e-6
+        assert fake.now(before) - 0.2 <= newest <= fake.now(after) + 1e-6
     advance = (got["last"][-1][0] - got["first"][-1][0]) / 1e6
     assert advance == pytest.approx(10 * (got["r1"] - got["r0"]), abs=0.5)
     # The buffer still holds 120 samples of 167 NVML-ms (2 real s) and follows the pattern.
