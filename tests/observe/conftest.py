@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.agent import Agent
-from tests.observe.daemons import DEPLOY, Alertmanager, Prometheus, WebhookReceiver, tool
+from tests.daemons import DEPLOY, Alertmanager, Prometheus, WebhookReceiver, tool
 
 GENERATOR = DEPLOY / "prometheus" / "alerting" / "generate_alerts.py"
 RECORDING_RULES = DEPLOY / "prometheus" / "rules" / "slurm-gpu-exporter.rules.yml"

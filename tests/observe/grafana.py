@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.observe.daemons import Prometheus
+from tests.daemons import Prometheus
 
 LABEL_VALUES = re.compile(r"label_values\((?P<match>.+),\s*(?P<label>\w+)\)")
 # Series that the simulated node has only part of the time: its stray process outside

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.observe.daemons import DEPLOY, tool
+from tests.daemons import DEPLOY, tool
 
 pytestmark = pytest.mark.prometheus
 

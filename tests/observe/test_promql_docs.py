@@ -8,8 +8,8 @@ import warnings
 
 import pytest
 
+from tests.daemons import REPO
 from tests.observe.conftest import Stack
-from tests.observe.daemons import REPO
 
 pytestmark = pytest.mark.prometheus
 

@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent import Agent, series
-from tests.report.realprom import Prometheus, prometheus_binary
-from tests.support import require
+from tests.daemons import Prometheus
 
 pytestmark = pytest.mark.prometheus
 
@@ -40,8 +39,6 @@ class Node:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    require(prometheus_binary() is not None,
-            "prometheus (Debian package prometheus) is not installed")
     work = tmp_path_factory.mktemp("report-prom")
     started = time.time()
     agents = [Agent(["--simulate", "--sample-interval", str(SAMPLE_INTERVAL_S)],
@@ -50,9 +47,14 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     try:
         for agent in agents:
             agent.wait_ready()
-        prom = Prometheus(work, [f"127.0.0.1:{a.port}" for a in agents])
-        assert prom.wait_for("count(count by (instance) (slurm_job_gpu_busy_seconds_total)) "
-                             "== 2", timeout=30), prom.log()
+        prom = Prometheus("prometheus", {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "slurm-gpu", "static_configs": [
+                {"targets": [f"127.0.0.1:{a.port}" for a in agents]}]}],
+        }, work)
+        prom.wait_ready()
+        prom.wait_for("count(count by (instance) (slurm_job_gpu_busy_seconds_total)) == 2",
+                      timeout=30)
         # Long enough that the bursty job (3 s busy every 30 s) is under 15 % busy.
         time.sleep(max(0.0, started + 25 - time.time()))
         yield Node(agents, prom, started)
@@ -77,7 +79,7 @@ def scraped_snapshot(node: Node) -> tuple[float, list[str]]:
         deadline = time.monotonic() + SAMPLE_INTERVAL_S
         while time.monotonic() < deadline:
             at = time.time()
-            got = {float(r["value"][1]) for r in node.prometheus.query(LAST_SAMPLE, at)}
+            got = {float(r["value"][1]) for r in node.prometheus.vector(LAST_SAMPLE, at)}
             if got == stamps:
                 # Both agents still serve what we read: nothing moved in between.
                 if [a.metrics() for a in node.agents] == texts:

@@ -1,4 +1,4 @@
-"""Real Prometheus, Alertmanager and a webhook receiver for the deploy/ tests.
+"""Real Prometheus, Alertmanager and a webhook receiver for the tests (deploy/, report).
 
 Each runs on 127.0.0.1 on a free port with its own temporary storage, and is ended by
 its own PID.
@@ -22,7 +22,7 @@ import yaml
 
 from tests.support import free_port, require
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 
 
@@ -110,8 +110,8 @@ class Prometheus(Daemon):
         return http_json(self.url + "/api/v1/query_range", {
             "query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(step)})
 
-    def vector(self, expr: str) -> list[dict]:
-        answer = self.query(expr)
+    def vector(self, expr: str, at: float | None = None) -> list[dict]:
+        answer = self.query(expr, at)
         assert answer["status"] == "success", (expr, answer)
         return answer["data"]["result"]
 
