@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
 import stat
 import time
 from collections.abc import Callable
@@ -22,10 +21,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slurm_gpu_exporter import spool
+from slurm_gpu_exporter.base import user_name
 from slurm_gpu_exporter.cgroups import CgroupFS, CgroupGone, JobCgroup
 from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.procfs import ProcessGone, read_uid
 from slurm_gpu_exporter.slurm import SlurmMetadata
+from slurm_gpu_exporter.snapshot import JobInfo
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,15 @@ class Job:
     @property
     def running(self) -> bool:
         return self.end_time is None
+
+    def info(self) -> JobInfo:
+        """The part of the job the snapshot carries to the exposition."""
+        return JobInfo(
+            jobid=self.jobid, user=self.user, uid=self.uid, account=self.account,
+            partition=self.partition, name=self.name, array_job_id=self.array_job_id,
+            array_task_id=self.array_task_id, start_time=self.start_time,
+            end_time=self.end_time, source=self.source,
+        )
 
 
 @dataclass
@@ -501,7 +511,4 @@ def _is_other_cgroup(cgroup: JobCgroup, known_ino: int | None) -> bool:
 def _user_name(uid: int | None) -> str:
     if uid is None:
         return ""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    return user_name(uid) or str(uid)
