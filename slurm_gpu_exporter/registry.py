@@ -118,6 +118,8 @@ class Registry:
         self.spool = SpoolReader(spool_dir, errors, trusted_uids)
         self.cgroups = cgroups
         self.metadata = metadata
+        if metadata.errors is None:  # the look-ups it asks for still count, under "slurm"
+            metadata.errors = errors
         self.errors = errors
         self.proc_root = proc_root
         self.job_linger = job_linger
@@ -273,10 +275,8 @@ class Registry:
         # every job is looked up once (the answer is cached for its life).
         need = [t.jobid for t in running]
         check_state = [t for t in running if self._state_check_due(t, now)]
-        failed = self.metadata.refresh(need, force_state=[t.jobid for t in check_state])
-        for _ in range(failed):
-            self.errors.count("slurm", "a Slurm look-up failed (see the log line above)",
-                              log_it=False)
+        # A failed look-up is counted by the metadata cache, under the slurm source.
+        self.metadata.refresh(need, force_state=[t.jobid for t in check_state])
         for tracked in check_state:
             _check_with_slurm(tracked, self.metadata, now)
         for tracked in running:
