@@ -24,6 +24,7 @@ IO_MODULES = {
     "slurm_gpu_exporter.procfs",
     "slurm_gpu_exporter.slurm",
     "slurm_gpu_exporter.spool",
+    "slurm_gpu_exporter.spool_reader",
     "slurm_gpu_exporter.registry",
     "slurm_gpu_exporter.jobstats",
     "slurm_gpu_exporter.state",
