@@ -39,13 +39,19 @@ hierarchies that have no Slurm root yet.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+from slurm_gpu_exporter.base import read_kernel_file
+from slurm_gpu_exporter.cgroup_files import UNIFIED, parse_cpu_list
+from slurm_gpu_exporter.cgroup_paths import CgroupJobRef, parse_cgroup_path
+from slurm_gpu_exporter.cgroup_v1 import jobs_under_v1, read_v1, scan_v1_roots, slurm_tops
+from slurm_gpu_exporter.cgroup_v2 import V2Reader, jobs_under_v2, scan_v2_roots
+
+# The public names other modules import from here (the pieces live in cgroup_*.py).
 __all__ = [
     "UNIFIED",
     "CgroupFS",
@@ -58,33 +64,6 @@ __all__ = [
     "read_kernel_file",
 ]
 
-# Key of the single directory of a cgroup v2 job in JobCgroup.dirs.
-UNIFIED = "unified"
-
-_ID = r"[1-9][0-9]{0,9}"  # Slurm prints uint32 ids with %u: no sign, no leading zero
-_V1_TOP_RE = re.compile(r"slurm(?:_.+)?")
-_UID_RE = re.compile(r"uid_(0|[1-9][0-9]{0,9})")  # root's jobs run as uid_0
-_JOB_RE = re.compile(rf"job_({_ID})")
-# Canonical printed SLUID: "s" and 13 upper-case Crockford base32 digits (no I, L, O, U).
-_SLUID_RE = re.compile(r"s[0-9A-HJKMNP-TV-Z]{13}")
-_SCOPE_RE = re.compile(r"(?:.+_)?slurmstepd\.scope")
-_NUM = r"(?:0|[1-9][0-9]{0,9})"
-# step_<n>, step_<n>+<het component>, or one of Slurm's named steps.
-_STEP_RE = re.compile(rf"step_({_NUM}(?:\+{_NUM})?|batch|extern|interactive)")
-
-# v1 memory cgroups report "no limit" as PAGE_COUNTER_MAX pages (about 2**63 bytes,
-# rounded down to the page size); anything this large is no real limit.
-_V1_UNLIMITED = 1 << 60
-
-# v1 trees to list a job's processes from, best first. Slurm 22.05 keeps slurmstepd
-# in the job-level freezer cgroup and in the step-level memory/devices/cpuset
-# cgroups; the tasks sit in the leaves below (freezer step_<s>, task_<n> elsewhere).
-# freezer (proctrack/cgroup) holds every process of every step; cpuset, whose
-# step cgroups are leaves shared with slurmstepd, is the last resort.
-_V1_PID_SOURCES = ("freezer", "cpuacct", "memory", "devices", "cpuset")
-
-_SLICE_DEPTH = 4  # how deep nested systemd slices (a.slice/a-b.slice/...) are searched
-
 # Seconds after a job is first seen (or first expected) during which every call
 # looks for Slurm roots that appeared late.
 NEW_JOB_WINDOW_S = 10.0
@@ -92,105 +71,6 @@ NEW_JOB_WINDOW_S = 10.0
 
 class CgroupGone(Exception):
     """The job's cgroup vanished while it was being read: the job ended, a normal outcome."""
-
-
-@dataclass(frozen=True)
-class CgroupJobRef:
-    """Where in a Slurm job a cgroup path points.
-
-    ``job_key`` is the numeric job id, or the SLUID when the layout names job
-    directories by SLUID (``is_sluid``). ``step`` is ``"0"``, ``"batch"``,
-    ``"extern"``, ``"interactive"``, ``"0+1"``..., or None for the job level.
-    ``uid`` comes from v1 paths (``uid_<uid>``); v2 paths do not carry it.
-    """
-
-    job_key: str
-    step: str | None
-    uid: int | None
-    is_sluid: bool
-
-
-def parse_cgroup_path(path: str) -> CgroupJobRef | None:
-    """Map a cgroup path, as written in /proc/<pid>/cgroup, to the Slurm job it is in.
-
-    Returns None for any cgroup outside a Slurm job (system services, the
-    ``system`` leaves, user sessions) and for look-alikes such as ``job_12abc``,
-    ``step_foo`` or paths with ``.``/``..`` components.
-    """
-    raw = path.split("/")
-    if "." in raw or ".." in raw:
-        return None
-    parts = [p for p in raw if p]
-    for i, name in enumerate(parts):
-        if _SCOPE_RE.fullmatch(name):
-            ref = _parse_v2_tail(parts[i + 1 :])
-        elif _V1_TOP_RE.fullmatch(name):
-            ref = _parse_v1_tail(parts[i + 1 :])
-        else:
-            continue
-        if ref is not None:
-            return ref
-    return None
-
-
-def _parse_step(parts: list[str]) -> tuple[bool, str | None]:
-    """(valid, step name) for what follows a job directory; anything below a step is the step's."""
-    if not parts:
-        return True, None
-    m = _STEP_RE.fullmatch(parts[0])
-    if m is None:
-        return False, None
-    return True, m.group(1)
-
-
-def _parse_v1_tail(parts: list[str]) -> CgroupJobRef | None:
-    if len(parts) < 2:
-        return None
-    uid_m = _UID_RE.fullmatch(parts[0])
-    job_m = _JOB_RE.fullmatch(parts[1])
-    if uid_m is None or job_m is None:
-        return None
-    ok, step = _parse_step(parts[2:])
-    if not ok:
-        return None
-    return CgroupJobRef(job_key=job_m.group(1), step=step, uid=int(uid_m.group(1)), is_sluid=False)
-
-
-def _job_dir_key(name: str) -> tuple[str, bool] | None:
-    """(job_key, is_sluid) for a v2 job directory name, None for anything else."""
-    m = _JOB_RE.fullmatch(name)
-    if m is not None:
-        return m.group(1), False
-    if _SLUID_RE.fullmatch(name):
-        return name, True
-    return None
-
-
-def _parse_v2_tail(parts: list[str]) -> CgroupJobRef | None:
-    if not parts:
-        return None
-    key = _job_dir_key(parts[0])
-    if key is None:
-        return None
-    ok, step = _parse_step(parts[1:])
-    if not ok:
-        return None
-    return CgroupJobRef(job_key=key[0], step=step, uid=None, is_sluid=key[1])
-
-
-def parse_cpu_list(text: str) -> frozenset[int]:
-    """Parse a kernel CPU list such as ``0-3,8,10-11``; raises ValueError when malformed."""
-    cpus: set[int] = set()
-    for item in text.strip().split(","):
-        if not item:
-            continue
-        lo, sep, hi = item.partition("-")
-        first = int(lo)
-        last = int(hi) if sep else first
-        if first < 0 or last < first:
-            raise ValueError(f"bad CPU range {item!r}")
-        cpus.update(range(first, last + 1))
-    return frozenset(cpus)
 
 
 @dataclass(frozen=True)
@@ -240,154 +120,6 @@ class JobCgroupStats:
     pids: tuple[int, ...]
 
 
-@dataclass
-class _Partial:
-    """Stats of one job directory set, before instances of a multi-slurmd job are summed."""
-
-    cpu_seconds: float | None = None
-    cpus: frozenset[int] | None = None
-    memory_used: int | None = None
-    memory_limit: int | None = None
-    memory_peak: int | None = None
-    oom_kills: int | None = None
-    pids: frozenset[int] = frozenset()
-
-
-# The helpers below run for every job on every sample: they take plain string
-# paths, which costs a fraction of building pathlib objects.
-
-
-def read_kernel_file(path: str | os.PathLike[str]) -> bytes:
-    """All of a small cgroupfs or procfs file, through one descriptor; raises OSError.
-
-    Read in a loop: such files report size 0, so a single sized read cannot be used.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
-
-
-def _read_text(path: str) -> str | None:
-    """One cgroup file's content, or None when it is missing or unreadable.
-
-    Any OSError counts: a file of a cgroup being removed can fail with ENOENT,
-    ENODEV or EINVAL, and one odd file must not fail the whole job.
-    """
-    try:
-        return read_kernel_file(path).decode("ascii", "replace")
-    except OSError:
-        return None
-
-
-def _read_int(path: str) -> int | None:
-    text = _read_text(path)
-    if text is None:
-        return None
-    try:
-        return int(text.strip())
-    except ValueError:
-        return None
-
-
-def _read_keyed(path: str, key: str) -> int | None:
-    """Value of ``key`` in a flat-keyed file such as memory.stat or cpu.stat."""
-    text = _read_text(path)
-    if text is None:
-        return None
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name == key:
-            try:
-                return int(value.strip())
-            except ValueError:
-                return None
-    return None
-
-
-def _read_cpus(path: str) -> frozenset[int] | None:
-    text = _read_text(path)
-    if text is None:
-        return None
-    try:
-        cpus = parse_cpu_list(text)
-    except ValueError:
-        return None
-    # An empty cpuset means "not configured yet", not "zero CPUs".
-    return cpus or None
-
-
-def _read_procs(directory: str) -> list[int] | None:
-    """Pids in one cgroup; None when the cgroup is gone."""
-    text = _read_text(directory + "/cgroup.procs")
-    if text is None:
-        return None
-    pids = []
-    for line in text.split():
-        try:
-            pids.append(int(line))
-        except ValueError:
-            continue
-    return pids
-
-
-def _subdirs(directory: str | Path) -> list[os.DirEntry[str]]:
-    """Child directories, not following symlinks; empty when the directory is gone."""
-    try:
-        with os.scandir(directory) as it:
-            return [e for e in it if e.is_dir(follow_symlinks=False)]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
-
-def _child_cgroups(directory: str) -> list[str]:
-    """Names of the child cgroups Slurm made in a job's subtree.
-
-    Every interface file of a cgroup directory has a dot in its name (or is v1's
-    ``tasks``/``notify_on_release``); Slurm's own directories have none.
-    """
-    try:
-        with os.scandir(directory) as it:
-            return [e.name for e in it if "." not in e.name and e.is_dir(follow_symlinks=False)]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
-
-def _step_leaves(job_dir: str, skip_stepd_leaf: bool) -> list[str]:
-    """The leaf cgroups of the job's steps: where Slurm puts the job's processes.
-
-    Slurm keeps slurmstepd above the leaves (job-level freezer cgroup, step-level
-    memory/devices cgroups on v1) or in the v2 leaf ``step_<s>/slurm``, skipped here.
-    """
-    leaves = []
-    steps = [f"{job_dir}/{step}" for step in _child_cgroups(job_dir) if _STEP_RE.fullmatch(step)]
-    stack = [(step, True) for step in steps]
-    while stack:
-        d, is_step = stack.pop()
-        children = _child_cgroups(d)
-        if not children:
-            leaves.append(d)
-        for child in children:
-            if not (skip_stepd_leaf and is_step and child == "slurm"):
-                stack.append((f"{d}/{child}", False))
-    return leaves
-
-
-def _pids_of(leaves: Iterable[str]) -> frozenset[int] | None:
-    """Pids of all the leaves; None as soon as one is gone (the list is stale)."""
-    pids: set[int] = set()
-    for leaf in leaves:
-        got = _read_procs(leaf)
-        if got is None:
-            return None
-        pids.update(got)
-    return frozenset(pids)
-
-
 def _sum_int(values: Iterable[int | None]) -> int | None:
     present = [v for v in values if v is not None]
     return sum(present) if present else None
@@ -396,11 +128,6 @@ def _sum_int(values: Iterable[int | None]) -> int | None:
 def _sum_float(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return sum(present) if present else None
-
-
-def _slurm_tops(hierarchy: str) -> list[str]:
-    """The ``slurm*`` roots directly under one v1 hierarchy."""
-    return [e.path for e in _subdirs(hierarchy) if _V1_TOP_RE.fullmatch(e.name)]
 
 
 class CgroupFS:
@@ -429,8 +156,7 @@ class CgroupFS:
         self._new_since: dict[str, float] = {}
         # job key -> (what it was found as, the JobCgroup handed out for it).
         self._jobs: dict[str, tuple[object, JobCgroup]] = {}
-        # v2 job dir -> (nr_descendants, leaf cgroups) when last walked.
-        self._leaves: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self._v2 = V2Reader()
 
     def version(self) -> int:
         """2 on a pure cgroup v2 mount, else 1.
@@ -476,11 +202,11 @@ class CgroupFS:
     def _rescan_late_roots(self) -> bool:
         """Look for roots made after the last scan; True when the roots changed."""
         if self._roots_version == 2:
-            roots = [(frozenset({UNIFIED}), p) for p in self._scan_v2_roots()]
+            roots = [(frozenset({UNIFIED}), p) for p in scan_v2_roots(self.root)]
         elif self._bare:
             roots = list(self._roots)
             for real, names in self._bare.items():
-                roots.extend((names, p) for p in _slurm_tops(real))
+                roots.extend((names, p) for p in slurm_tops(real))
         else:
             return False
         if roots == self._roots:
@@ -502,7 +228,8 @@ class CgroupFS:
                 stale = True
                 continue
             instance = top if version == 2 else os.path.basename(top)
-            for job_key, uid, is_sluid, job_dir in self._jobs_under(top, version):
+            jobs_under = jobs_under_v2 if version == 2 else jobs_under_v1
+            for job_key, uid, is_sluid, job_dir in jobs_under(top):
                 _, _, instances = found.setdefault(job_key, (uid, is_sluid, {}))
                 dirs = instances.setdefault(instance, {})
                 for ctrl in controllers:
@@ -534,7 +261,7 @@ class CgroupFS:
             self._jobs[job_key] = (signature, jobs[job_key])
         self._jobs = {k: v for k, v in self._jobs.items() if k in jobs}
         live = {d for _, _, insts in found.values() for i in insts.values() for d in i.values()}
-        self._leaves = {d: v for d, v in self._leaves.items() if d in live}
+        self._v2.keep_only(live)
         return jobs
 
     def read_stats(self, job: JobCgroup) -> JobCgroupStats:
@@ -545,7 +272,7 @@ class CgroupFS:
         instances = [job.dirs, *job.more_dirs]
         if not any(os.path.isdir(p) for dirs in instances for p in dirs.values()):
             raise CgroupGone(f"cgroup of job {job.job_key} is gone")
-        reader = self._read_v2 if job.version == 2 else self._read_v1
+        reader = self._v2.read if job.version == 2 else read_v1
         parts = [reader(dirs) for dirs in instances]
         # Files of an ending job vanish one by one: partial values are not worth reporting.
         if not any(os.path.isdir(p) for dirs in instances for p in dirs.values()):
@@ -579,9 +306,10 @@ class CgroupFS:
             self._roots_version = self.version()
             if self._roots_version == 2:
                 self._bare = {}
-                self._set_roots([(frozenset({UNIFIED}), p) for p in self._scan_v2_roots()])
+                self._set_roots([(frozenset({UNIFIED}), p) for p in scan_v2_roots(self.root)])
             else:
-                self._set_roots(self._scan_v1_roots())
+                roots, self._bare = scan_v1_roots(self.root)
+                self._set_roots(roots)
             self._roots_scanned_at = now
         return self._roots
 
@@ -590,124 +318,3 @@ class CgroupFS:
         if self._roots_version == 1:
             rooted = {os.path.dirname(path) for _, path in self._roots}
             self._bare = {real: names for real, names in self._bare.items() if real not in rooted}
-
-    def _scan_v1_roots(self) -> list[tuple[frozenset[str], str]]:
-        # Group mount points by their real directory: "cpu" and "cpuacct" are often
-        # symlinks to one "cpu,cpuacct" hierarchy, which must be read once.
-        hierarchies: dict[str, set[str]] = {}
-        try:
-            with os.scandir(self.root) as it:
-                entries = [e for e in it if e.is_dir()]
-        except (FileNotFoundError, NotADirectoryError):
-            self._bare = {}
-            return []
-        for entry in entries:
-            real = os.path.realpath(entry.path)
-            names = hierarchies.setdefault(real, set())
-            names.update(n for n in entry.name.split(",") if n)
-            names.update(n for n in os.path.basename(real).split(",") if n)
-        roots = []
-        self._bare = {}
-        for real, names in sorted(hierarchies.items()):
-            tops = _slurm_tops(real)
-            if not tops:
-                self._bare[real] = frozenset(names)
-            roots.extend((frozenset(names), top) for top in tops)
-        return roots
-
-    def _scan_v2_roots(self) -> list[str]:
-        roots = []
-        stack = [(os.fspath(self.root), 0)]
-        while stack:
-            directory, depth = stack.pop()
-            for entry in _subdirs(directory):
-                if _SCOPE_RE.fullmatch(entry.name):
-                    roots.append(entry.path)
-                elif entry.name.endswith(".slice") and depth < _SLICE_DEPTH:
-                    stack.append((entry.path, depth + 1))
-        return sorted(roots)
-
-    @staticmethod
-    def _jobs_under(top: str, version: int) -> Iterable[tuple[str, int | None, bool, str]]:
-        if version == 2:
-            for entry in _subdirs(top):
-                key = _job_dir_key(entry.name)
-                if key is not None:
-                    yield key[0], None, key[1], entry.path
-            return
-        for uid_entry in _subdirs(top):
-            uid_m = _UID_RE.fullmatch(uid_entry.name)
-            if uid_m is None:
-                continue
-            for job_entry in _subdirs(uid_entry.path):
-                job_m = _JOB_RE.fullmatch(job_entry.name)
-                if job_m is not None:
-                    yield job_m.group(1), int(uid_m.group(1)), False, job_entry.path
-
-    # --- stats -------------------------------------------------------------
-
-    @staticmethod
-    def _read_v1(dirs: Mapping[str, Path]) -> _Partial:
-        out = _Partial()
-        if "cpuacct" in dirs:
-            usage_ns = _read_int(f"{dirs['cpuacct']}/cpuacct.usage")
-            out.cpu_seconds = usage_ns / 1e9 if usage_ns is not None else None
-        if "cpuset" in dirs:
-            cpuset = os.fspath(dirs["cpuset"])
-            out.cpus = _read_cpus(f"{cpuset}/cpuset.effective_cpus") or _read_cpus(
-                f"{cpuset}/cpuset.cpus"
-            )
-        if "memory" in dirs:
-            memory = os.fspath(dirs["memory"])
-            usage = _read_int(f"{memory}/memory.usage_in_bytes")
-            # total_* counts the whole subtree: the job's pages sit in its task cgroups.
-            inactive = _read_keyed(f"{memory}/memory.stat", "total_inactive_file")
-            if usage is not None:
-                out.memory_used = max(0, usage - (inactive or 0))
-            limit = _read_int(f"{memory}/memory.limit_in_bytes")
-            out.memory_limit = limit if limit is not None and limit < _V1_UNLIMITED else None
-            out.memory_peak = _read_int(f"{memory}/memory.max_usage_in_bytes")
-            out.oom_kills = _read_keyed(f"{memory}/memory.oom_control", "oom_kill")
-        for ctrl in _V1_PID_SOURCES:
-            if ctrl in dirs and os.path.isdir(dirs[ctrl]):
-                out.pids = _pids_of(_step_leaves(os.fspath(dirs[ctrl]), False)) or frozenset()
-                break
-        return out
-
-    def _v2_pids(self, job_dir: str) -> frozenset[int]:
-        # Listing every directory of a job's subtree costs more than reading it:
-        # the leaves are remembered while cgroup.stat's nr_descendants is unchanged
-        # (a leaf that vanished in between also forces a fresh walk).
-        count = _read_keyed(f"{job_dir}/cgroup.stat", "nr_descendants")
-        cached = self._leaves.get(job_dir)
-        if count is not None and cached is not None and cached[0] == count:
-            pids = _pids_of(cached[1])
-            if pids is not None:
-                return pids
-        leaves = tuple(_step_leaves(job_dir, True))
-        if count is not None:
-            self._leaves[job_dir] = (count, leaves)
-        return _pids_of(leaves) or frozenset()
-
-    def _read_v2(self, dirs: Mapping[str, Path]) -> _Partial:
-        out = _Partial()
-        if UNIFIED not in dirs:
-            return out
-        job_dir = os.fspath(dirs[UNIFIED])
-        usage_usec = _read_keyed(f"{job_dir}/cpu.stat", "usage_usec")
-        out.cpu_seconds = usage_usec / 1e6 if usage_usec is not None else None
-        out.cpus = _read_cpus(f"{job_dir}/cpuset.cpus.effective")
-        current = _read_int(f"{job_dir}/memory.current")
-        inactive = _read_keyed(f"{job_dir}/memory.stat", "inactive_file")
-        if current is not None:
-            out.memory_used = max(0, current - (inactive or 0))
-        limit_text = _read_text(f"{job_dir}/memory.max")
-        if limit_text is not None and limit_text.strip() != "max":
-            try:
-                out.memory_limit = int(limit_text.strip())
-            except ValueError:
-                out.memory_limit = None
-        out.memory_peak = _read_int(f"{job_dir}/memory.peak")
-        out.oom_kills = _read_keyed(f"{job_dir}/memory.events", "oom_kill")
-        out.pids = self._v2_pids(job_dir)
-        return out

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             lookup = make_lookup(args.node_name, prefer_pyslurm=args.slurm_lookup == "auto")
         registry = Registry(
-            args.spool_dir, cgroups, SlurmMetadata(lookup), errors,
+            args.spool_dir, cgroups, SlurmMetadata(lookup, errors=errors), errors,
             proc_root=args.proc_root, job_linger=args.job_linger,
             cgroup_grace=args.cgroup_grace, trusted_uids=frozenset({0, os.geteuid()}),
         )

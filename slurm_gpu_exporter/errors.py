@@ -5,6 +5,11 @@ Each data source in ``SOURCES`` fails alone and shows up as
 ``slurm_gpu_exporter_source_up{source=...}``: the two families share these label
 values, and counting under any other name is refused. A message that repeats is
 logged once per ``quiet_period`` seconds, with how often it recurred.
+
+Each source counts its own problems under its own name (the spool reader under
+``spool``, the cgroup readers under ``cgroup``, the Slurm look-ups under ``slurm``,
+the GPU part under ``nvml``, the state store under ``state``); a source is up in a
+sample when it counted nothing during it, so one source never marks another down.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class SourceErrors:
         self.clock = clock
         self._lock = threading.Lock()
         self._counts: dict[str, int] = dict.fromkeys(SOURCES, 0)
+        self._failed: set[str] = set()  # sources that counted since take_failed()
         # message -> (time last logged, repeats since then)
         self._logged: dict[str, tuple[float, int]] = {}
 
@@ -38,6 +44,7 @@ class SourceErrors:
             raise ValueError(f"unknown error source {source!r}; add it to errors.SOURCES")
         with self._lock:
             self._counts[source] += 1
+            self._failed.add(source)
             if not log_it:
                 return
             now = self.clock()
@@ -51,6 +58,13 @@ class SourceErrors:
                 self._logged.clear()
         suffix = f" (and {repeats} more times since last logged)" if repeats else ""
         log.warning("%s: %s%s", source, message, suffix)
+
+    def take_failed(self) -> frozenset[str]:
+        """The sources that counted an error since the last call; starts a new period."""
+        with self._lock:
+            failed = frozenset(self._failed)
+            self._failed.clear()
+        return failed
 
     def snapshot(self) -> dict[str, int]:
         """A copy of the counters."""

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from slurm_gpu_exporter import spool
+from slurm_gpu_exporter.base import user_name
 
 DEFAULTS_FILE = "/etc/default/slurm-gpu-exporter"
 SPOOL_DIR_KEY = "SLURM_GPU_EXPORTER_SPOOL_DIR"
@@ -92,12 +93,9 @@ def record_from_env(env: Mapping[str, str], now: float, *, started: bool) -> spo
 
 
 def _user_name(uid: int) -> str:
-    import pwd  # only when slurmd did not pass SLURM_JOB_USER
-
-    try:
-        return clean_text(pwd.getpwuid(uid).pw_name)
-    except KeyError:
-        return ""
+    """Only asked when slurmd did not pass SLURM_JOB_USER."""
+    name = user_name(uid)
+    return clean_text(name) if name else ""
 
 
 def spool_dir_from(argv: Sequence[str], env: Mapping[str, str],

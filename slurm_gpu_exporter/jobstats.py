@@ -102,11 +102,11 @@ class JobStatsCollector:
         last = self._last.get(key)
         if last is None or (last.cpu_seconds is None and last.memory_peak_bytes is None):
             return JobSample(
-                job=job, gpus=gpus,
+                job=job.info(), gpus=gpus,
                 cpu_seconds=self._cpu_floor.get(key),
                 memory_peak_bytes=self._peak_floor.get(key),
             )
-        return replace(last, job=job, gpus=gpus, memory_used_bytes=0, processes=0)
+        return replace(last, job=job.info(), gpus=gpus, memory_used_bytes=0, processes=0)
 
     def _sample(self, job: Job, key: RunKey) -> JobSample:
         gpus = gpu_allocation(job.job_gpus, job.cuda_visible_devices).count
@@ -120,7 +120,7 @@ class JobStatsCollector:
             return self._without_cgroup(job, key, gpus)
         except OSError as exc:
             self.errors.count("cgroup", f"job {job.jobid}: cannot read its cgroup: {exc}")
-            return JobSample(job=job, gpus=gpus)
+            return JobSample(job=job.info(), gpus=gpus)
         cpu = stats.cpu_seconds
         if cpu is None:
             cpu = self.cpu_from_processes.update(_process_key(key), stats.pids)
@@ -133,7 +133,7 @@ class JobStatsCollector:
             self._peak_floor[key] = peak
         self._cpu_floor[key] = cpu
         return JobSample(
-            job=job,
+            job=job.info(),
             gpus=gpus,
             cpus=stats.cpus,
             cpu_seconds=cpu,

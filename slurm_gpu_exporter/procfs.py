@@ -4,7 +4,7 @@ Every reader takes the proc root (``--proc-root``) and reads one file. A process
 that exits between listing and reading is a normal outcome: the readers raise
 ProcessGone for it, and the classes here turn it into "no answer".
 
-Standard library only (cgroups.py, the only import, is stdlib too).
+Standard library only (base.py and cgroup_paths.py, its imports, are stdlib too).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import errno
 import functools
 import os
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_gpu_exporter.cgroups import parse_cgroup_path, read_kernel_file
+from slurm_gpu_exporter.base import JOB_ID_RE, STEP_ID_RE, read_kernel_file
+from slurm_gpu_exporter.cgroup_paths import parse_cgroup_path
 
 __all__ = [
     "PidJob",
@@ -34,8 +34,6 @@ __all__ = [
     "read_uid",
 ]
 
-_JOB_ID_RE = re.compile(r"[1-9][0-9]{0,9}")
-_STEP_ID_RE = re.compile(r"0|[1-9][0-9]{0,9}")
 
 
 class ProcessGone(Exception):
@@ -260,11 +258,11 @@ class PidJobMapper:
             return None
         env = read_environ_values(self.proc_root, pid, ("SLURM_JOB_ID", "SLURM_STEP_ID"))
         job_id = env.get("SLURM_JOB_ID")
-        if job_id is None or not _JOB_ID_RE.fullmatch(job_id):
+        if job_id is None or not JOB_ID_RE.fullmatch(job_id):
             return None
         # Tasks of srun steps carry SLURM_STEP_ID; a batch script does not.
         step = env.get("SLURM_STEP_ID")
-        if step is not None and not _STEP_ID_RE.fullmatch(step):
+        if step is not None and not STEP_ID_RE.fullmatch(step):
             step = None
         return PidJob(job_id, step, False, "environ")
 

@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slurm_gpu_exporter import spool
+from slurm_gpu_exporter.base import user_name
 from slurm_gpu_exporter.cgroups import CgroupFS, CgroupGone, JobCgroup
 from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.procfs import ProcessGone, read_uid
-from slurm_gpu_exporter.slurm import SlurmMetadata
+from slurm_gpu_exporter.slurm import SlurmJobInfo, SlurmMetadata
+from slurm_gpu_exporter.snapshot import JobInfo
+from slurm_gpu_exporter.spool_reader import FileKey, SpoolReader
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,15 @@ class Job:
     def running(self) -> bool:
         return self.end_time is None
 
+    def info(self) -> JobInfo:
+        """The part of the job the snapshot carries to the exposition."""
+        return JobInfo(
+            jobid=self.jobid, user=self.user, uid=self.uid, account=self.account,
+            partition=self.partition, name=self.name, array_job_id=self.array_job_id,
+            array_task_id=self.array_task_id, start_time=self.start_time,
+            end_time=self.end_time, source=self.source,
+        )
+
 
 @dataclass
 class _Tracked:
@@ -80,12 +90,11 @@ class _Tracked:
     next_state_check: float | None = None  # a record without a cgroup: next check with Slurm
     failed_state_checks: int = 0  # checks in a row where Slurm did not know the job
 
-
-@dataclass(frozen=True)
-class _FileKey:
-    ino: int
-    mtime_ns: int
-    size: int
+    def mark_ended(self, end_time: float, now: float) -> None:
+        """The job ended at ``end_time``; it lingers from ``now``, when the agent learnt it,
+        so a job found ended late (after the cgroup grace) still lingers in full."""
+        self.end_time = end_time
+        self.ended_at = now
 
 
 class Registry:
@@ -106,8 +115,11 @@ class Registry:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.spool_dir = spool_dir
+        self.spool = SpoolReader(spool_dir, errors, trusted_uids)
         self.cgroups = cgroups
         self.metadata = metadata
+        if metadata.errors is None:  # the look-ups it asks for still count, under "slurm"
+            metadata.errors = errors
         self.errors = errors
         self.proc_root = proc_root
         self.job_linger = job_linger
@@ -116,92 +128,30 @@ class Registry:
         self.remove_expired_records = remove_expired_records
         self.clock = clock
         self._jobs: dict[str, _Tracked] = {}
-        # spool file name -> (file version, parsed record or None when refused)
-        self._files: dict[str, tuple[_FileKey, spool.JobRecord | None]] = {}
         # job id -> the spool file version that already expired (None: a job that had
         # no record), so that a leftover file or cgroup does not revive it
-        self._expired: dict[str, _FileKey | None] = {}
+        self._expired: dict[str, FileKey | None] = {}
         # job id -> inode of the cgroup an expired job had: a cgroup with another one is a
         # new run of a requeued job, not a leftover
         self._expired_cgroups: dict[str, int] = {}
-        self._spool_missing_logged = False
 
     # -- public -------------------------------------------------------------
 
     def refresh(self) -> list[Job]:
         """Re-read the spool and cgroups; returns the jobs to report, running and lingering."""
         now = self.clock()
-        records = self._read_spool()
+        records = self.spool.read()
         cgroup_jobs = self._find_cgroup_jobs(records)
         self._reconcile(now, records, cgroup_jobs)
         self._fill_metadata(now)
         self._expire(now)
-        return [self._job(t) for t in sorted(self._jobs.values(), key=lambda t: int(t.jobid))]
-
-    # -- spool --------------------------------------------------------------
-
-    def _read_spool(self) -> dict[str, tuple[_FileKey, spool.JobRecord]]:
-        try:
-            dir_fd = spool.open_spool_dir(self.spool_dir)
-        except FileNotFoundError:
-            if not self._spool_missing_logged:
-                log.warning("spool directory %s does not exist yet; jobs are found through "
-                            "cgroups only until the prolog creates it", self.spool_dir)
-                self._spool_missing_logged = True
-            return {}
-        except OSError as exc:
-            self.errors.count("spool", f"cannot open spool directory {self.spool_dir}: "
-                              f"{exc.strerror} (is it a symbolic link?)")
-            return {}
-        self._spool_missing_logged = False
-        records: dict[str, tuple[_FileKey, spool.JobRecord]] = {}
-        seen: set[str] = set()
-        try:
-            with os.scandir(dir_fd) as entries:
-                for entry in entries:
-                    if entry.name.startswith("."):
-                        continue  # a record being written by the prolog
-                    seen.add(entry.name)
-                    result = self._read_spool_entry(dir_fd, entry)
-                    if result is not None:
-                        key, record = result
-                        records[record.jobid] = (key, record)
-        finally:
-            os.close(dir_fd)
-        for name in [n for n in self._files if n not in seen]:
-            del self._files[name]
-        return records
-
-    def _read_spool_entry(
-        self, dir_fd: int, entry: os.DirEntry[str]
-    ) -> tuple[_FileKey, spool.JobRecord] | None:
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            return None  # removed between listing and stat
-        key = _FileKey(st.st_ino, st.st_mtime_ns, st.st_size)
-        cached = self._files.get(entry.name)
-        if cached is not None and cached[0] == key:
-            return (key, cached[1]) if cached[1] is not None else None
-        record: spool.JobRecord | None = None
-        if stat.S_ISLNK(st.st_mode):
-            reason = "record is a symbolic link"
-        else:
-            try:
-                record = spool.read_record(dir_fd, entry.name, self.trusted_uids)
-                reason = ""
-            except spool.SpoolError as exc:
-                reason = str(exc)
-        if record is None:
-            # Counted once per version of the file, not once per sample.
-            self.errors.count("spool", f"skipping spool file {entry.name!r}: {reason}")
-        self._files[entry.name] = (key, record)
-        return (key, record) if record is not None else None
+        ordered = sorted(self._jobs.values(), key=lambda t: int(t.jobid))
+        return [_job_of(t, self.metadata.get(t.jobid)) for t in ordered]
 
     # -- cgroups ------------------------------------------------------------
 
     def _find_cgroup_jobs(
-        self, records: dict[str, tuple[_FileKey, spool.JobRecord]]
+        self, records: dict[str, tuple[FileKey, spool.JobRecord]]
     ) -> dict[str, JobCgroup] | None:
         if self.cgroups is None:
             return None
@@ -239,7 +189,7 @@ class Registry:
     def _reconcile(
         self,
         now: float,
-        records: dict[str, tuple[_FileKey, spool.JobRecord]],
+        records: dict[str, tuple[FileKey, spool.JobRecord]],
         cgroup_jobs: dict[str, JobCgroup] | None,
     ) -> None:
         for jobid, (key, record) in records.items():
@@ -259,7 +209,7 @@ class Registry:
                     tracked.failed_state_checks = 0
                 tracked.record = record
             if record.end_time is not None and tracked.end_time is None:
-                self._mark_ended(tracked, record.end_time, now)
+                tracked.mark_ended(record.end_time, now)
 
         # Forget expired jobs once neither their record nor their cgroup is left.
         gone = [j for j in self._expired if j not in records and j not in (cgroup_jobs or {})]
@@ -300,7 +250,7 @@ class Registry:
                     tracked.record is None
                 ):
                     # No epilog came (or there is no record to wait for): the job is over.
-                    self._mark_ended(tracked, tracked.cgroup_missing_since, now)
+                    tracked.mark_ended(tracked.cgroup_missing_since, now)
                     log.info("job %s: cgroup gone without an epilog; marked ended", tracked.jobid)
 
     def _new_run(self, jobid: str, now: float) -> _Tracked:
@@ -310,21 +260,14 @@ class Registry:
         is: it is set aside (a new prolog record would still be taken), and Slurm is asked
         again for the new run's start time.
         """
-        cached = self._files.get(jobid + spool.RECORD_SUFFIX)
-        if cached is not None and cached[1] is not None:
-            self._expired[jobid] = cached[0]
+        version = self.spool.record_version(jobid)
+        if version is not None:
+            self._expired[jobid] = version
         self._expired_cgroups.pop(jobid, None)
         self.metadata.drop(jobid)
         log.info("job %s runs again in a new cgroup (requeued); tracking its new run", jobid)
         tracked = self._jobs[jobid] = _Tracked(jobid, first_seen=now, discovered=True)
         return tracked
-
-    @staticmethod
-    def _mark_ended(tracked: _Tracked, end_time: float, now: float) -> None:
-        """The job ended at ``end_time``; it lingers from ``now``, when the agent learnt it,
-        so a job found ended late (after the cgroup grace) still lingers in full."""
-        tracked.end_time = end_time
-        tracked.ended_at = now
 
     def _fill_metadata(self, now: float) -> None:
         running = [t for t in self._jobs.values() if t.end_time is None]
@@ -332,15 +275,13 @@ class Registry:
         # every job is looked up once (the answer is cached for its life).
         need = [t.jobid for t in running]
         check_state = [t for t in running if self._state_check_due(t, now)]
-        failed = self.metadata.refresh(need, force_state=[t.jobid for t in check_state])
-        for _ in range(failed):
-            self.errors.count("slurm", "a Slurm look-up failed (see the log line above)",
-                              log_it=False)
+        # A failed look-up is counted by the metadata cache, under the slurm source.
+        self.metadata.refresh(need, force_state=[t.jobid for t in check_state])
         for tracked in check_state:
-            self._check_state(tracked, now)
+            _check_with_slurm(tracked, self.metadata, now)
         for tracked in running:
             if tracked.record is None and tracked.uid_from_process is None:
-                tracked.uid_from_process = self._uid_from_processes(tracked)
+                tracked.uid_from_process = self._uid_from_processes(tracked.cgroup)
 
     def _state_check_due(self, tracked: _Tracked, now: float) -> bool:
         """A record whose cgroup never showed is due for a check with Slurm."""
@@ -353,36 +294,13 @@ class Registry:
         tracked.next_state_check = now + NEVER_SEEN_RECHECK_S
         return True
 
-    def _check_state(self, tracked: _Tracked, now: float) -> None:
-        """End a job without a cgroup that Slurm reports finished, or keeps not knowing."""
-        answered = tracked.jobid in self.metadata.last_answers
-        info = self.metadata.last_answers.get(tracked.jobid)
-        if info is not None and info.finished:
-            self._mark_ended(tracked, now, now)
-            log.info("job %s: Slurm reports it %s and it never had a cgroup here; "
-                     "marked ended", tracked.jobid, info.state)
-            return
-        if info is not None:
-            tracked.failed_state_checks = 0  # Slurm still runs it: keep waiting
-            return
-        if not answered and not self.metadata.unreachable:
-            return  # not asked this time (too many look-ups at once): not a failed check
-        tracked.failed_state_checks += 1
-        if tracked.failed_state_checks < NEVER_SEEN_MAX_CHECKS:
-            return
-        self._mark_ended(tracked, now, now)
-        why = "Slurm no longer knows it" if answered else "Slurm could not be asked"
-        log.warning("job %s: never had a cgroup here and %s after %d checks; marked ended",
-                    tracked.jobid, why, tracked.failed_state_checks)
-
-    def _uid_from_processes(self, tracked: _Tracked) -> int | None:
-        if tracked.cgroup is None:
-            return None
-        if tracked.cgroup.uid is not None:
-            return tracked.cgroup.uid
+    def _uid_from_processes(self, cgroup: JobCgroup | None) -> int | None:
+        """The job's uid from its cgroup path (v1) or its first process not run by root."""
+        if cgroup is None or cgroup.uid is not None:
+            return None if cgroup is None else cgroup.uid
         assert self.cgroups is not None
         try:
-            pids = self.cgroups.read_stats(tracked.cgroup).pids
+            pids = self.cgroups.read_stats(cgroup).pids
         except (CgroupGone, OSError):
             return None
         for pid in pids:
@@ -403,81 +321,86 @@ class Registry:
         ]
         if not expired:
             return
-        dir_fd = None
-        try:
-            if self.remove_expired_records:
-                try:
-                    dir_fd = spool.open_spool_dir(self.spool_dir)
-                except OSError:
-                    dir_fd = None
-            for tracked in expired:
-                del self._jobs[tracked.jobid]
-                if tracked.cgroup_ino is not None:
-                    self._expired_cgroups[tracked.jobid] = tracked.cgroup_ino
-                cached = self._files.get(tracked.jobid + spool.RECORD_SUFFIX)
-                if cached is not None and cached[1] is not None:
-                    self._expired[tracked.jobid] = cached[0]
-                    if dir_fd is not None:
-                        self._remove_record(dir_fd, tracked.jobid)
-                else:
-                    self._expired[tracked.jobid] = None
-            self.metadata.forget(self._jobs)
-        finally:
-            if dir_fd is not None:
-                os.close(dir_fd)
-
-    def _remove_record(self, dir_fd: int, jobid: str) -> None:
-        try:
-            spool.remove_record(dir_fd, jobid)
-        except OSError as exc:
-            # Not fatal: the expired version is remembered and ignored, and removal is
-            # not tried again, so this is said once per record.
-            log.warning("cannot remove the expired spool record of job %s: %s; it is "
-                        "ignored from now on, remove it by hand", jobid, exc.strerror)
+        removed = []
+        for tracked in expired:
+            del self._jobs[tracked.jobid]
+            if tracked.cgroup_ino is not None:
+                self._expired_cgroups[tracked.jobid] = tracked.cgroup_ino
+            # Remembered, so that a leftover file (removal failed) does not revive the job.
+            self._expired[tracked.jobid] = self.spool.record_version(tracked.jobid)
+            if self._expired[tracked.jobid] is not None:
+                removed.append(tracked.jobid)
+        if self.remove_expired_records:
+            self.spool.remove(removed)
+        self.metadata.forget(self._jobs)
 
     # -- output -------------------------------------------------------------
 
-    def _job(self, tracked: _Tracked) -> Job:
-        record = tracked.record
-        info = self.metadata.get(tracked.jobid)
-        if record is not None:
-            job = Job(
-                jobid=record.jobid,
-                uid=record.uid,
-                user=record.user or (info.user if info else "") or _user_name(record.uid),
-                account=record.account or (info.account if info else ""),
-                partition=record.partition or (info.partition if info else ""),
-                cluster=record.cluster or (info.cluster if info else ""),
-                name=info.name if info else "",
-                # slurmd 22.05 gives the prolog no array ids; Slurm knows them.
-                array_job_id=record.array_job_id or (info.array_job_id if info else ""),
-                array_task_id=record.array_task_id or (info.array_task_id if info else ""),
-                job_gpus=record.job_gpus,
-                cuda_visible_devices=record.cuda_visible_devices,
-                # A record the epilog wrote for a job it found no record of has no start.
-                start_time=record.start_time if record.start_time is not None else (
-                    (info.start_time if info and info.start_time else None)
-                    or tracked.first_seen),
-                source="cgroup" if tracked.discovered else "spool",
-            )
-        else:
-            uid = info.uid if info and info.uid is not None else tracked.uid_from_process
-            job = Job(
-                jobid=tracked.jobid,
-                uid=uid,
-                user=(info.user if info and info.user else "") or _user_name(uid),
-                account=info.account if info else "",
-                partition=info.partition if info else "",
-                cluster=info.cluster if info else "",
-                name=info.name if info else "",
-                array_job_id=info.array_job_id if info else "",
-                array_task_id=info.array_task_id if info else "",
-                job_gpus=info.job_gpus if info else "",
-                start_time=(info.start_time if info and info.start_time else None)
-                or tracked.first_seen,
-                source="cgroup",
-            )
-        return replace(job, end_time=tracked.end_time, cgroup=tracked.cgroup)
+def _check_with_slurm(tracked: _Tracked, metadata: SlurmMetadata, now: float) -> None:
+    """End a job without a cgroup that Slurm reports finished, or keeps not knowing."""
+    answered = tracked.jobid in metadata.last_answers
+    info = metadata.last_answers.get(tracked.jobid)
+    if info is not None and info.finished:
+        tracked.mark_ended(now, now)
+        log.info("job %s: Slurm reports it %s and it never had a cgroup here; "
+                 "marked ended", tracked.jobid, info.state)
+        return
+    if info is not None:
+        tracked.failed_state_checks = 0  # Slurm still runs it: keep waiting
+        return
+    if not answered and not metadata.unreachable:
+        return  # not asked this time (too many look-ups at once): not a failed check
+    tracked.failed_state_checks += 1
+    if tracked.failed_state_checks < NEVER_SEEN_MAX_CHECKS:
+        return
+    tracked.mark_ended(now, now)
+    why = "Slurm no longer knows it" if answered else "Slurm could not be asked"
+    log.warning("job %s: never had a cgroup here and %s after %d checks; marked ended",
+                tracked.jobid, why, tracked.failed_state_checks)
+
+
+
+def _job_of(tracked: _Tracked, info: SlurmJobInfo | None) -> Job:
+    """The job as reported: the spool record first, Slurm's answers for the gaps."""
+    record = tracked.record
+    if record is not None:
+        job = Job(
+            jobid=record.jobid,
+            uid=record.uid,
+            user=record.user or (info.user if info else "") or _user_name(record.uid),
+            account=record.account or (info.account if info else ""),
+            partition=record.partition or (info.partition if info else ""),
+            cluster=record.cluster or (info.cluster if info else ""),
+            name=info.name if info else "",
+            # slurmd 22.05 gives the prolog no array ids; Slurm knows them.
+            array_job_id=record.array_job_id or (info.array_job_id if info else ""),
+            array_task_id=record.array_task_id or (info.array_task_id if info else ""),
+            job_gpus=record.job_gpus,
+            cuda_visible_devices=record.cuda_visible_devices,
+            # A record the epilog wrote for a job it found no record of has no start.
+            start_time=record.start_time if record.start_time is not None else (
+                (info.start_time if info and info.start_time else None)
+                or tracked.first_seen),
+            source="cgroup" if tracked.discovered else "spool",
+        )
+    else:
+        uid = info.uid if info and info.uid is not None else tracked.uid_from_process
+        job = Job(
+            jobid=tracked.jobid,
+            uid=uid,
+            user=(info.user if info and info.user else "") or _user_name(uid),
+            account=info.account if info else "",
+            partition=info.partition if info else "",
+            cluster=info.cluster if info else "",
+            name=info.name if info else "",
+            array_job_id=info.array_job_id if info else "",
+            array_task_id=info.array_task_id if info else "",
+            job_gpus=info.job_gpus if info else "",
+            start_time=(info.start_time if info and info.start_time else None)
+            or tracked.first_seen,
+            source="cgroup",
+        )
+    return replace(job, end_time=tracked.end_time, cgroup=tracked.cgroup)
 
 
 def _cgroup_ino(cgroup: JobCgroup) -> int | None:
@@ -501,7 +424,4 @@ def _is_other_cgroup(cgroup: JobCgroup, known_ino: int | None) -> bool:
 def _user_name(uid: int | None) -> str:
     if uid is None:
         return ""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    return user_name(uid) or str(uid)

@@ -109,7 +109,7 @@ class Sampler:
         """Take one sample, save state, render and publish it; returns the snapshot."""
         started = time.monotonic()
         now = time.time()
-        errors_before = self.errors.snapshot()
+        self.errors.take_failed()  # what failed between samples is not this sample's
         steps: list[StepTiming] = []
 
         jobs: list[Job] = self._timed("registry", steps, self.registry.refresh, [])
@@ -122,7 +122,7 @@ class Sampler:
             self._timed("state", steps, self._save_state, None)
 
         nvml_up = (gpu_part is not None and gpu_part.nvml_up) if self.gpu is not None else None
-        errors = self.errors.snapshot()
+        failed = self.errors.take_failed()
         snapshot = Snapshot(
             timestamp=now,
             jobs=tuple(job_samples),
@@ -130,24 +130,24 @@ class Sampler:
             gpus=gpu_part.gpus if gpu_part else (),
             unattributed=gpu_part.unattributed if gpu_part else (),
             nvml_up=nvml_up,
-            sources=self._source_statuses(errors_before, errors, nvml_up),
+            sources=self._source_statuses(failed, nvml_up),
             steps=tuple(steps),
-            errors=errors,
+            errors=self.errors.snapshot(),
             sample_duration_seconds=time.monotonic() - started,
         )
         self.publish(snapshot, render(snapshot))
         return snapshot
 
-    def _source_statuses(self, before: dict[str, int], after: dict[str, int],
+    def _source_statuses(self, failed: frozenset[str],
                          nvml_up: bool | None) -> tuple[SourceStatus, ...]:
-        """A source is up when it counted no error in this sample; NVML also needs nvml_up
-        (a missing library is counted only when a re-initialisation is tried)."""
+        """A source is up when it counted no error of its own in this sample; NVML also
+        needs nvml_up (a missing library is counted only when a re-initialisation is tried)."""
         statuses = []
         for source in SOURCES:
             if (source == "nvml" and nvml_up is None) or (source == "state"
                                                           and self.state is None):
                 continue  # not collected at all
-            ok = after.get(source, 0) == before.get(source, 0)
+            ok = source not in failed
             if source == "nvml":
                 ok = ok and bool(nvml_up)
             statuses.append(SourceStatus(source, ok))

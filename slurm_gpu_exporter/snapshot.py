@@ -2,20 +2,41 @@
 
 Plain frozen dataclasses: the sampler thread builds one, the collector turns it
 into metric families, and nothing mutates it afterwards, so it can cross threads.
+The snapshot holds its own copy of everything the exposition needs, so this module
+(and metrics.py, server.py above it) imports nothing that reads files or runs commands.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slurm_gpu_exporter.registry import Job
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What the exposition shows about a job: its labels, ``slurm_job_info`` and times."""
+
+    jobid: str
+    user: str
+    uid: int | None = None
+    account: str = ""
+    partition: str = ""
+    name: str = ""
+    array_job_id: str = ""
+    array_task_id: str = ""
+    start_time: float | None = None
+    end_time: float | None = None
+    source: str = "spool"  # "spool" or "cgroup" (discovered without a record)
+
+    @property
+    def running(self) -> bool:
+        return self.end_time is None
 
 
 @dataclass(frozen=True)
 class JobSample:
     """A job's CPU and memory figures at one sample (None: not measurable here)."""
 
-    job: Job
+    job: JobInfo
     gpus: int = 0
     cpus: int | None = None
     cpu_seconds: float | None = None

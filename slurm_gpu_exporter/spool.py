@@ -19,6 +19,8 @@ import re
 import stat
 from dataclasses import asdict, dataclass, replace
 
+from slurm_gpu_exporter.base import JOB_ID_RE, SLURM_ID
+
 SCHEMA_VERSION = 1
 # A record is a few hundred bytes; anything much larger is not ours.
 MAX_RECORD_BYTES = 16 * 1024
@@ -28,9 +30,8 @@ DEFAULT_SPOOL_DIR = "/run/slurm-gpu-exporter"
 RECORD_SUFFIX = ".json"
 
 # Slurm job ids are unsigned 32-bit numbers and never 0 (NO_VAL is 0xfffffffe).
-_JOBID_RE = re.compile(r"[1-9][0-9]{0,9}")
 _MAX_JOBID = 0xFFFFFFFD
-_RECORD_NAME_RE = re.compile(r"([1-9][0-9]{0,9})\.json")
+_RECORD_NAME_RE = re.compile(rf"({SLURM_ID})\.json")
 
 _STR_FIELDS = (
     "user",
@@ -53,7 +54,7 @@ class SpoolError(Exception):
 
 def is_job_id(value: str) -> bool:
     """True when value is a plain Slurm job id (digits, no sign, no padding)."""
-    return bool(_JOBID_RE.fullmatch(value)) and int(value) <= _MAX_JOBID
+    return bool(JOB_ID_RE.fullmatch(value)) and int(value) <= _MAX_JOBID
 
 
 def job_id_of_record_name(name: str) -> str | None:

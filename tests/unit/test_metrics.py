@@ -11,10 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_gpu_exporter.errors import SOURCES
 from slurm_gpu_exporter.metrics import render
-from slurm_gpu_exporter.registry import Job
 from slurm_gpu_exporter.snapshot import (
     GpuSample,
     JobGpuSample,
+    JobInfo,
     JobSample,
     Snapshot,
     SourceStatus,
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _snapshot(**overrides: object) -> Snapshot:
-    job = Job(jobid="42", uid=1001, user="alice", account="ml", partition="gpu",
+    job = JobInfo(jobid="42", uid=1001, user="alice", account="ml", partition="gpu",
               start_time=1000.0)
     fields: dict[str, object] = {
         "timestamp": 2000.0,

@@ -364,3 +364,17 @@ def test_sluid_named_cgroup_without_record_is_resolved_through_slurm(node: Node,
                         SlurmMetadata(lookup), SourceErrors())
     [job] = registry.refresh()
     assert (job.jobid, job.user, job.source) == ("51", "carol", "cgroup")
+
+
+def test_failed_sluid_lookup_is_counted_under_slurm(node: Node, tmp_path: Path) -> None:
+    cg = _v2_sluid_node(tmp_path, "sEKNKTV3WPV502")
+
+    def unreachable(key: str) -> SlurmJobInfo | None:
+        raise RuntimeError("slurmctld not responding")
+
+    errors = SourceErrors()
+    registry = Registry(str(node.spool_dir), CgroupFS(cg, rescan_interval=0),
+                        SlurmMetadata(unreachable), errors)
+    assert registry.refresh() == []  # the job waits until Slurm names it
+    assert errors.snapshot() == {"spool": 0, "cgroup": 0, "slurm": 1, "nvml": 0, "state": 0}
+    assert errors.take_failed() == {"slurm"}

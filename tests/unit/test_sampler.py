@@ -44,9 +44,10 @@ class NoLibrary:
 
 
 def _sampler(node: SynthNode, errors: SourceErrors, *, state_dir: Path | None = None,
-             gpu: Any = None) -> tuple[Sampler, list[tuple[Snapshot, Exposition]]]:
+             gpu: Any = None, metadata: SlurmMetadata | None = None,
+             ) -> tuple[Sampler, list[tuple[Snapshot, Exposition]]]:
     cgroups = CgroupFS(node.cgroup_root)
-    registry = Registry(str(node.spool_dir), cgroups, SlurmMetadata(None), errors,
+    registry = Registry(str(node.spool_dir), cgroups, metadata or SlurmMetadata(None), errors,
                         proc_root=node.proc_root, trusted_uids=frozenset({0, os.geteuid()}))
     published: list[tuple[Snapshot, Exposition]] = []
     sampler = Sampler(
@@ -91,6 +92,39 @@ def test_source_up_and_sample_errors_share_one_set_of_source_values(tmp_path: Pa
     duration = {labels["source"] for labels, _ in series(
         exposition.text.decode(), "slurm_gpu_exporter_sample_duration_seconds")}
     assert duration == {"registry", "cgroup", "nvml", "state", "total"}
+
+
+def test_a_failed_slurm_lookup_is_the_slurm_sources_problem_not_the_registrys(
+        tmp_path: Path) -> None:
+    node = SynthNode(tmp_path)
+    node.add_job(4101, [5001])  # the prolog never knows the job name: Slurm is asked
+    asked: list[str] = []
+
+    def unreachable(jobid: str) -> None:
+        asked.append(jobid)
+        raise RuntimeError("slurmctld not responding")
+
+    errors = SourceErrors()
+    sampler, published = _sampler(node, errors, metadata=SlurmMetadata(unreachable))
+    snapshot = sampler.sample_once()
+    assert asked == ["4101"]
+    assert [s.job.jobid for s in snapshot.jobs] == ["4101"]  # the job is still reported
+    assert _source_up(published[-1][1]) == {"spool": 1, "cgroup": 1, "slurm": 0}
+    assert _errors(published[-1][1]) == {"spool": 0, "cgroup": 0, "slurm": 1, "nvml": 0,
+                                         "state": 0}
+    sampler.sample_once()  # look-ups are paused after a failure: nothing failed this time
+    assert _source_up(published[-1][1])["slurm"] == 1
+    assert _errors(published[-1][1])["slurm"] == 1
+
+
+def test_a_source_is_down_only_for_errors_counted_during_the_sample(tmp_path: Path) -> None:
+    node = SynthNode(tmp_path)
+    errors = SourceErrors()
+    sampler, published = _sampler(node, errors)
+    errors.count("cgroup", "counted between two samples", log_it=False)
+    sampler.sample_once()
+    assert _source_up(published[-1][1])["cgroup"] == 1
+    assert _errors(published[-1][1])["cgroup"] == 1
 
 
 def test_nvml_source_is_down_whenever_nvml_is_down_not_only_when_an_init_is_retried(
