@@ -17,7 +17,8 @@ import pytest
 
 from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuProcess, UtilSample, XidEvent
-from slurm_gpu_exporter.gpu.counters import clock_offset_s, held_seconds, load_job_counters
+from slurm_gpu_exporter.gpu.counters import load_job_counters
+from slurm_gpu_exporter.gpu.integration import clock_offset_s, held_seconds
 from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
 from slurm_gpu_exporter.procfs import PidJob
 from slurm_gpu_exporter.registry import Job
@@ -229,8 +230,8 @@ def test_allocated_time_goes_on_while_the_driver_is_stuck(
     poll(sampler, backend, jobs)
     backend.advance(1.0)
     before = one(poll(sampler, backend, jobs)).allocated_seconds
-    assert sampler._poller is not None
-    monkeypatch.setattr(sampler._poller, "poll", lambda cursors, timeout: None)  # hung read
+    assert sampler.link._poller is not None
+    monkeypatch.setattr(sampler.link._poller, "poll", lambda cursors, timeout: None)  # hung read
     backend.advance(4.0)
     part = poll(sampler, backend, jobs)
     assert not part.nvml_up
@@ -343,7 +344,7 @@ def test_caches_of_a_gpu_never_seen_again_are_dropped(sampler: GpuSampler,
     state = sampler.export_state()
     assert list(state["cursors"]) == ["GPU-bbbb"]
     assert list(state["device_busy"]) == ["GPU-bbbb"]
-    assert old not in sampler._last_energy
+    assert old not in sampler.devices.last_energy
     # The job's counters on the old GPU stay with it while the job runs ...
     [(_, _, per)] = state["job_counters"]
     assert set(per) == {old, "GPU-bbbb"}
