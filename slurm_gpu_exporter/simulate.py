@@ -28,7 +28,6 @@ from slurm_gpu_exporter.slurm import SlurmJobInfo
 NODE = "simnode"
 CPUS = 64
 GPUS = 8
-GPU_MEMORY = 80 * 2**30
 CONTROLLERS = ("memory", "cpuacct", "cpuset", "freezer")
 USERS = {"alice": 2001, "bob": 2002, "carol": 2003, "dave": 2004, "erin": 2005}
 ACCOUNTS = {"alice": "physics", "bob": "chem", "carol": "ml", "dave": "ml", "erin": "bio"}

@@ -8,86 +8,19 @@ the same wall time, and read the job-GPU samples the agent would export.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from slurm_gpu_exporter.errors import SourceErrors
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuProcess, UtilSample, XidEvent
+from slurm_gpu_exporter.gpu.backend import GpuProcess, UtilSample
 from slurm_gpu_exporter.gpu.counters import load_job_counters
 from slurm_gpu_exporter.gpu.integration import clock_offset_s, held_seconds
 from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
-from slurm_gpu_exporter.procfs import PidJob
 from slurm_gpu_exporter.registry import Job
 from slurm_gpu_exporter.snapshot import JobGpuSample
-
-T0 = 1_800_000_000.0
-STEP_US = 100_000
-BUFFER_US = 20_000_000
-
-
-class FakeBackend:
-    """One GPU; ``fail`` names fields whose next read fails once (then they work)."""
-
-    def __init__(self) -> None:
-        self.uuid = "GPU-aaaa"
-        self.t = T0  # the wall clock; the driver's is ``t + clock_offset_s``
-        self.clock_offset_s = 0.0
-        self.percent = 50.0
-        self.energy_mj: int | None = 5_000_000
-        self.processes: tuple[GpuProcess, ...] = ()
-        self.fail: set[str] = set()
-        self.no_samples = False  # the driver answers NOT_FOUND (an idle GPU, say)
-        self.lost_before = 0.0  # driver time before which samples were lost
-        self._stop = threading.Event()
-
-    def init(self) -> str:
-        return "test"
-
-    def shutdown(self) -> None:
-        self._stop.set()
-
-    def wait_xid(self, timeout_ms: int) -> list[XidEvent]:
-        self._stop.wait(min(timeout_ms / 1000, 0.02))
-        return []
-
-    def advance(self, seconds: float, watts: float = 100.0) -> None:
-        self.t += seconds
-        if self.energy_mj is not None:
-            self.energy_mj += round(watts * seconds * 1000)
-
-    def read(self, cursors: dict[str, tuple[int, int]]) -> list[DeviceReading]:
-        fail, self.fail = self.fail, set()
-        samples: tuple[UtilSample, ...] = ()
-        if not self.no_samples and "utilization samples" not in fail:
-            now_us = round((self.t + self.clock_offset_s) * 1e6)
-            floor = max(cursors.get(self.uuid, (0, 0))[0], now_us - BUFFER_US,
-                        round(self.lost_before * 1e6))
-            first = floor // STEP_US * STEP_US + STEP_US
-            samples = tuple(UtilSample(ts, self.percent)
-                            for ts in range(first, now_us + 1, STEP_US))
-        return [DeviceReading(
-            index=0, uuid=self.uuid, name="fake", minor=0, pci_bus_id="",
-            energy_mj=None if "energy" in fail else self.energy_mj,
-            processes=self.processes, util_samples=samples, process_samples=(),
-            errors=tuple(f"{f}: Unknown Error" for f in sorted(fail)),
-            failed=frozenset(fail),
-        )]
-
-
-@dataclass
-class StubMapper:
-    """pid -> job id, standing in for the /proc and cgroup look-up."""
-
-    jobs: dict[int, str]
-    environ_fallback: bool = True
-
-    def job_of(self, pid: int) -> PidJob | None:
-        jobid = self.jobs.get(pid)
-        return PidJob(jobid, None, False, "cgroup") if jobid else None
+from tests.unit.fake_gpu import T0, FakeBackend, StubMapper
 
 
 @pytest.fixture
