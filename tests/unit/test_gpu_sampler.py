@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.errors import SourceErrors
-from slurm_gpu_exporter.gpu.backend import GpuProcess, UtilSample
+from slurm_gpu_exporter.gpu.backend import GpuProcess, GpuUnavailable, UtilSample
 from slurm_gpu_exporter.gpu.counters import load_job_counters
 from slurm_gpu_exporter.gpu.integration import clock_offset_s, held_seconds
 from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
@@ -306,3 +306,26 @@ def test_busy_time_of_processes_outside_every_job_is_counted_by_user(
     assert part.gpus[0].busy_seconds == pytest.approx(2.4)
     # No process samples to weigh them by: split evenly.
     assert busy == {"root": pytest.approx(1.2), "nobody": pytest.approx(1.2)}
+
+
+# ------------------------------------------------------- injected clock
+
+
+def test_nvml_comes_back_after_reinit_after_on_the_injected_clock(
+    backend: FakeBackend, tmp_path: Path,
+) -> None:
+    monotonic = [100.0]
+    s = GpuSampler(backend, tmp_path, SourceErrors(), reinit_after=60.0,
+                   clock=lambda: monotonic[0])
+    s.mapper = StubMapper({})  # type: ignore[assignment]
+    try:
+        backend.init_error = GpuUnavailable("no driver yet")
+        assert not poll(s, backend, [job()]).nvml_up
+        backend.init_error = None
+        monotonic[0] += 59.0
+        assert not poll(s, backend, [job()]).nvml_up  # no retry before reinit_after
+        monotonic[0] += 1.0
+        assert poll(s, backend, [job()]).nvml_up
+        assert backend.inits == 2
+    finally:
+        s.close()
