@@ -51,7 +51,8 @@ def main() -> None:
         registry = Registry(str(node.spool_dir), cgroups, SlurmMetadata(node.slurm_lookup),
                             errors, proc_root=node.proc_root,
                             trusted_uids=frozenset({0, os.geteuid()}))
-        gpu = GpuSampler(TimedBackend(node), node.proc_root, errors, cgroups=cgroups)
+        backend = TimedBackend(node.gpu_count, node.gpu_processes)
+        gpu = GpuSampler(backend, node.proc_root, errors, cgroups=cgroups)
         sampler = Sampler(registry, JobStatsCollector(cgroups, node.proc_root, errors), errors,
                           1.0, state=StateStore(node.state_dir), gpu=gpu)
         sampler.sample_once()  # warm caches, first GPU look

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         if simulation is not None:
             from slurm_gpu_exporter.gpu.simulated import SimulatedBackend
 
-            backend = SimulatedBackend(simulation)
+            backend = SimulatedBackend(simulation.gpu_count, simulation.gpu_processes)
         else:
             from slurm_gpu_exporter.gpu.nvml import NvmlBackend
 

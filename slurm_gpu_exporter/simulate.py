@@ -1,8 +1,9 @@
 """``--simulate``: a synthetic Slurm GPU node, for demos and dashboards.
 
-The node lives in a temporary directory as the files the real agent reads: a
-cgroup v1 tree laid out as Slurm makes it, a /proc tree of the jobs'
-processes, and spool records written by the real prolog/epilog code. The agent
+The node lives in a temporary directory as the files the real agent reads,
+written by synthnode.py (as for the tests): a cgroup v1 tree laid out as Slurm
+makes it, a /proc tree of the jobs' processes; its spool records are written by
+the real prolog/epilog code. The agent
 then runs unchanged over it (``--cgroup-root``, ``--proc-root``, ``--spool-dir``),
 so the demo exercises the same code paths as a real node.
 
@@ -14,9 +15,7 @@ had started after it).
 from __future__ import annotations
 
 import math
-import os
 import random
-import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,12 +23,11 @@ from pathlib import Path
 
 from slurm_gpu_exporter.jobhooks import run_epilog, run_prolog
 from slurm_gpu_exporter.slurm import SlurmJobInfo
+from slurm_gpu_exporter.synthnode import SynthNode
 
 NODE = "simnode"
 CPUS = 64
 GPUS = 8
-GPU_MEMORY = 80 * 2**30
-CONTROLLERS = ("memory", "cpuacct", "cpuset", "freezer")
 USERS = {"alice": 2001, "bob": 2002, "carol": 2003, "dave": 2004, "erin": 2005}
 ACCOUNTS = {"alice": "physics", "bob": "chem", "carol": "ml", "dave": "ml", "erin": "bio"}
 TICK_S = 1.0
@@ -78,7 +76,6 @@ class SimJob:
     pids: list[int]
     recorded: bool = True  # False: found through its cgroup only
     cpu_ns: float = 0.0
-    peak: int = 0
     utime_ticks: list[int] = field(default_factory=list)
 
     @property
@@ -105,10 +102,11 @@ class SimulatedNode:
 
     def __init__(self, base: Path, seed: int = 7) -> None:
         self.base = base
-        self.cgroup_root = base / "cgroup"
-        self.proc_root = base / "proc"
-        self.spool_dir = base / "spool"
-        self.state_dir = base / "state"
+        self.files = SynthNode(base, node=NODE, start_ticks=_start_ticks)
+        self.cgroup_root = self.files.cgroup_root
+        self.proc_root = self.files.proc_root
+        self.spool_dir = self.files.spool_dir
+        self.state_dir = self.files.state_dir
         self.gpu_count = GPUS
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -119,11 +117,8 @@ class SimulatedNode:
         self._thread: threading.Thread | None = None
         # A user's process on the last GPU outside every job (logged in with ssh).
         self.stray_pid = self._new_pid()
-        for ctrl in CONTROLLERS:
-            (self.cgroup_root / ctrl / f"slurm_{NODE}").mkdir(parents=True, exist_ok=True)
-        self.spool_dir.mkdir(parents=True, exist_ok=True)
-        self._write_proc(self.stray_pid, "python", USERS["erin"], cgroup_path="/user.slice",
-                         utime=500, jobid=None)
+        self.files.add_process(self.stray_pid, USERS["erin"])
+        self.files.set_cpu_ticks(self.stray_pid, 500)
         now = time.time()
         # Start with a full node of jobs of different ages and kinds.
         for i, profile in enumerate(PROFILES):
@@ -212,77 +207,37 @@ class SimulatedNode:
         job.cpu_ns = profile.cpu_cores * age * 1e9
         job.utime_ticks = [int(profile.cpu_cores * age * 100 / len(job.pids))] * len(job.pids)
         self._jobs[jobid] = job
+        self.files.add_job(
+            jobid, job.pids, uid=job.uid, user=user, job_gpus=",".join(map(str, job.gpus)),
+            start_time=job.start, record=False, comm=f"{profile.name}-train",
+            account=ACCOUNTS[user], cpus=cpus, memory_limit=job.memory_limit, step="batch",
+            environ=True)
         if recorded:
             run_prolog(self._slurm_env(job), str(self.spool_dir), job.start)
-        for ctrl in CONTROLLERS:
-            task = self._job_dir(ctrl, job) / "step_batch" / "task_0"
-            task.mkdir(parents=True, exist_ok=True)
-            _write_atomic(task / "cgroup.procs", "".join(f"{p}\n" for p in job.pids))
-        cpuset = self._job_dir("cpuset", job)
-        cpu_text = ",".join(map(str, job.cpus)) + "\n"
-        _write_atomic(cpuset / "cpuset.cpus", cpu_text)
-        _write_atomic(cpuset / "cpuset.effective_cpus", cpu_text)
-        _write_atomic(self._job_dir("memory", job) / "memory.limit_in_bytes",
-            f"{job.memory_limit}\n")
         self._advance(job, now)
 
     def _advance(self, job: SimJob, now: float) -> None:
         t = now - job.start
         job.cpu_ns += job.profile.cpu_cores * TICK_S * 1e9 * self._rng.uniform(0.8, 1.2)
-        _write_atomic(self._job_dir("cpuacct", job) / "cpuacct.usage", f"{int(job.cpu_ns)}\n")
         wave = 1 + 0.15 * math.sin(t / 40) + self._rng.uniform(-0.02, 0.02)
         rss = int(job.profile.memory_gib * 2**30 * wave)
-        cache = int(rss * 0.2)
-        job.peak = max(job.peak, rss + cache)
-        memory = self._job_dir("memory", job)
-        _write_atomic(memory / "memory.usage_in_bytes", f"{rss + cache}\n")
-        _write_atomic(memory / "memory.max_usage_in_bytes", f"{job.peak}\n")
-        _write_atomic(memory / "memory.stat",
-            f"rss {rss}\ncache {cache}\ntotal_rss {rss}\ntotal_cache {cache}\n"
-            f"total_inactive_file {cache}\n")
-        _write_atomic(memory / "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\n"
-                                                   "oom_kill 0\n")
+        self.files.update_job(job.jobid, cpu_seconds=job.cpu_ns / 1e9, memory_bytes=rss,
+                              cache_bytes=int(rss * 0.2))
         for i, pid in enumerate(job.pids):
             job.utime_ticks[i] += int(job.profile.cpu_cores * TICK_S * 100 / len(job.pids))
-            self._write_proc(pid, f"{job.profile.name}-train", job.uid,
-                             cgroup_path=f"/slurm_{NODE}/uid_{job.uid}/job_{job.jobid}"
-                                         "/step_batch/task_0",
-                             utime=job.utime_ticks[i], jobid=job.jobid)
+            self.files.set_cpu_ticks(pid, job.utime_ticks[i], comm=f"{job.profile.name}-train")
 
     def _end_job(self, now: float, job: SimJob) -> None:
         del self._jobs[job.jobid]
         if job.recorded:
             run_epilog(self._slurm_env(job), str(self.spool_dir), now)
-        for ctrl in CONTROLLERS:
-            shutil.rmtree(self._job_dir(ctrl, job), ignore_errors=True)
-        for pid in job.pids:
-            shutil.rmtree(self.proc_root / str(pid), ignore_errors=True)
+        self.files.remove_job(job.jobid)
 
     # -- files --------------------------------------------------------------
-
-    def _job_dir(self, ctrl: str, job: SimJob) -> Path:
-        return self.cgroup_root / ctrl / f"slurm_{NODE}" / f"uid_{job.uid}" / f"job_{job.jobid}"
 
     def _new_pid(self) -> int:
         self._next_pid += self._rng.randint(1, 40)
         return self._next_pid
-
-    def _write_proc(self, pid: int, comm: str, uid: int, cgroup_path: str, utime: int,
-                    jobid: int | None) -> None:
-        d = self.proc_root / str(pid)
-        d.mkdir(parents=True, exist_ok=True)
-        start_ticks = 100 * (pid - 40_000)
-        fields = ["S", "1", str(pid), str(pid), "0", "-1", "4194304", "0", "0", "0", "0",
-                  str(utime), str(utime // 10), "0", "0", "20", "0", "1", "0",
-                  str(start_ticks)] + ["0"] * 30
-        _write_atomic(d / "stat", f"{pid} ({comm}) {' '.join(fields)}\n")
-        if not (d / "status").exists():
-            _write_atomic(d / "status", f"Name:\t{comm}\nPid:\t{pid}\n"
-                                        f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
-            lines = [f"{n}:{ctrl}:{cgroup_path}" for n, ctrl in enumerate(CONTROLLERS, 2)]
-            _write_atomic(d / "cgroup", "\n".join(lines) + "\n")
-            env = f"HOME=/home/{comm}\0" + (f"SLURM_JOB_ID={jobid}\0" if jobid else "")
-            _write_atomic(d / "environ", env)
 
     def _slurm_env(self, job: SimJob) -> dict[str, str]:
         gpus = ",".join(map(str, job.gpus))
@@ -294,8 +249,6 @@ class SimulatedNode:
         }
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Readers never see a half-written file: write aside, then rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def _start_ticks(pid: int) -> int:
+    """Each process's start time in clock ticks after boot: distinct, as on a real node."""
+    return 100 * (pid - 40_000)

@@ -1,4 +1,5 @@
-"""Per job run and GPU counters, and the small clock arithmetic they need.
+"""Per job run and GPU counters, the busy time of users outside every job, and how both
+are kept in the state dir.
 
 A job run is a job id and its start time, so a job requeued onto the same node
 starts new counters. Allocated time is wall-clock time held; busy time and
@@ -7,15 +8,10 @@ energy only ever grow, and stay absent only where the GPU cannot measure them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_gpu_exporter.gpu.backend import UtilSample
-
-# Driver sample timestamps further than this from the wall clock are on another
-# clock: they are still integrated, but never compared with a job's start.
-CLOCK_TOLERANCE_S = 60.0
+from slurm_gpu_exporter.gpu.integration import held_seconds
 
 JobKey = tuple[str, float | None]  # (job id, start time): a requeued job is a new run
 
@@ -88,21 +84,6 @@ class JobGpuCounters:
             return None
 
 
-def held_seconds(held_until: float | None, start: float | None, first_poll: float,
-                 now: float) -> float:
-    """Wall seconds a held GPU adds to a job's allocated time at ``now``: since the last
-    count, or for a new counter since the job's start (not before the agent's first
-    poll, as nothing is known of earlier use), whether or not the driver had samples."""
-    since = held_until if held_until is not None else max(start or now, first_poll)
-    return max(0.0, now - since)
-
-
-def clock_offset_s(samples: Iterable[UtilSample], now: float) -> float:
-    """Seconds by which the newest driver sample is ahead of the wall clock (0 without one)."""
-    newest = max((s.timestamp_us for s in samples), default=None)
-    return 0.0 if newest is None else newest / 1e6 - now
-
-
 def save_job_counters(counters: dict[JobKey, dict[str, JobGpuCounters]]) -> list[Any]:
     """The state-dir form: [job id, start time, {uuid: counters}] per job run."""
     return [[jobid, start, {uuid: c.to_state() for uuid, c in per.items()}]
@@ -130,3 +111,62 @@ def load_job_counters(data: dict[str, Any]) -> dict[JobKey, dict[str, JobGpuCoun
                 key = (str(jobid), None if start is None else float(start))
                 out.setdefault(key, {})[str(uuid)] = counter
     return out
+
+
+class CounterStore:
+    """Every job run's counters by GPU UUID, and busy seconds of users outside every job
+    by (GPU UUID, user): the totals that must survive a restart of the agent."""
+
+    def __init__(self) -> None:
+        self.runs: dict[JobKey, dict[str, JobGpuCounters]] = {}  # job run -> uuid -> counters
+        self.unattributed_busy: dict[tuple[str, str], float] = {}  # (uuid, user) -> s
+
+    def of_run(self, key: JobKey) -> dict[str, JobGpuCounters] | None:
+        """A job run's counters by GPU UUID, None while it has none."""
+        per_run = self.runs.get(key)
+        if per_run is None and (key[0], None) in self.runs:
+            # Saved by an agent that keyed counters by job id alone: this job's.
+            per_run = self.runs[key] = self.runs.pop((key[0], None))
+        return per_run
+
+    def counter(self, key: JobKey, uuid: str, gpu: str) -> JobGpuCounters:
+        """A job run's counter on one GPU, created at 0 on first use."""
+        per_run = self.of_run(key)
+        if per_run is None:
+            per_run = self.runs[key] = {}
+        counter = per_run.get(uuid)
+        if counter is None:
+            counter = per_run[uuid] = JobGpuCounters(gpu=gpu)
+        return counter
+
+    def add_unattributed_busy(self, uuid: str, user: str, seconds: float) -> float:
+        """Add busy seconds of a user outside every job; the user's new total on the GPU."""
+        total = self.unattributed_busy[(uuid, user)] = (
+            self.unattributed_busy.get((uuid, user), 0.0) + seconds)
+        return total
+
+    def forget_runs(self, runs: set[JobKey], tracked: set[str]) -> None:
+        """Drop the runs not in ``runs``; counters saved without a start time are kept
+        while a job of their id is tracked (it has not been seen running yet)."""
+        for key in [k for k in self.runs
+                    if k not in runs and not (k[1] is None and k[0] in tracked)]:
+            del self.runs[key]
+
+    def prune_gpus(self, present: set[str]) -> None:
+        for key in [k for k in self.unattributed_busy if k[0] not in present]:
+            del self.unattributed_busy[key]
+
+    def export_state(self) -> dict[str, Any]:
+        return {
+            "job_counters": save_job_counters(self.runs),
+            "unattributed_busy": [[uuid, user, v]
+                                  for (uuid, user), v in self.unattributed_busy.items()],
+        }
+
+    def import_state(self, data: dict[str, Any]) -> None:
+        for key, per in load_job_counters(data).items():
+            self.runs.setdefault(key, {}).update(per)
+        rows = data.get("unattributed_busy")
+        for row in rows if isinstance(rows, list) else ():
+            if isinstance(row, list) and len(row) == 3 and isinstance(row[2], int | float):
+                self.unattributed_busy[(str(row[0]), str(row[1]))] = float(row[2])

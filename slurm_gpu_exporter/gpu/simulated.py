@@ -1,8 +1,9 @@
-"""Simulated GPUs for ``--simulate``: the simulated node's jobs, seen as NVML would see them.
+"""Simulated GPUs for ``--simulate``: processes on GPUs, seen as NVML would see them.
 
-Samples come on a fixed driver-like grid (six per second) from the node's job
-profiles (busy, bursty, idle, half-idle), so the demo's busy counters and
-utilization ratios behave as they do on real GPUs.
+The backend is given the GPU count and a callable that tells which processes run
+on which GPU, and how busy, at a given wall time (``--simulate`` passes its demo
+node's). Samples come on a fixed driver-like grid (six per second) from it, so
+busy counters and utilization ratios behave as they do on real GPUs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import math
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from slurm_gpu_exporter.gpu.backend import (
     DeviceReading,
@@ -19,13 +22,29 @@ from slurm_gpu_exporter.gpu.backend import (
     UtilSample,
     XidEvent,
 )
-from slurm_gpu_exporter.simulate import GPU_MEMORY, SimulatedNode
 
 SAMPLE_PERIOD_US = 166_667
 BUFFER_US = 20_000_000
 IDLE_WATTS = 70.0
 BUSY_WATTS = 700.0
 NAME = "NVIDIA H100 80GB HBM3"
+GPU_MEMORY = 80 * 2**30
+
+
+class SimulatedProcess(Protocol):
+    """A process on a simulated GPU at a given time, with its SM use."""
+
+    @property
+    def gpu(self) -> int: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def used_memory(self) -> int: ...
+    @property
+    def sm_percent(self) -> float: ...
+
+
+ProcessesAt = Callable[[float], Iterable[SimulatedProcess]]  # wall time -> processes
 
 
 def _uuid(index: int) -> str:
@@ -33,12 +52,19 @@ def _uuid(index: int) -> str:
 
 
 class SimulatedBackend:
-    """GpuBackend over a SimulatedNode."""
+    """GpuBackend over ``gpu_count`` GPUs running what ``processes`` says at each time.
 
-    def __init__(self, node: SimulatedNode) -> None:
-        self.node = node
-        self._energy_mj = [5.0e9 + 1.0e8 * i for i in range(node.gpu_count)]
-        self._energy_at = time.time()
+    ``clock`` is the wall clock the driver stamps its samples with.
+    """
+
+    def __init__(self, gpu_count: int, processes: ProcessesAt, *,
+                 gpu_memory: int = GPU_MEMORY, clock: Callable[[], float] = time.time) -> None:
+        self.gpu_count = gpu_count
+        self.processes = processes
+        self.gpu_memory = gpu_memory
+        self._clock = clock
+        self._energy_mj = [5.0e9 + 1.0e8 * i for i in range(gpu_count)]
+        self._energy_at = clock()
         self._stop = threading.Event()
 
     def init(self) -> str:
@@ -52,24 +78,24 @@ class SimulatedBackend:
         return []
 
     def read(self, cursors: dict[str, tuple[int, int]]) -> list[DeviceReading]:
-        now_us = int(time.time() * 1e6)
+        now_us = int(self._clock() * 1e6)
         oldest = min((c[0] for c in cursors.values() if c[0]), default=now_us - BUFFER_US)
         start = max(oldest, now_us - BUFFER_US) // SAMPLE_PERIOD_US * SAMPLE_PERIOD_US
         util: dict[int, list[UtilSample]] = defaultdict(list)
         proc_samples: dict[int, list[ProcessUtilSample]] = defaultdict(list)
         for t_us in range(start + SAMPLE_PERIOD_US, now_us + 1, SAMPLE_PERIOD_US):
             per_gpu: dict[int, float] = defaultdict(float)
-            for proc in self.node.gpu_processes(t_us / 1e6):
+            for proc in self._processes_at(t_us / 1e6):
                 per_gpu[proc.gpu] += proc.sm_percent
                 if proc.sm_percent > 0:
                     proc_samples[proc.gpu].append(
                         ProcessUtilSample(proc.pid, t_us, proc.sm_percent))
-            for gpu in range(self.node.gpu_count):
+            for gpu in range(self.gpu_count):
                 util[gpu].append(UtilSample(t_us, min(100.0, per_gpu[gpu])))
-        current = self.node.gpu_processes(now_us / 1e6)
+        current = self._processes_at(now_us / 1e6)
         self._advance_energy(now_us / 1e6, util)
         readings = []
-        for gpu in range(self.node.gpu_count):
+        for gpu in range(self.gpu_count):
             uuid = _uuid(gpu)
             dev_cursor, proc_cursor = cursors.get(uuid, (0, 0))
             procs = tuple(GpuProcess(p.pid, p.used_memory) for p in current if p.gpu == gpu)
@@ -78,7 +104,7 @@ class SimulatedBackend:
                 index=gpu, uuid=uuid, name=NAME, minor=gpu,
                 pci_bus_id=f"00000000:{0x18 + 0x10 * gpu:02X}:00.0",
                 memory_used=sum(p.used_memory or 0 for p in procs) + 500 * 2**20,
-                memory_total=GPU_MEMORY,
+                memory_total=self.gpu_memory,
                 power_watts=IDLE_WATTS + (BUSY_WATTS - IDLE_WATTS) * last_util / 100,
                 energy_mj=int(self._energy_mj[gpu]),
                 temperature_c=round(32 + 0.45 * last_util + math.sin(now_us / 6e7 + gpu), 1),
@@ -90,10 +116,13 @@ class SimulatedBackend:
             ))
         return readings
 
+    def _processes_at(self, now: float) -> list[SimulatedProcess]:
+        return list(self.processes(now))
+
     def _advance_energy(self, now: float, util: dict[int, list[UtilSample]]) -> None:
         elapsed = max(0.0, now - self._energy_at)
         self._energy_at = now
-        for gpu in range(self.node.gpu_count):
+        for gpu in range(self.gpu_count):
             samples = util[gpu]
             mean = sum(s.percent for s in samples) / len(samples) if samples else 0.0
             watts = IDLE_WATTS + (BUSY_WATTS - IDLE_WATTS) * mean / 100

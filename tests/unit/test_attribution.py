@@ -13,7 +13,7 @@ from slurm_gpu_exporter.attribution import (
     shares,
 )
 from slurm_gpu_exporter.gpu.backend import UtilSample
-from slurm_gpu_exporter.gpu.sampler import integrate_samples
+from slurm_gpu_exporter.gpu.integration import integrate_samples
 
 # NVML order 0..3, but minor numbers (= Slurm's gres indices) reversed.
 TARGETS = [GpuTarget(str(i), f"GPU-{i}", minor=3 - i) for i in range(4)]

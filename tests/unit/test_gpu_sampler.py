@@ -8,85 +8,19 @@ the same wall time, and read the job-GPU samples the agent would export.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from slurm_gpu_exporter.errors import SourceErrors
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuProcess, UtilSample, XidEvent
-from slurm_gpu_exporter.gpu.counters import clock_offset_s, held_seconds, load_job_counters
+from slurm_gpu_exporter.gpu.backend import GpuProcess, GpuUnavailable, UtilSample
+from slurm_gpu_exporter.gpu.counters import load_job_counters
+from slurm_gpu_exporter.gpu.integration import clock_offset_s, held_seconds
 from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
-from slurm_gpu_exporter.procfs import PidJob
 from slurm_gpu_exporter.registry import Job
 from slurm_gpu_exporter.snapshot import JobGpuSample
-
-T0 = 1_800_000_000.0
-STEP_US = 100_000
-BUFFER_US = 20_000_000
-
-
-class FakeBackend:
-    """One GPU; ``fail`` names fields whose next read fails once (then they work)."""
-
-    def __init__(self) -> None:
-        self.uuid = "GPU-aaaa"
-        self.t = T0  # the wall clock; the driver's is ``t + clock_offset_s``
-        self.clock_offset_s = 0.0
-        self.percent = 50.0
-        self.energy_mj: int | None = 5_000_000
-        self.processes: tuple[GpuProcess, ...] = ()
-        self.fail: set[str] = set()
-        self.no_samples = False  # the driver answers NOT_FOUND (an idle GPU, say)
-        self.lost_before = 0.0  # driver time before which samples were lost
-        self._stop = threading.Event()
-
-    def init(self) -> str:
-        return "test"
-
-    def shutdown(self) -> None:
-        self._stop.set()
-
-    def wait_xid(self, timeout_ms: int) -> list[XidEvent]:
-        self._stop.wait(min(timeout_ms / 1000, 0.02))
-        return []
-
-    def advance(self, seconds: float, watts: float = 100.0) -> None:
-        self.t += seconds
-        if self.energy_mj is not None:
-            self.energy_mj += round(watts * seconds * 1000)
-
-    def read(self, cursors: dict[str, tuple[int, int]]) -> list[DeviceReading]:
-        fail, self.fail = self.fail, set()
-        samples: tuple[UtilSample, ...] = ()
-        if not self.no_samples and "utilization samples" not in fail:
-            now_us = round((self.t + self.clock_offset_s) * 1e6)
-            floor = max(cursors.get(self.uuid, (0, 0))[0], now_us - BUFFER_US,
-                        round(self.lost_before * 1e6))
-            first = floor // STEP_US * STEP_US + STEP_US
-            samples = tuple(UtilSample(ts, self.percent)
-                            for ts in range(first, now_us + 1, STEP_US))
-        return [DeviceReading(
-            index=0, uuid=self.uuid, name="fake", minor=0, pci_bus_id="",
-            energy_mj=None if "energy" in fail else self.energy_mj,
-            processes=self.processes, util_samples=samples, process_samples=(),
-            errors=tuple(f"{f}: Unknown Error" for f in sorted(fail)),
-            failed=frozenset(fail),
-        )]
-
-
-@dataclass
-class StubMapper:
-    """pid -> job id, standing in for the /proc and cgroup look-up."""
-
-    jobs: dict[int, str]
-    environ_fallback: bool = True
-
-    def job_of(self, pid: int) -> PidJob | None:
-        jobid = self.jobs.get(pid)
-        return PidJob(jobid, None, False, "cgroup") if jobid else None
+from tests.unit.fake_gpu import T0, FakeBackend, StubMapper
 
 
 @pytest.fixture
@@ -229,8 +163,8 @@ def test_allocated_time_goes_on_while_the_driver_is_stuck(
     poll(sampler, backend, jobs)
     backend.advance(1.0)
     before = one(poll(sampler, backend, jobs)).allocated_seconds
-    assert sampler._poller is not None
-    monkeypatch.setattr(sampler._poller, "poll", lambda cursors, timeout: None)  # hung read
+    assert sampler.link._poller is not None
+    monkeypatch.setattr(sampler.link._poller, "poll", lambda cursors, timeout: None)  # hung read
     backend.advance(4.0)
     part = poll(sampler, backend, jobs)
     assert not part.nvml_up
@@ -343,7 +277,7 @@ def test_caches_of_a_gpu_never_seen_again_are_dropped(sampler: GpuSampler,
     state = sampler.export_state()
     assert list(state["cursors"]) == ["GPU-bbbb"]
     assert list(state["device_busy"]) == ["GPU-bbbb"]
-    assert old not in sampler._last_energy
+    assert old not in sampler.devices.last_energy
     # The job's counters on the old GPU stay with it while the job runs ...
     [(_, _, per)] = state["job_counters"]
     assert set(per) == {old, "GPU-bbbb"}
@@ -372,3 +306,26 @@ def test_busy_time_of_processes_outside_every_job_is_counted_by_user(
     assert part.gpus[0].busy_seconds == pytest.approx(2.4)
     # No process samples to weigh them by: split evenly.
     assert busy == {"root": pytest.approx(1.2), "nobody": pytest.approx(1.2)}
+
+
+# ------------------------------------------------------- injected clock
+
+
+def test_nvml_comes_back_after_reinit_after_on_the_injected_clock(
+    backend: FakeBackend, tmp_path: Path,
+) -> None:
+    monotonic = [100.0]
+    s = GpuSampler(backend, tmp_path, SourceErrors(), reinit_after=60.0,
+                   clock=lambda: monotonic[0])
+    s.mapper = StubMapper({})  # type: ignore[assignment]
+    try:
+        backend.init_error = GpuUnavailable("no driver yet")
+        assert not poll(s, backend, [job()]).nvml_up
+        backend.init_error = None
+        monotonic[0] += 59.0
+        assert not poll(s, backend, [job()]).nvml_up  # no retry before reinit_after
+        monotonic[0] += 1.0
+        assert poll(s, backend, [job()]).nvml_up
+        assert backend.inits == 2
+    finally:
+        s.close()

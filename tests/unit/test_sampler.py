@@ -19,8 +19,8 @@ from slurm_gpu_exporter.sampler import Sampler
 from slurm_gpu_exporter.slurm import SlurmMetadata
 from slurm_gpu_exporter.snapshot import Snapshot
 from slurm_gpu_exporter.state import StateStore
+from slurm_gpu_exporter.synthnode import SynthNode
 from tests.agent import series
-from tests.synthnode import SynthNode
 
 
 class NoLibrary:

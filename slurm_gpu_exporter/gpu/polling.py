@@ -1,0 +1,208 @@
+"""The backend's life cycle: start-up and retries, reads in a worker thread, Xid events.
+
+NVML runs in a worker thread: a call that hangs freezes the GPU figures (and
+shows as ``slurm_gpu_exporter_nvml_up 0``) but never the job metrics or a scrape.
+Xid events are read in a thread of their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from slurm_gpu_exporter.errors import SourceErrors
+from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuBackend, GpuUnavailable
+
+log = logging.getLogger(__name__)
+
+Cursors = dict[str, tuple[int, int]]
+
+
+class Poller:
+    """Runs backend reads in a worker thread so that a hung call cannot stall sampling.
+
+    Each read gets a daemon thread of its own: a call that never returns must not keep
+    the agent from exiting (a thread pool's workers are joined at exit).
+    """
+
+    def __init__(self, backend: GpuBackend, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self._backend = backend
+        self._clock = clock
+        self._pending: Future[list[DeviceReading]] | None = None
+        self._since = 0.0
+
+    def _start(self, cursors: Cursors) -> Future[list[DeviceReading]]:
+        future: Future[list[DeviceReading]] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(self._backend.read(cursors))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="nvml-read", daemon=True).start()
+        return future
+
+    def poll(self, cursors: Cursors, timeout: float) -> list[DeviceReading] | None:
+        """The readings, or None while a read is still running (stuck).
+
+        A read that was already stuck at the previous poll is not waited for again,
+        so a hung NVML call costs the sampler one timeout, not one per sample.
+        """
+        if self._pending is None:
+            self._pending = self._start(dict(cursors))
+            self._since = self._clock()
+            wait = timeout
+        else:
+            wait = 0.0
+        try:
+            result = self._pending.result(wait)
+        except TimeoutError:
+            return None
+        finally:
+            if self._pending.done():
+                self._pending = None
+        return result
+
+    @property
+    def busy(self) -> bool:
+        """True while a read is in flight (NVML must not be shut down under it)."""
+        return self._pending is not None
+
+    @property
+    def stuck_for(self) -> float:
+        return self._clock() - self._since if self._pending is not None else 0.0
+
+
+class XidCounts:
+    """Xid events per GPU and code, counted by the Xid thread, read by the sampler."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, int], int] = {}
+
+    def add(self, uuid: str, xid: int) -> None:
+        with self._lock:
+            self._counts[(uuid, xid)] = self._counts.get((uuid, xid), 0) + 1
+
+    def of(self, uuid: str) -> tuple[tuple[int, int], ...]:
+        """(Xid, count) pairs of one GPU, by Xid."""
+        with self._lock:
+            return tuple(sorted((x, n) for (u, x), n in self._counts.items() if u == uuid))
+
+    def prune(self, present: set[str]) -> None:
+        with self._lock:
+            for key in [k for k in self._counts if k[0] not in present]:
+                del self._counts[key]
+
+
+class BackendLink:
+    """Owns the backend: initialises it (again after a failure), reads it without ever
+    blocking the caller for longer than ``poll_timeout``, and watches Xid events.
+
+    Errors are counted under "nvml" in the injected SourceErrors.
+    """
+
+    def __init__(self, backend: GpuBackend, errors: SourceErrors, *,
+                 poll_timeout: float = 4.0, reinit_after: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.backend = backend
+        self.errors = errors
+        self.poll_timeout = poll_timeout
+        self.reinit_after = reinit_after
+        self.xids = XidCounts()
+        self._clock = clock
+        self._poller: Poller | None = None
+        self._initialised = False
+        self._next_init = 0.0
+        self._init_error_logged = False
+        self._stop = threading.Event()
+        self._xid_thread: threading.Thread | None = None
+
+    def read(self, cursors: Cursors) -> list[DeviceReading] | None:
+        """This poll's readings, or None (error counted) while the backend is down or stuck."""
+        if not self._ensure_init():
+            return None
+        assert self._poller is not None
+        try:
+            readings = self._poller.poll(cursors, self.poll_timeout)
+        except Exception as exc:  # the driver went away under us: start over later
+            self.errors.count("nvml", f"reading the GPUs failed ({exc}); re-initialising in "
+                              f"{self.reinit_after:.0f} s")
+            self.close()
+            self._next_init = self._clock() + self.reinit_after
+            return None
+        if readings is None:
+            log.debug("NVML read stuck for %.0f s", self._poller.stuck_for)
+            self.errors.count("nvml", "an NVML call has not returned (hung driver?); GPU "
+                              "figures are frozen until it does")
+        return readings
+
+    def _ensure_init(self) -> bool:
+        if self._initialised:
+            return True
+        now = self._clock()
+        if now < self._next_init:
+            return False
+        self._next_init = now + self.reinit_after
+        try:
+            driver = self.backend.init()
+        except GpuUnavailable as exc:
+            if not self._init_error_logged:
+                log.warning("%s. GPU metrics are off (slurm_gpu_exporter_nvml_up 0); job "
+                            "metrics are still served. Retrying every %.0f s.", exc,
+                            self.reinit_after)
+                self._init_error_logged = True
+            self.errors.count("nvml", str(exc), log_it=False)
+            return False
+        log.info("GPU backend ready (driver %s)", driver)
+        self._initialised = True
+        self._init_error_logged = False
+        self._poller = Poller(self.backend, self._clock)
+        self._stop = threading.Event()
+        self._xid_thread = threading.Thread(target=self._watch_xid, args=(self._stop,),
+                                            name="xid-events", daemon=True)
+        self._xid_thread.start()
+        return True
+
+    def close(self) -> None:
+        """Stop the worker threads and release the backend.
+
+        A read still hung inside NVML is left alone (its thread is a daemon): shutting
+        NVML down under a call in flight is not safe on a real driver.
+        """
+        self._stop.set()
+        in_flight = self._poller is not None and self._poller.busy
+        self._poller = None
+        if self._xid_thread is not None:
+            self._xid_thread.join(3)
+            self._xid_thread = None
+        if self._initialised:
+            self._initialised = False
+            if in_flight:
+                log.warning("an NVML call is still hung; exiting without NVML shutdown")
+                return
+            try:
+                self.backend.shutdown()
+            except Exception as exc:  # already broken: nothing more to release
+                log.debug("GPU backend shutdown: %s", exc)
+
+    def _watch_xid(self, stop: threading.Event) -> None:
+        backoff = 1.0
+        while not stop.is_set():
+            try:
+                events = self.backend.wait_xid(1000)
+                backoff = 1.0
+            except Exception as exc:  # a lost GPU makes the wait fail at once: back off
+                log.debug("Xid event wait failed: %s", exc)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            for event in events:
+                self.xids.add(event.uuid, event.xid)
+            for event in events:
+                log.warning("Xid %d on GPU %s", event.xid, event.uuid)
