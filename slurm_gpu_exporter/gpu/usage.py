@@ -3,13 +3,13 @@ every job, to users), and the running jobs whose allocation covers it."""
 
 from __future__ import annotations
 
-import pwd
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_gpu_exporter.allocation import GpuAllocation, gpu_allocation
 from slurm_gpu_exporter.attribution import UNATTRIBUTED, GpuTarget, held_targets
+from slurm_gpu_exporter.base import user_name
 from slurm_gpu_exporter.gpu.backend import GpuProcess, ProcessUtilSample
 from slurm_gpu_exporter.procfs import PidJobMapper, ProcessGone, read_uid
 from slurm_gpu_exporter.registry import Job
@@ -95,9 +95,6 @@ class UsageReader:
             uid = read_uid(self.proc_root, pid)
         except (ProcessGone, ValueError, OSError):
             return None
-        try:
-            name = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            name = str(uid)
+        name = user_name(uid) or str(uid)
         self._users[pid] = name
         return name
