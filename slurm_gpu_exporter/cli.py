@@ -38,6 +38,11 @@ from slurm_gpu_exporter.server import (
 from slurm_gpu_exporter.slurm import SlurmMetadata, make_lookup
 from slurm_gpu_exporter.spool import DEFAULT_SPOOL_DIR
 from slurm_gpu_exporter.state import StateStore
+from slurm_gpu_exporter.trust import (
+    UntrustedPathError,
+    check_private_dir,
+    warn_if_web_config_exposed,
+)
 from slurm_gpu_exporter.webconfig import WebConfigError
 from slurm_gpu_exporter.webreload import DEFAULT_RELOAD_INTERVAL, LiveWebConfig
 
@@ -119,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, WebConfigError) as exc:
         log.error("%s", exc)
         return 2
+    if args.web_config:
+        warn_if_web_config_exposed(args.web_config, web_config.current)
     if args.sample_interval <= 0 or args.job_linger < 0 or args.web_config_reload <= 0:
         log.error("--sample-interval and --web.config.reload-interval must be > 0 and "
                   "--job-linger >= 0")
@@ -137,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
             args.spool_dir, args.state_dir = str(simulation.spool_dir), simulation.state_dir
             log.info("simulating a node with %d GPUs under %s", simulation.gpu_count, base)
 
+        trusted_uids = frozenset({0, os.geteuid()})
+        try:
+            check_private_dir(Path(args.spool_dir), "--spool-dir", trusted_uids)
+            check_private_dir(args.state_dir, "--state-dir", trusted_uids)
+        except UntrustedPathError as exc:
+            log.error("refusing to start: %s", exc)
+            return 2
         errors = SourceErrors()
         cgroups = CgroupFS(args.cgroup_root)
         if simulation is not None:
@@ -148,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         registry = Registry(
             args.spool_dir, cgroups, SlurmMetadata(lookup), errors,
             proc_root=args.proc_root, job_linger=args.job_linger,
-            cgroup_grace=args.cgroup_grace, trusted_uids=frozenset({0, os.geteuid()}),
+            cgroup_grace=args.cgroup_grace, trusted_uids=trusted_uids,
         )
         jobstats = JobStatsCollector(cgroups, args.proc_root, errors)
         backend: GpuBackend
