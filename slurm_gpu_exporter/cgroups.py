@@ -178,6 +178,9 @@ def _parse_v2_tail(parts: list[str]) -> CgroupJobRef | None:
     return CgroupJobRef(job_key=key[0], step=step, uid=None, is_sluid=key[1])
 
 
+MAX_CPUS = 1 << 16
+
+
 def parse_cpu_list(text: str) -> frozenset[int]:
     """Parse a kernel CPU list such as ``0-3,8,10-11``; raises ValueError when malformed."""
     cpus: set[int] = set()
@@ -187,7 +190,8 @@ def parse_cpu_list(text: str) -> frozenset[int]:
         lo, sep, hi = item.partition("-")
         first = int(lo)
         last = int(hi) if sep else first
-        if first < 0 or last < first:
+        # The kernel's limit is 8192 CPUs; a larger range is garbage, not a set to build.
+        if first < 0 or last < first or last >= MAX_CPUS:
             raise ValueError(f"bad CPU range {item!r}")
         cpus.update(range(first, last + 1))
     return frozenset(cpus)
