@@ -37,8 +37,8 @@ def check_private_dir(path: Path, what: str, trusted_uids: frozenset[int]) -> No
     for current in (path, *path.parents):
         try:
             st = os.stat(current)
-        except FileNotFoundError:
-            continue
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # not there (yet): the component that uses it reports that
         except OSError as exc:
             raise UntrustedPathError(f"{what} {path}: cannot check {current}: {exc.strerror}"
                                      ) from None

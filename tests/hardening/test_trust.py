@@ -29,6 +29,8 @@ def _dir(path: Path, mode: int) -> Path:
 def test_a_private_dir_passes_and_a_missing_one_too(tmp_path: Path) -> None:
     check_private_dir(_dir(tmp_path / "spool", 0o755), "--spool-dir", TRUSTED)
     check_private_dir(tmp_path / "not-yet", "--state-dir", TRUSTED)
+    (tmp_path / "file").write_text("")
+    check_private_dir(tmp_path / "file" / "state", "--state-dir", TRUSTED)  # saving reports it
 
 
 @pytest.mark.parametrize("mode", [0o775, 0o757, 0o777, 0o1777])
