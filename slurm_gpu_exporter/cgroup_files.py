@@ -18,6 +18,9 @@ from slurm_gpu_exporter.cgroup_paths import STEP_RE
 UNIFIED = "unified"
 
 
+MAX_CPUS = 1 << 16
+
+
 def parse_cpu_list(text: str) -> frozenset[int]:
     """Parse a kernel CPU list such as ``0-3,8,10-11``; raises ValueError when malformed."""
     cpus: set[int] = set()
@@ -27,7 +30,8 @@ def parse_cpu_list(text: str) -> frozenset[int]:
         lo, sep, hi = item.partition("-")
         first = int(lo)
         last = int(hi) if sep else first
-        if first < 0 or last < first:
+        # The kernel's limit is 8192 CPUs; a larger range is garbage, not a set to build.
+        if first < 0 or last < first or last >= MAX_CPUS:
             raise ValueError(f"bad CPU range {item!r}")
         cpus.update(range(first, last + 1))
     return frozenset(cpus)

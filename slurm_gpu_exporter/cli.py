@@ -38,7 +38,13 @@ from slurm_gpu_exporter.server import (
 from slurm_gpu_exporter.slurm import SlurmMetadata, make_lookup
 from slurm_gpu_exporter.spool import DEFAULT_SPOOL_DIR
 from slurm_gpu_exporter.state import StateStore
-from slurm_gpu_exporter.webconfig import WebConfig, WebConfigError, load_web_config
+from slurm_gpu_exporter.trust import (
+    UntrustedPathError,
+    check_private_dir,
+    warn_if_web_config_exposed,
+)
+from slurm_gpu_exporter.webconfig import WebConfigError
+from slurm_gpu_exporter.webreload import DEFAULT_RELOAD_INTERVAL, LiveWebConfig
 
 log = logging.getLogger("slurm_gpu_exporter")
 
@@ -64,7 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"address to serve on, [host]:port; repeat for several "
                         f"(default: {DEFAULT_LISTEN}, all addresses)")
     p.add_argument("--web.config.file", dest="web_config", type=Path, metavar="FILE",
-                   help="exporter-toolkit web config (TLS, client certificates, basic auth)")
+                   help="exporter-toolkit web config (TLS, client certificates, basic auth); "
+                        "re-read when it changes and on SIGHUP")
+    p.add_argument("--web.config.reload-interval", dest="web_config_reload", type=float,
+                   default=DEFAULT_RELOAD_INTERVAL, metavar="SECONDS",
+                   help="seconds between checks of the web config file for changes")
     p.add_argument("--spool-dir", default=DEFAULT_SPOOL_DIR, metavar="DIR",
                    help="where the prolog/epilog write job records")
     p.add_argument("--state-dir", type=Path, metavar="DIR",
@@ -110,12 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for address in listen:
             parse_listen_address(address)
-        web_config = load_web_config(args.web_config) if args.web_config else WebConfig()
+        web_config = LiveWebConfig(args.web_config)
     except (ValueError, WebConfigError) as exc:
         log.error("%s", exc)
         return 2
-    if args.sample_interval <= 0 or args.job_linger < 0:
-        log.error("--sample-interval must be > 0 and --job-linger >= 0")
+    if args.web_config:
+        warn_if_web_config_exposed(args.web_config, web_config.current)
+    if args.sample_interval <= 0 or args.job_linger < 0 or args.web_config_reload <= 0:
+        log.error("--sample-interval and --web.config.reload-interval must be > 0 and "
+                  "--job-linger >= 0")
         return 2
 
     with contextlib.ExitStack() as stack:
@@ -131,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
             args.spool_dir, args.state_dir = str(simulation.spool_dir), simulation.state_dir
             log.info("simulating a node with %d GPUs under %s", simulation.gpu_count, base)
 
+        trusted_uids = frozenset({0, os.geteuid()})
+        try:
+            check_private_dir(Path(args.spool_dir), "--spool-dir", trusted_uids)
+            check_private_dir(args.state_dir, "--state-dir", trusted_uids)
+        except UntrustedPathError as exc:
+            log.error("refusing to start: %s", exc)
+            return 2
         errors = SourceErrors()
         cgroups = CgroupFS(args.cgroup_root)
         if simulation is not None:
@@ -142,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         registry = Registry(
             args.spool_dir, cgroups, SlurmMetadata(lookup, errors=errors), errors,
             proc_root=args.proc_root, job_linger=args.job_linger,
-            cgroup_grace=args.cgroup_grace, trusted_uids=frozenset({0, os.geteuid()}),
+            cgroup_grace=args.cgroup_grace, trusted_uids=trusted_uids,
         )
         jobstats = JobStatsCollector(cgroups, args.proc_root, errors)
         backend: GpuBackend
@@ -163,26 +183,42 @@ def main(argv: list[str] | None = None) -> int:
             publish=lambda snapshot, exposition: holder.publish(exposition),
         )
         try:
-            asyncio.run(_serve(make_app(holder, web_config), listen, web_config, sampler))
+            asyncio.run(_serve(make_app(holder, web_config), listen, web_config, sampler,
+                               args.web_config_reload))
         except ListenError as exc:
             log.error("%s; stop what uses it or pass another --web.listen-address", exc)
             return 1
     return 0
 
 
-async def _serve(app: web.Application, listen: list[str], web_config: WebConfig,
-                 sampler: Sampler) -> None:
-    stop = asyncio.Event()
+async def _watch_web_config(web_config: LiveWebConfig, interval: float,
+                            wake: asyncio.Event) -> None:
+    """Re-read the web config every ``interval`` seconds, or at once when woken (SIGHUP)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), interval)
+        wake.clear()
+        # Off the event loop: loading certificates reads files.
+        await loop.run_in_executor(None, web_config.check)
+
+
+async def _serve(app: web.Application, listen: list[str], web_config: LiveWebConfig,
+                 sampler: Sampler, reload_interval: float) -> None:
+    stop, reread = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reread.set)
     runner = await start_server(app, listen, web_config)
+    watcher = asyncio.create_task(_watch_web_config(web_config, reload_interval, reread))
     sampler.start()
     log.info("slurm-gpu-exporter %s started; sampling every %g s", __version__, sampler.interval)
     try:
         await stop.wait()
         log.info("stopping")
     finally:
+        watcher.cancel()
         await runner.cleanup()
         await loop.run_in_executor(None, sampler.stop)
 

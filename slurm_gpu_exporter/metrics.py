@@ -19,6 +19,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.registry import Collector
 
 from slurm_gpu_exporter import __version__
+from slurm_gpu_exporter.labels import bound_label_values
 from slurm_gpu_exporter.snapshot import Snapshot
 
 JOB_LABELS = ["jobid", "user"]
@@ -258,7 +259,8 @@ class _Collected:
 
 def render(snapshot: Snapshot) -> Exposition:
     """Render a snapshot once; every scrape until the next sample serves these bytes."""
-    collected = _Collected(list(SnapshotCollector(snapshot, (_PROCESS_COLLECTOR,)).collect()))
+    collected = _Collected([bound_label_values(family) for family in
+                            SnapshotCollector(snapshot, (_PROCESS_COLLECTOR,)).collect()])
     text = generate_latest(collected)  # type: ignore[arg-type]
     openmetrics = generate_openmetrics(collected)  # type: ignore[arg-type]
     return Exposition(

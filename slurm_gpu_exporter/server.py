@@ -20,6 +20,7 @@ from aiohttp import web
 from slurm_gpu_exporter import __version__
 from slurm_gpu_exporter.metrics import Exposition
 from slurm_gpu_exporter.webconfig import WebConfig
+from slurm_gpu_exporter.webreload import LiveWebConfig
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +65,19 @@ def _accepted(header: str, wanted: str) -> bool:
     return False
 
 
-def make_app(holder: ExpositionHolder, web_config: WebConfig | None = None) -> web.Application:
-    """Build the aiohttp application (tests start it on a random port)."""
-    config = web_config or WebConfig()
+def make_app(holder: ExpositionHolder,
+             web_config: WebConfig | LiveWebConfig | None = None) -> web.Application:
+    """Build the aiohttp application (tests start it on a random port).
+
+    With a LiveWebConfig, each request is checked against the config in force."""
+    live = web_config if isinstance(web_config, LiveWebConfig) else None
+    fixed = web_config if isinstance(web_config, WebConfig) else WebConfig()
 
     @web.middleware
     async def security(request: web.Request,
                        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                        ) -> web.StreamResponse:
+        config = live.current if live is not None else fixed
         transport = request.transport
         peercert = transport.get_extra_info("peercert") if transport else None
         if not config.client_cert_allowed(peercert):
@@ -142,13 +148,16 @@ def parse_listen_address(address: str) -> tuple[str | None, int]:
 
 
 async def start_server(app: web.Application, addresses: list[str],
-                       web_config: WebConfig | None) -> web.AppRunner:
+                       web_config: WebConfig | LiveWebConfig | None) -> web.AppRunner:
     """Start listening on every address; returns the runner to clean up.
 
     Raises ListenError naming the first address that cannot be used."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    ssl_context = web_config.ssl_context() if web_config else None
+    if isinstance(web_config, LiveWebConfig):
+        ssl_context = web_config.server_ssl_context()
+    else:
+        ssl_context = web_config.ssl_context() if web_config else None
     for address in addresses:
         host, port = parse_listen_address(address)
         site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)

@@ -61,6 +61,11 @@ def parse_scontrol_line(line: str) -> list[tuple[str, str]]:
     return pairs
 
 
+# Beyond any real cluster or node: a larger range is garbage, not a list to build.
+MAX_HOSTS = 100_000
+MAX_GPU_INDICES = 1024
+
+
 def expand_hostlist(expr: str) -> list[str]:
     """Expand a Slurm hostlist such as ``gpu[01-03,07],cpu1`` into names."""
     hosts: list[str] = []
@@ -76,6 +81,8 @@ def expand_hostlist(expr: str) -> list[str]:
                 hosts.append(f"{prefix}{lo}{suffix}")
                 continue
             width = len(lo)
+            if int(hi) - int(lo) + len(hosts) >= MAX_HOSTS:  # garbage, not a node list
+                raise ValueError(f"hostlist {expr[:40]!r} names over {MAX_HOSTS} hosts")
             for n in range(int(lo), int(hi) + 1):
                 hosts.append(f"{prefix}{n:0{width}d}{suffix}")
     return hosts
@@ -87,7 +94,7 @@ def gres_indices(gres: str) -> str:
     for match in re.finditer(r"gpu(?::[^:(,]+)*:\d+\(IDX:([^)]*)\)", gres):
         for item in match.group(1).split(","):
             lo, _, hi = item.partition("-")
-            if lo.isdigit() and hi.isdigit():
+            if lo.isdigit() and hi.isdigit() and int(hi) - int(lo) < MAX_GPU_INDICES:
                 indices.extend(str(n) for n in range(int(lo), int(hi) + 1))
             elif lo.isdigit():
                 indices.append(lo)
@@ -126,7 +133,10 @@ def parse_scontrol_job(line: str, node: str) -> SlurmJobInfo | None:
     current_nodes: list[str] = []
     for key, value in pairs:
         if key == "Nodes":
-            current_nodes = expand_hostlist(value)
+            try:
+                current_nodes = expand_hostlist(value)
+            except ValueError:  # a malformed or absurd list names no node of ours
+                current_nodes = []
         elif key == "GRES" and node in current_nodes:
             job_gpus = gres_indices(value)
     return SlurmJobInfo(

@@ -282,6 +282,9 @@ def load_web_config(path: Path) -> WebConfig:
     except yaml.YAMLError as exc:
         raise WebConfigError(f"web config {path} is not valid YAML: {_yaml_problem(exc)}"
                              ) from None
+    except RecursionError:  # the YAML parser recurses once per level of nesting
+        raise WebConfigError(f"web config {path} is nested too deeply to be a web config"
+                             ) from None
     config = parse_web_config(data, path.parent)
     config.ssl_context()  # fail at start-up, not at the first scrape
     return config

@@ -1,0 +1,67 @@
+"""LiveWebConfig: re-read on change, keep the last good config on a broken file."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from slurm_gpu_exporter.webconfig import WebConfigError
+from slurm_gpu_exporter.webreload import LiveWebConfig
+
+
+def _users(password: str) -> str:
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
+    return f"basic_auth_users:\n  prom: '{hashed}'\n"
+
+
+def _write(path: Path, text: str, mtime: int) -> None:
+    path.write_text(text)
+    os.utime(path, ns=(mtime, mtime))  # a distinct mtime even within one clock tick
+
+
+def test_unchanged_file_is_not_reread(tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    _write(web, _users("a"), 1)
+    live = LiveWebConfig(web)
+    assert live.check() is False
+    assert live.reloads == 0
+
+
+def test_changed_file_is_reread_and_broken_one_reported_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    web = tmp_path / "web.yml"
+    _write(web, _users("a"), 1)
+    live = LiveWebConfig(web)
+    first = live.current
+    _write(web, _users("bb"), 2)
+    assert live.check() is True
+    assert live.current is not first and set(live.current.users) == {"prom"}
+    good = live.current
+    _write(web, "tls_server_config: [", 3)
+    with caplog.at_level(logging.WARNING):
+        assert live.check() is False
+        assert live.check() is False
+    assert live.current is good
+    assert live.failures == 1
+    assert sum("not re-read" in r.message for r in caplog.records) == 1
+
+
+def test_missing_file_keeps_the_last_good(tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    _write(web, _users("a"), 1)
+    live = LiveWebConfig(web)
+    good = live.current
+    web.unlink()
+    assert live.check() is False
+    assert live.current is good and live.failures == 1
+
+
+def test_a_broken_file_at_start_is_an_error(tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text("nope: 1\n")
+    with pytest.raises(WebConfigError):
+        LiveWebConfig(web)

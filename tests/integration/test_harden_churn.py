@@ -1,0 +1,91 @@
+"""1,000 jobs registered and ended within a minute on a synthetic node.
+
+Every job shows up, none stays after the linger, the jobs still running at the end
+are exactly those exposed, and the agent's memory ends within 5 MB of its baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu_exporter.synthnode import SynthNode
+from tests.agent import Agent, series
+from tests.fakenvml import Device, NvmlState, fake_nvml_or_skip
+from tests.hardening.churn import end_job, rss_kib
+
+pytestmark = pytest.mark.fakenvml
+
+JOBS = 1000
+BATCH = 50
+LINGER = 2.0
+SAMPLE = 0.5
+
+
+def _jobids(text: str) -> set[str]:
+    return {labels["jobid"] for labels, _ in series(text, "slurm_job_info")}
+
+
+def _churn(node: SynthNode, agent: Agent, first: int, count: int, seen: set[str]) -> None:
+    """Start ``count`` jobs in batches; each batch ends two batches later."""
+    live: list[list[int]] = []
+    for start in range(first, first + count, BATCH):
+        batch = list(range(start, min(start + BATCH, first + count)))
+        for jobid in batch:
+            node.add_job(jobid, [jobid])
+        live.append(batch)
+        if len(live) > 2:
+            for jobid in live.pop(0):
+                end_job(node, jobid)
+        seen |= _jobids(agent.metrics())
+        time.sleep(SAMPLE)
+        seen |= _jobids(agent.metrics())
+    for batch in live:
+        for jobid in batch:
+            end_job(node, jobid)
+
+
+def _settle(agent: Agent, running: set[str], timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = agent.metrics()
+        if _jobids(text) == running:
+            return text
+        time.sleep(0.2)
+    raise AssertionError(f"exposed {sorted(_jobids(text) - running)[:20]} stale, "
+                         f"{sorted(running - _jobids(text))[:20]} missing")
+
+
+def test_thousand_jobs_churn_exactly_and_memory_returns(tmp_path: Path) -> None:
+    fake = fake_nvml_or_skip(tmp_path / "nvml")
+    fake.write(NvmlState(devices=[Device(0)]))
+    node = SynthNode(tmp_path / "node")
+    agent = Agent(node.agent_args(SAMPLE, "--job-linger", str(LINGER)), env=fake.env(),
+                  log_path=tmp_path / "agent.log")
+    try:
+        agent.wait_ready()
+        # Warm-up: the first jobs fill caches and the allocator's pools.
+        warm: set[str] = set()
+        _churn(node, agent, 100_000, 3 * BATCH, warm)
+        _settle(agent, set())
+        baseline = rss_kib(agent.proc.pid)
+
+        started = time.monotonic()
+        seen: set[str] = set()
+        _churn(node, agent, 200_000, JOBS, seen)
+        keep = {str(j) for j in range(300_000, 300_010)}
+        for jobid in keep:
+            node.add_job(int(jobid), [int(jobid)])
+        churn_s = time.monotonic() - started
+        text = _settle(agent, keep)
+        seen |= _jobids(text)
+        end = rss_kib(agent.proc.pid)
+    finally:
+        agent.stop()
+    print(f"churn: {JOBS} jobs in {churn_s:.1f} s; RSS baseline {baseline} KiB, "
+          f"end {end} KiB, growth {end - baseline} KiB")
+    assert churn_s < 60
+    assert {str(j) for j in range(200_000, 200_000 + JOBS)} <= seen
+    assert end - baseline < 5 * 1024
