@@ -3,7 +3,7 @@
     .venv/bin/python bench/soak.py            # 30 minutes, as release checks ask
     .venv/bin/python bench/soak.py --minutes 4
 
-Runs the real agent over a synthetic node (tests/synthnode.py) with the fake NVML
+Runs the real agent over a synthetic node (slurm_gpu_exporter/synthnode.py) with the fake NVML
 (tests/fakenvml, built with cc on first use). A job starts about every second and
 ends some seconds later; a scraper thread fetches /metrics ten times a second.
 Prints the agent's RSS, open files, threads and sample time at the start (after a

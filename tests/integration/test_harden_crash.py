@@ -1,6 +1,6 @@
 """SIGKILL at random points of the sample cycle, 50 times in a row, over the same state dir.
 
-A synthetic node (tests/synthnode.py: cgroups, /proc and prolog records) and the fake
+A synthetic node (slurm_gpu_exporter/synthnode.py: cgroups, /proc and prolog records) and the fake
 NVML (tests/fakenvml) with two running GPU jobs. After every kill the state file is
 readable, and the restarted agent's counters are never below what was scraped before
 it died; no scrape ever holds the same series twice.
