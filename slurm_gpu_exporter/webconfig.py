@@ -122,28 +122,28 @@ class WebConfig:
 
         Blocks for a bcrypt check on a credential not seen before; the server uses
         ``check_basic_auth_async``, which runs that check off the event loop."""
-        if not self.users:
-            return True
-        claim = self._claim(header)
-        if claim is None:
-            return False
-        if self._known(claim[2]):
-            return True
-        return self._verify(*claim)
+        claim = self._to_verify(header)
+        return claim if isinstance(claim, bool) else self._verify(*claim)
 
     async def check_basic_auth_async(self, header: str | None) -> bool:
         """``check_basic_auth`` for the event loop: a credential already verified answers
         at once; a new one is checked by bcrypt in a worker thread, so a wrong password
         (which is never cached) cannot stall the scrapes of others."""
+        claim = self._to_verify(header)
+        if isinstance(claim, bool):
+            return claim
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._bcrypt_workers(), self._verify, *claim)
+
+    def _to_verify(self, header: str | None) -> bool | tuple[bytes, bytes, bytes]:
+        """The answer when no bcrypt check is needed (auth off, a malformed header or an
+        unknown user, a credential verified before); else the claim to check."""
         if not self.users:
             return True
         claim = self._claim(header)
         if claim is None:
             return False
-        if self._known(claim[2]):
-            return True
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._bcrypt_workers(), self._verify, *claim)
+        return True if self._known(claim[2]) else claim
 
     def _claim(self, header: str | None) -> tuple[bytes, bytes, bytes] | None:
         """(password, bcrypt hash, cache key) of a well-formed header naming a known user."""
