@@ -8,6 +8,7 @@ timestamp. It keeps no counters; the GPU sampler integrates. Implementations:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,8 +18,22 @@ class GpuUnavailable(Exception):
 
 
 @dataclass(frozen=True)
+class GpmFigures:
+    """NVML GPM means over one interval between two GPM samples of a GPU or MIG instance.
+
+    ``seconds`` is the interval (the agent's clock); ``activity`` holds fractions
+    0..1 ("sm_active", "tensor_active", ...), ``traffic`` bytes per second
+    ("pcie_transmit", ...). A metric the GPU could not give this time is absent.
+    """
+
+    seconds: float
+    activity: Mapping[str, float]
+    traffic: Mapping[str, float]
+
+
+@dataclass(frozen=True)
 class MigInstance:
-    """A MIG instance of a GPU, as NVML lists it."""
+    """A MIG instance of a GPU, as NVML lists it; ``gpm`` as for DeviceReading."""
 
     gpu_instance_id: int
     compute_instance_id: int
@@ -26,6 +41,7 @@ class MigInstance:
     name: str
     memory_total: int | None
     memory_used: int | None
+    gpm: GpmFigures | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +77,9 @@ class DeviceReading:
 
     ``util_samples`` holds the device samples newer than the cursor passed in (empty
     when there are none yet; None when the GPU has no utilization samples, e.g. MIG).
+    ``gpm_supported`` says whether the GPU has NVML GPM (Hopper and later); ``gpm``
+    holds the GPM means since the previous poll's GPM sample (None on the first
+    poll, after a failed GPM read, or without GPM).
     """
 
     index: int
@@ -80,6 +99,8 @@ class DeviceReading:
     util_samples: tuple[UtilSample, ...] | None = None
     process_samples: tuple[ProcessUtilSample, ...] | None = None
     mig: tuple[MigInstance, ...] = ()
+    gpm_supported: bool = False
+    gpm: GpmFigures | None = None
     errors: tuple[str, ...] = ()  # calls that failed in an unexpected way, for the log
     # Fields whose read failed this time ("energy", ...): their None means "unknown
     # now", not "not supported", so counters built on them must not restart.

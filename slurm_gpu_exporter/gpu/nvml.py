@@ -27,6 +27,7 @@ from slurm_gpu_exporter.gpu.backend import (
     UtilSample,
     XidEvent,
 )
+from slurm_gpu_exporter.gpu.gpm import GpmReader
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,24 @@ def _handle_key(handle: Any) -> int | None:
     return ctypes.cast(handle, ctypes.c_void_p).value
 
 
+def _register_xid_events(devices: list[_Device]) -> Any:
+    """An event set with every GPU's Xid events, or None where NVML has none."""
+    try:
+        event_set = pynvml.nvmlEventSetCreate()
+    except pynvml.NVMLError as exc:
+        log.warning("Xid events not available: %s", exc)
+        return None
+    for device in devices:
+        if device.handle is None:
+            continue
+        try:
+            pynvml.nvmlDeviceRegisterEvents(device.handle, pynvml.nvmlEventTypeXidCriticalError,
+                                            event_set)
+        except pynvml.NVMLError as exc:
+            log.info("GPU %d: Xid events not available: %s", device.index, exc)
+    return event_set
+
+
 class NvmlBackend:
     """GpuBackend over the real NVML library."""
 
@@ -65,6 +84,7 @@ class NvmlBackend:
         self._unsupported: set[tuple[str, str]] = set()
         self._event_set: Any = None
         self._uuid_by_handle: dict[int | None, str] = {}
+        self._gpm = GpmReader()
 
     # -- life cycle ---------------------------------------------------------
 
@@ -81,7 +101,7 @@ class NvmlBackend:
             raise GpuUnavailable(f"NVML initialised but cannot list GPUs: {exc}") from None
         self._devices = [self._open(i) for i in range(count)]
         self._uuid_by_handle = {_handle_key(d.handle): d.uuid for d in self._devices if d.handle}
-        self._register_xid_events()
+        self._event_set = _register_xid_events(self._devices)
         return driver
 
     def _open(self, index: int) -> _Device:
@@ -97,23 +117,8 @@ class NvmlBackend:
         bus_id = _text(pci.busId) if pci is not None else ""
         return _Device(index, handle, uuid, name, minor, bus_id)
 
-    def _register_xid_events(self) -> None:
-        try:
-            self._event_set = pynvml.nvmlEventSetCreate()
-        except pynvml.NVMLError as exc:
-            log.warning("Xid events not available: %s", exc)
-            return
-        for device in self._devices:
-            if device.handle is None:
-                continue
-            try:
-                pynvml.nvmlDeviceRegisterEvents(device.handle,
-                                                pynvml.nvmlEventTypeXidCriticalError,
-                                                self._event_set)
-            except pynvml.NVMLError as exc:
-                log.info("GPU %d: Xid events not available: %s", device.index, exc)
-
     def shutdown(self) -> None:
+        self._gpm.close()
         try:
             if self._event_set is not None:
                 pynvml.nvmlEventSetFree(self._event_set)
@@ -135,6 +140,7 @@ class NvmlBackend:
         errors: list[str] = []
         try:
             mig = self._mig_instances(d, errors)
+            gpm_ok, gpm, mig = self._gpm.read(d.index, d.uuid, d.handle, mig, errors)
             memory = self._memory(d.uuid, d.handle, errors)
             power = self._field(d.uuid, "power", pynvml.nvmlDeviceGetPowerUsage, errors,
                                 d.handle)
@@ -154,10 +160,12 @@ class NvmlBackend:
                 util_samples=None if mig else self._util_samples(d, cursor[0], errors),
                 process_samples=None if mig else self._process_samples(d, cursor[1], errors),
                 mig=mig,
+                gpm_supported=gpm_ok,
+                gpm=gpm,
                 errors=tuple(errors),
                 failed=frozenset(e.split(":", 1)[0] for e in errors),  # "field: message"
             )
-        except _Lost:
+        except (_Lost, pynvml.NVMLError_GpuIsLost):
             if not d.lost:
                 log.error("GPU %d (%s) is lost (fell off the bus?); its metrics stop, the other "
                           "GPUs keep reporting. It needs a reset or a reboot.", d.index, d.uuid)

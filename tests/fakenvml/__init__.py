@@ -33,6 +33,7 @@ from typing import Literal
 
 __all__ = [
     "ERROR_NAMES",
+    "GPM_METRICS",
     "Device",
     "FakeNvml",
     "FakeNvmlUnavailable",
@@ -168,6 +169,20 @@ class Pattern:
         return self.integral(a, b) / (b - a) if b > a else 0.0
 
 
+#: GPM metrics the fake reports, by the names tests use: NVML_GPM_METRIC_* ids.
+#: Activities are percent (0..100); the traffic metrics (``pcie_*``, ``nvlink_*``)
+#: MiB/s, for whole GPUs only.
+GPM_METRICS = {
+    "graphics": 1, "sm_util": 2, "sm_occupancy": 3, "integer": 4, "tensor": 5,
+    "dfma_tensor": 6, "hmma_tensor": 7, "imma_tensor": 9, "dram": 10, "fp64": 11,
+    "fp32": 12, "fp16": 13, "pcie_tx": 20, "pcie_rx": 21, "nvlink_rx": 60, "nvlink_tx": 61,
+}  # fmt: skip
+_GPM_TRAFFIC = frozenset({"pcie_tx", "pcie_rx", "nvlink_rx", "nvlink_tx"})
+
+#: A GPM trace: a Pattern (percent), or a constant (percent, or MiB/s for traffic).
+GpmTrace = Pattern | float
+
+
 @dataclass
 class Process:
     """A process with a GPU context.
@@ -197,6 +212,8 @@ class MigInstance:
     memory_total: int = 10 * 1024**3
     memory_used: int = 0
     name: str = "NVIDIA A100-SXM4-80GB MIG 1g.10gb"
+    # GPM traces of this GPU instance (answered when the parent has ``gpm``).
+    gpm: dict[str, GpmTrace] = field(default_factory=dict)
 
 
 @dataclass
@@ -255,6 +272,9 @@ class Device:
     errors: dict[str, str] = field(default_factory=dict)
     sleeps: dict[str, float] = field(default_factory=dict)
     errors_once: dict[str, str] = field(default_factory=dict)  # the next call fails, once
+    # GPM (Hopper and later): None = not supported; else traces by GPM_METRICS name
+    # (a metric not listed reads 0).
+    gpm: dict[str, GpmTrace] | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < 64:
@@ -445,6 +465,19 @@ def _injections(errors: Mapping[str, str], sleeps: Mapping[str, float],
 _History = list[tuple[float, "Pattern | None"]]
 
 
+def _gpm_pattern(name: str, trace: GpmTrace) -> Pattern:
+    """A trace as a Pattern; a constant traffic rate may exceed 100 (MiB/s)."""
+    if isinstance(trace, Pattern):
+        return trace
+    value = float(trace)
+    limit = 1e9 if name in _GPM_TRAFFIC else 100.0
+    if not 0 <= value <= limit:
+        raise ValueError(f"GPM {name} must be within 0..{limit:g}, got {value!r}")
+    pattern = Pattern.constant(0.0)
+    pattern.segments = [(1.0, value)]  # past Pattern's 0..100 check: MiB/s
+    return pattern
+
+
 class FakeNvml:
     """One fake node: a state file in ``workdir`` and the library that reads it."""
 
@@ -456,6 +489,8 @@ class FakeNvml:
         self._lib_dir: Path | None = None
         self._util: dict[str, _History] = {}
         self._psm: dict[tuple[str, int], _History] = {}
+        self._gpm: dict[tuple[str, str, str], _History] = {}  # (uuid, gi, metric)
+        self._live_gpm: set[tuple[str, str, str]] = set()
         self._energy: dict[str, tuple[float, float, float]] = {}
         self._xid_time: dict[tuple[str, int], float] = {}
         self._last_mtime_ns = 0
@@ -604,6 +639,7 @@ class FakeNvml:
         seen_uuid: set[str] = set()
         live_util: set[str] = set()
         live_psm: set[tuple[str, int]] = set()
+        self._live_gpm: set[tuple[str, str, str]] = set()
         for dev in state.devices:
             if dev.index in seen_idx:
                 raise ValueError(f"duplicate device index {dev.index}")
@@ -619,6 +655,8 @@ class FakeNvml:
             del self._util[key]
         for pkey in set(self._psm) - live_psm:
             del self._psm[pkey]
+        for gkey in set(self._gpm) - self._live_gpm:
+            del self._gpm[gkey]
         return "\n".join(out) + "\n"
 
     def _render_device(self, dev: Device, now: float, horizon: float) -> list[str]:
@@ -699,8 +737,28 @@ class FakeNvml:
                 f"xid {int(ev.seq)} {int(ev.xid)} {float(when)!r} "
                 f"{_id(ev.gpu_instance_id)} {_id(ev.compute_instance_id)}"
             )
+        out += self._render_gpm(dev, now, horizon)
         out += _injections(dev.errors, dev.sleeps, dev.errors_once)
         out.append("end")
+        return out
+
+    def _render_gpm(self, dev: Device, now: float, horizon: float) -> list[str]:
+        """``gpm_support`` and the GPM trace histories of the GPU and its MIG instances."""
+        out = [f"gpm_support {int(dev.gpm is not None)}"]
+        targets = [("-", dev.gpm or {})]
+        targets += [(str(int(m.gpu_instance_id)), m.gpm) for m in dev.mig]
+        for gi, traces in targets:
+            for name, trace in traces.items():
+                if name not in GPM_METRICS:
+                    raise ValueError(f"unknown GPM metric {name!r} (known: {sorted(GPM_METRICS)})")
+                if gi != "-" and name in _GPM_TRAFFIC:
+                    raise ValueError(f"GPM metric {name!r} is for whole GPUs only")
+                key = (dev.uuid, gi, name)
+                self._live_gpm.add(key)
+                hist = self._history(self._gpm.setdefault(key, []), _gpm_pattern(name, trace),
+                                     0.0, now, horizon)
+                prefix = f"gpm {gi} {GPM_METRICS[name]}"
+                out += [_trace(prefix, s, pat, "none") for s, pat in hist]
         return out
 
 

@@ -27,6 +27,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,6 +88,13 @@ typedef struct {
     char uuid[STR_LEN], name[STR_LEN];
 } mig_t;
 
+/* One GPM metric's trace history on a whole GPU (gi NO_ID) or one MIG GPU
+ * instance: percent for activities, MiB/s for PCIe and NVLink traffic. */
+typedef struct {
+    unsigned gi, metric;
+    tracelist_t tl;
+} gpmtl_t;
+
 typedef struct {
     long long seq;
     unsigned long long xid;
@@ -124,6 +132,9 @@ typedef struct {
     mig_t mig[MAX_MIG];
     int nxid, capxid;
     xid_t *xids;
+    int gpm_support; /* nvmlGpmQueryDeviceSupport says yes (Hopper and later) */
+    int ngpm, capgpm;
+    gpmtl_t *gpm;
     injlist_t errors, sleeps;
 } fdev_t;
 
@@ -268,6 +279,9 @@ static void free_state(state_t *st)
             free_tracelist(&d->procs[p].sm);
         free(d->procs);
         free(d->xids);
+        for (int g = 0; g < d->ngpm; g++)
+            free_tracelist(&d->gpm[g].tl);
+        free(d->gpm);
         free(d->errors.v);
         free(d->sleeps.v);
     }
@@ -288,6 +302,44 @@ static int grow(void **v, int *cap, int n, size_t sz)
     *v = nv;
     *cap = ncap;
     return 0;
+}
+
+/* ------------------------------------------------------------- GPM table */
+
+/* The GPM metrics the fake knows (others answer NOT_SUPPORTED per metric).
+ * Traffic is in MiB/s and makes no sense per MIG instance. */
+typedef struct {
+    unsigned id;
+    const char *shortName, *longName, *unit;
+    double max;
+    int device_only;
+} gpm_info_t;
+
+static const gpm_info_t g_gpm_info[] = {
+    {NVML_GPM_METRIC_GRAPHICS_UTIL, "gr_util", "graphics activity", "%", 100, 0},
+    {NVML_GPM_METRIC_SM_UTIL, "sm_util", "SM activity", "%", 100, 0},
+    {NVML_GPM_METRIC_SM_OCCUPANCY, "sm_occupancy", "SM occupancy", "%", 100, 0},
+    {NVML_GPM_METRIC_INTEGER_UTIL, "integer_util", "integer activity", "%", 100, 0},
+    {NVML_GPM_METRIC_ANY_TENSOR_UTIL, "any_tensor_util", "tensor activity", "%", 100, 0},
+    {NVML_GPM_METRIC_DFMA_TENSOR_UTIL, "dfma_tensor_util", "DFMA tensor activity", "%", 100, 0},
+    {NVML_GPM_METRIC_HMMA_TENSOR_UTIL, "hmma_tensor_util", "HMMA tensor activity", "%", 100, 0},
+    {NVML_GPM_METRIC_IMMA_TENSOR_UTIL, "imma_tensor_util", "IMMA tensor activity", "%", 100, 0},
+    {NVML_GPM_METRIC_DRAM_BW_UTIL, "dram_bw_util", "DRAM bandwidth use", "%", 100, 0},
+    {NVML_GPM_METRIC_FP64_UTIL, "fp64_util", "FP64 activity", "%", 100, 0},
+    {NVML_GPM_METRIC_FP32_UTIL, "fp32_util", "FP32 activity", "%", 100, 0},
+    {NVML_GPM_METRIC_FP16_UTIL, "fp16_util", "FP16 activity", "%", 100, 0},
+    {NVML_GPM_METRIC_PCIE_TX_PER_SEC, "pcie_tx", "PCIe transmit", "MiB/s", 1e9, 1},
+    {NVML_GPM_METRIC_PCIE_RX_PER_SEC, "pcie_rx", "PCIe receive", "MiB/s", 1e9, 1},
+    {NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, "nvlink_rx", "NVLink receive", "MiB/s", 1e9, 1},
+    {NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, "nvlink_tx", "NVLink transmit", "MiB/s", 1e9, 1},
+};
+
+static const gpm_info_t *gpm_metric_info(unsigned id)
+{
+    for (size_t i = 0; i < sizeof g_gpm_info / sizeof g_gpm_info[0]; i++)
+        if (g_gpm_info[i].id == id)
+            return &g_gpm_info[i];
+    return NULL;
 }
 
 /* ---------------------------------------------------------------- parsing */
@@ -409,8 +461,9 @@ static int copy_str(char *dst, const char *src)
 }
 
 /* util|psm FROM derived|none
- * util|psm FROM ORIGIN REPEAT DUR:PCT [DUR:PCT ...] */
-static int parse_trace(char **p, tracelist_t *tl, perr_t *pe)
+ * util|psm FROM ORIGIN REPEAT DUR:PCT [DUR:PCT ...]
+ * Values run 0..maxv (100 for percentages). */
+static int parse_trace(char **p, tracelist_t *tl, double maxv, perr_t *pe)
 {
     trace_t tr;
     memset(&tr, 0, sizeof tr);
@@ -439,9 +492,10 @@ static int parse_trace(char **p, tracelist_t *tl, perr_t *pe)
                 return fail(pe, "segment must be DUR:PCT, got %s", s);
             *colon = '\0';
             if (parse_dbl(s, &sg.dur) || parse_dbl(colon + 1, &sg.pct) ||
-                sg.dur <= 0 || sg.pct < 0 || sg.pct > 100) {
+                sg.dur <= 0 || sg.pct < 0 || sg.pct > maxv) {
                 free(tr.segs);
-                return fail(pe, "bad segment (need DUR>0, 0<=PCT<=100) near %s", s);
+                return fail(pe, "bad segment (need DUR>0, 0<=VALUE<=100, or 1e9 for traffic) "
+                                "near %s", s);
             }
             if (grow((void **)&tr.segs, &cap, tr.nseg, sizeof(seg_t))) {
                 free(tr.segs);
@@ -575,7 +629,7 @@ static int parse_device_line(fdev_t *d, const char *key, char **p, perr_t *pe)
             return fail(pe, "lost must be 0 or 1", NULL);
         d->lost = (int)l;
     } else if (strcmp(key, "util") == 0) {
-        return parse_trace(p, &d->util, pe);
+        return parse_trace(p, &d->util, 100, pe);
     } else if (strcmp(key, "process") == 0) {
         proc_t pr;
         memset(&pr, 0, sizeof pr);
@@ -589,7 +643,7 @@ static int parse_device_line(fdev_t *d, const char *key, char **p, perr_t *pe)
     } else if (strcmp(key, "psm") == 0) {
         if (!d->nproc)
             return fail(pe, "psm before any process line", NULL);
-        return parse_trace(p, &d->procs[d->nproc - 1].sm, pe);
+        return parse_trace(p, &d->procs[d->nproc - 1].sm, 100, pe);
     } else if (strcmp(key, "mig") == 0) {
         if (d->nmig >= MAX_MIG)
             return fail(pe, "too many mig lines (max 8)", NULL);
@@ -601,6 +655,30 @@ static int parse_device_line(fdev_t *d, const char *key, char **p, perr_t *pe)
             !m->name[0])
             return fail(pe, "mig needs GI CI MEMORY_TOTAL MEMORY_USED UUID NAME", NULL);
         d->nmig++;
+    } else if (strcmp(key, "gpm_support") == 0) {
+        unsigned g;
+        if (parse_uint(next_tok(p), &g) || g > 1)
+            return fail(pe, "gpm_support must be 0 or 1", NULL);
+        d->gpm_support = (int)g;
+    } else if (strcmp(key, "gpm") == 0) {
+        unsigned gi, metric;
+        if (parse_id(next_tok(p), &gi) || parse_uint(next_tok(p), &metric) ||
+            !gpm_metric_info(metric))
+            return fail(pe, "gpm needs GI|- METRIC (a supported NVML_GPM_METRIC_* id) and a trace",
+                        NULL);
+        gpmtl_t *g = NULL;
+        for (int i = 0; i < d->ngpm; i++)
+            if (d->gpm[i].gi == gi && d->gpm[i].metric == metric)
+                g = &d->gpm[i];
+        if (!g) {
+            if (grow((void **)&d->gpm, &d->capgpm, d->ngpm, sizeof(gpmtl_t)))
+                return fail(pe, "out of memory", NULL);
+            g = &d->gpm[d->ngpm++];
+            memset(g, 0, sizeof *g);
+            g->gi = gi;
+            g->metric = metric;
+        }
+        return parse_trace(p, &g->tl, gpm_metric_info(metric)->max, pe);
     } else if (strcmp(key, "xid") == 0) {
         xid_t x;
         if (parse_ll(next_tok(p), &x.seq) || parse_ull(next_tok(p), &x.xid) ||
@@ -1987,6 +2065,175 @@ nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *i
     if (!id || !t.mig)
         return done(NVML_ERROR_INVALID_ARGUMENT);
     *id = t.mig->ci;
+    return done(NVML_SUCCESS);
+}
+
+/* --------------------------------------------------------------------- GPM */
+
+/* nvidia-ml-py declares these structs in ctypes; its layout must be the
+ * header's (pynvml: c_nvmlGpmMetric_t, c_nvmlGpmMetricsGet_t, c_nvmlGpmSupport_t). */
+_Static_assert(sizeof(nvmlGpmMetric_t) == 40, "nvmlGpmMetric_t is not pynvml's layout");
+_Static_assert(offsetof(nvmlGpmMetric_t, value) == 8, "nvmlGpmMetric_t.value offset");
+_Static_assert(offsetof(nvmlGpmMetricsGet_t, sample1) == 8, "nvmlGpmMetricsGet_t.sample1");
+_Static_assert(offsetof(nvmlGpmMetricsGet_t, metrics) == 24, "nvmlGpmMetricsGet_t.metrics");
+_Static_assert(sizeof(nvmlGpmSupport_t) == 8, "nvmlGpmSupport_t is not pynvml's layout");
+
+/* A sample records what was sampled (GPU slot, MIG GPU instance or NO_ID) and
+ * when (the fake clock); nvmlGpmMetricsGet computes the exact mean of each
+ * metric's trace between two samples of the same target. */
+struct nvmlGpmSample_st {
+    int filled;
+    int slot;
+    unsigned gi;
+    double t;
+};
+
+static struct nvmlGpmSample_st **g_samples; /* live samples, to reject stray pointers */
+static int g_nsamples, g_capsamples;
+
+static int find_sample(nvmlGpmSample_t s)
+{
+    for (int i = 0; s && i < g_nsamples; i++)
+        if (g_samples[i] == s)
+            return i;
+    return -1;
+}
+
+nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *gpmSample)
+{
+    nvmlReturn_t r = begin(__func__);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!gpmSample)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    struct nvmlGpmSample_st *s = calloc(1, sizeof *s);
+    if (!s || grow((void **)&g_samples, &g_capsamples, g_nsamples, sizeof *g_samples)) {
+        free(s);
+        return done(NVML_ERROR_MEMORY);
+    }
+    g_samples[g_nsamples++] = s;
+    *gpmSample = s;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t gpmSample)
+{
+    nvmlReturn_t r = begin(__func__);
+    if (r != NVML_SUCCESS)
+        return r;
+    int i = find_sample(gpmSample);
+    if (i < 0)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    free(g_samples[i]);
+    g_samples[i] = g_samples[--g_nsamples];
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *gpmSupport)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, MIG_OK, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!gpmSupport)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (gpmSupport->version != NVML_GPM_SUPPORT_VERSION)
+        return done(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    gpmSupport->isSupportedDevice = t.dev->gpm_support ? 1u : 0u;
+    return done(NVML_SUCCESS);
+}
+
+static int has_mig_gi(const fdev_t *d, unsigned gi)
+{
+    for (int i = 0; i < d->nmig; i++)
+        if (d->mig[i].gi == gi)
+            return 1;
+    return 0;
+}
+
+/* Record a sample of (slot, gi) now (lock held; t resolved). */
+static nvmlReturn_t take_gpm_sample(const target_t *t, unsigned gi, nvmlGpmSample_t gpmSample)
+{
+    if (find_sample(gpmSample) < 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!t->dev->gpm_support)
+        return NVML_ERROR_NOT_SUPPORTED;
+    gpmSample->filled = 1;
+    gpmSample->slot = t->slot;
+    gpmSample->gi = gi;
+    gpmSample->t = now_s();
+    return NVML_SUCCESS;
+}
+
+/* A device handle samples the whole GPU; a MIG device handle its GPU instance. */
+nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, MIG_OK, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    return done(take_gpm_sample(&t, t.mig ? t.mig->gi : NO_ID, gpmSample));
+}
+
+nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId,
+                                 nvmlGpmSample_t gpmSample)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!t.dev->nmig)
+        return done(NVML_ERROR_NOT_SUPPORTED);
+    if (!has_mig_gi(t.dev, gpuInstanceId))
+        return done(NVML_ERROR_NOT_FOUND);
+    return done(take_gpm_sample(&t, gpuInstanceId, gpmSample));
+}
+
+static const tracelist_t *gpm_trace(const fdev_t *d, unsigned gi, unsigned metric)
+{
+    for (int i = 0; i < d->ngpm; i++)
+        if (d->gpm[i].gi == gi && d->gpm[i].metric == metric)
+            return &d->gpm[i].tl;
+    return NULL;
+}
+
+nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet)
+{
+    nvmlReturn_t r = begin(__func__);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!metricsGet)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (metricsGet->version != NVML_GPM_METRICS_GET_VERSION)
+        return done(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    const struct nvmlGpmSample_st *a = metricsGet->sample1, *b = metricsGet->sample2;
+    if (metricsGet->numMetrics > NVML_GPM_METRIC_MAX || find_sample(metricsGet->sample1) < 0 ||
+        find_sample(metricsGet->sample2) < 0 || !a->filled || !b->filled || a->slot != b->slot ||
+        a->gi != b->gi || !(b->t > a->t))
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    fdev_t *d = &g_state->dev[a->slot];
+    if (!d->present || d->lost)
+        return done(NVML_ERROR_GPU_IS_LOST);
+    if ((r = error_for(d, __func__)) != NVML_SUCCESS)
+        return done(r);
+    if (a->gi != NO_ID && !has_mig_gi(d, a->gi))
+        return done(NVML_ERROR_NOT_FOUND); /* the GPU instance went away */
+    for (unsigned i = 0; i < metricsGet->numMetrics; i++) {
+        nvmlGpmMetric_t *m = &metricsGet->metrics[i];
+        const gpm_info_t *info = gpm_metric_info(m->metricId);
+        memset(&m->metricInfo, 0, sizeof m->metricInfo);
+        m->value = 0;
+        if (!info || (info->device_only && a->gi != NO_ID)) {
+            m->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            continue;
+        }
+        const tracelist_t *tl = gpm_trace(d, a->gi, m->metricId);
+        m->nvmlReturn = NVML_SUCCESS;
+        m->value = tl ? mean_dev(NULL, tl, a->t, b->t) : 0.0;
+        m->metricInfo.shortName = (char *)info->shortName;
+        m->metricInfo.longName = (char *)info->longName;
+        m->metricInfo.unit = (char *)info->unit;
+    }
     return done(NVML_SUCCESS);
 }
 
