@@ -116,6 +116,52 @@ def job_gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
     yield from (allocated, busy, util, mem, peak, energy, procs)
 
 
+# NVML GPM activities (Hopper and later; snapshot keys) and what each fraction measures.
+GPM_ACTIVITIES = {
+    "sm_active": "SM activity (NVML GPM SM_UTIL: the share of SMs busy)",
+    "sm_occupancy": "SM occupancy (NVML GPM SM_OCCUPANCY: resident warps over the maximum)",
+    "tensor_active": "tensor-core activity (NVML GPM ANY_TENSOR_UTIL)",
+    "dram_active": "DRAM bandwidth use (NVML GPM DRAM_BW_UTIL: share of peak bandwidth)",
+    "fp64_active": "non-tensor FP64 activity (NVML GPM FP64_UTIL)",
+    "fp32_active": "non-tensor FP32 activity (NVML GPM FP32_UTIL)",
+    "fp16_active": "non-tensor FP16 activity (NVML GPM FP16_UTIL)",
+}
+GPM_TRAFFIC = {
+    "pcie_transmit": ("slurm_gpu_pcie_transmit_bytes", "Bytes the GPU sent over PCIe"),
+    "pcie_receive": ("slurm_gpu_pcie_receive_bytes", "Bytes the GPU received over PCIe"),
+    "nvlink_transmit": ("slurm_gpu_nvlink_transmit_bytes",
+                        "Bytes the GPU sent over all its NVLinks"),
+    "nvlink_receive": ("slurm_gpu_nvlink_receive_bytes",
+                       "Bytes the GPU received over all its NVLinks"),
+}
+
+
+def gpm_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """GPM activity counters (job and device) and traffic counters (device); a family
+    is left out where no GPU has GPM, so nodes without it expose nothing new."""
+    job = {k: _counter(f"slurm_job_gpu_{k}_seconds",
+                       f"Seconds of {doc}, integrated over time, while the job had the GPU or "
+                       "MIG instance to itself; divide by allocated seconds for the mean.",
+                       JOB_GPU_LABELS) for k, doc in GPM_ACTIVITIES.items()}
+    device = {k: _counter(f"slurm_gpu_{k}_seconds",
+                          f"Seconds of {doc}, integrated over time.", GPU_LABELS)
+              for k, doc in GPM_ACTIVITIES.items()}
+    traffic = {k: _counter(name, f"{doc}, from NVML GPM.", GPU_LABELS)
+               for k, (name, doc) in GPM_TRAFFIC.items()}
+    for s in snapshot.job_gpus:
+        for k, seconds in s.activity_seconds:
+            if k in job:
+                job[k].add_metric([s.jobid, s.user, s.gpu, s.uuid], seconds)
+    for g in snapshot.gpus:
+        for families, totals in ((device, g.activity_seconds), (traffic, g.traffic_bytes)):
+            for k, total in totals:
+                if k in families:
+                    families[k].add_metric([g.gpu, g.uuid], total)
+    for family in (*job.values(), *device.values(), *traffic.values()):
+        if family.samples:
+            yield family
+
+
 def gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
     """slurm_gpu_* device families."""
     info = _gauge("slurm_gpu_info", "GPU device metadata; value is always 1.",
@@ -227,6 +273,7 @@ class SnapshotCollector(Collector):
         yield from job_gpu_families(self.snapshot)
         if self.snapshot.nvml_up is not None:
             yield from gpu_families(self.snapshot)
+        yield from gpm_families(self.snapshot)
         yield from self_families(self.snapshot)
         for collector in self.extra:
             yield from collector.collect()

@@ -62,6 +62,9 @@ class JobGpuSample:
     memory_peak_bytes: int
     energy_joules: float | None
     processes: int
+    # GPM activity seconds by name ("sm_active", ...); only where the job has the GPU
+    # or MIG instance to itself and the GPU has GPM.
+    activity_seconds: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,9 @@ class GpuSample:
     xid_errors: tuple[tuple[int, int], ...] = ()  # (xid, count)
     unattributed_processes: int = 0
     unattributed_memory_bytes: int = 0
+    # GPM totals by name (GPUs with GPM only): activity seconds, PCIe/NVLink bytes.
+    activity_seconds: tuple[tuple[str, float], ...] = ()
+    traffic_bytes: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,13 @@ energy only ever grow, and stay absent only where the GPU cannot measure them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_gpu_exporter.attribution import UNATTRIBUTED, user_shares
 from slurm_gpu_exporter.gpu.integration import held_seconds
+from slurm_gpu_exporter.gpu.usage import Usage
 
 JobKey = tuple[str, float | None]  # (job id, start time): a requeued job is a new run
 
@@ -35,6 +38,7 @@ class JobGpuCounters:
     utilization: float | None = None
     memory: int = 0
     processes: int = 0
+    activity: dict[str, float] = field(default_factory=dict)  # GPM activity seconds by name
 
     @property
     def allocated(self) -> float:
@@ -62,9 +66,14 @@ class JobGpuCounters:
         self.peak = max(self.peak, memory)
         self.processes = processes
 
+    def add_activity(self, seconds: Mapping[str, float]) -> None:
+        """Add one GPM interval's activity seconds (see gpu/activity.py)."""
+        for name, amount in seconds.items():
+            self.activity[name] = self.activity.get(name, 0.0) + amount
+
     def to_state(self) -> list[Any]:
         return [self.gpu, self.held, self.window, self.busy, self.energy, self.peak,
-                self.held_until]
+                self.held_until, self.activity]
 
     @classmethod
     def from_state(cls, data: Any) -> JobGpuCounters | None:
@@ -72,14 +81,18 @@ class JobGpuCounters:
             return None if x is None else float(x)
 
         try:
+            activity: Any = {}
             if len(data) == 5:  # before 0.2: one allocated total, no time held until
                 gpu, allocated, busy, energy, peak = data
                 held = window = float(allocated)
                 held_until = None
-            else:
+            elif len(data) == 7:  # before GPM activity
                 gpu, held, window, busy, energy, peak, held_until = data
+            else:
+                gpu, held, window, busy, energy, peak, held_until, activity = data
             return cls(str(gpu), float(held), float(window), opt(busy), opt(energy),
-                       int(peak), opt(held_until), fresh=False)
+                       int(peak), opt(held_until), fresh=False,
+                       activity={str(n): float(v) for n, v in dict(activity).items()})
         except (TypeError, ValueError):
             return None
 
@@ -138,6 +151,18 @@ class CounterStore:
         if counter is None:
             counter = per_run[uuid] = JobGpuCounters(gpu=gpu)
         return counter
+
+    def count_unattributed_busy(self, uuid: str, usage: Usage, busy: float | None,
+                                busy_shares: dict[str, float]) -> dict[str, float]:
+        """Add one poll's busy time of the users with processes outside every job on a
+        GPU (split by their processes' samples); their totals there."""
+        if busy is None:
+            return {}
+        outside = busy * busy_shares.get(UNATTRIBUTED, 0.0)
+        for user, share in user_shares(usage.unattributed_weight, usage.unattributed).items():
+            self.add_unattributed_busy(uuid, user, outside * share)
+        return {user: self.unattributed_busy.get((uuid, user), 0.0)
+                for user in usage.unattributed}
 
     def add_unattributed_busy(self, uuid: str, user: str, seconds: float) -> float:
         """Add busy seconds of a user outside every job; the user's new total on the GPU."""

@@ -25,15 +25,15 @@ from slurm_gpu_exporter.attribution import (
     GpuTarget,
     energy_shares,
     shares,
-    user_shares,
 )
 from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.errors import SourceErrors
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuBackend
+from slurm_gpu_exporter.gpu.activity import DeviceActivity, job_activity, sole_job
+from slurm_gpu_exporter.gpu.backend import DeviceReading, GpmFigures, GpuBackend
 from slurm_gpu_exporter.gpu.counters import CounterStore, JobGpuCounters
 from slurm_gpu_exporter.gpu.integration import DeviceIntegrator, integrate_samples
 from slurm_gpu_exporter.gpu.polling import BackendLink
-from slurm_gpu_exporter.gpu.usage import Usage, UsageReader
+from slurm_gpu_exporter.gpu.usage import UsageReader
 from slurm_gpu_exporter.procfs import PidJobMapper
 from slurm_gpu_exporter.registry import Job
 from slurm_gpu_exporter.snapshot import GpuSample, JobGpuSample, UnattributedSample
@@ -84,6 +84,7 @@ class GpuSampler:
         self.users = UsageReader(proc_root)
         self.devices = DeviceIntegrator()
         self.counters = CounterStore()
+        self.activity = DeviceActivity()
         self._first_poll: float | None = None  # wall time of the first sample
         self._last_part = GpuPartResult(nvml_up=False)
 
@@ -136,9 +137,11 @@ class GpuSampler:
         present = {r.uuid for r in readings} | {m.uuid for r in readings for m in r.mig}
         self.devices.prune(present)
         self.counters.prune_gpus(present)
+        self.activity.prune(present)
         self.link.xids.prune(present)
         self._forget(jobs, poll.seen_pids)
-        return GpuPartResult(nvml_up=True, job_gpus=self._job_gpu_samples(jobs, poll.touched),
+        return GpuPartResult(nvml_up=True,
+                             job_gpus=job_gpu_samples(self.counters, jobs, poll.touched),
                              gpus=tuple(poll.devices), unattributed=tuple(poll.unattributed))
 
     def _attribute_gpu(self, reading: DeviceReading, poll: _Poll) -> None:
@@ -157,7 +160,8 @@ class GpuSampler:
         holders = self.users.holders(parent, poll.running)
         busy_shares = shares(usage.weight, holders) if busy else {}
         e_shares = energy_shares(busy_shares, busy or 0.0, holders)
-        for jobid in set(holders) | set(usage.processes) - {UNATTRIBUTED}:
+        jobids = set(holders) | set(usage.processes) - {UNATTRIBUTED}
+        for jobid in jobids:
             job = poll.key_to_job.get(jobid)
             if job is None:
                 continue
@@ -177,7 +181,8 @@ class GpuSampler:
                 busy=None if job_busy is None else job_busy * busy_shares.get(jobid, 0.0),
                 energy=None if energy is None else energy * e_shares.get(jobid, 0.0),
                 memory=usage.memory.get(jobid, 0), processes=usage.processes.get(jobid, 0))
-        user_busy = self._count_unattributed_busy(parent.uuid, usage, busy, busy_shares)
+        self._count_activity(parent, reading.gpm, jobids, bool(usage.unattributed), poll)
+        user_busy = self.counters.count_unattributed_busy(parent.uuid, usage, busy, busy_shares)
         for user, (n, mem) in sorted(usage.unattributed.items()):
             poll.unattributed.append(UnattributedSample(parent.gpu, parent.uuid, user, n, mem,
                                                         user_busy.get(user)))
@@ -185,16 +190,14 @@ class GpuSampler:
             reading, busy, (busy / window) if busy is not None and window else None,
             usage.unattributed))
 
-    def _count_unattributed_busy(self, uuid: str, usage: Usage, busy: float | None,
-                                 busy_shares: dict[str, float]) -> dict[str, float]:
-        """Busy totals of the users with processes outside every job on this GPU."""
-        if busy is None:
-            return {}
-        outside = busy * busy_shares.get(UNATTRIBUTED, 0.0)
-        for user, share in user_shares(usage.unattributed_weight, usage.unattributed).items():
-            self.counters.add_unattributed_busy(uuid, user, outside * share)
-        return {user: self.counters.unattributed_busy.get((uuid, user), 0.0)
-                for user in usage.unattributed}
+    def _count_activity(self, target: GpuTarget, figures: GpmFigures | None, jobids: set[str],
+                        outside: bool, poll: _Poll) -> None:
+        """GPM figures to the target's totals and, where one job has it to itself, the job's."""
+        self.activity.add(target.uuid, figures)
+        job = poll.key_to_job.get(sole_job(jobids, outside) or "")
+        if figures is not None and job is not None:
+            self._counter(job, target).add_activity(job_activity(figures, job.start_time,
+                                                                 poll.now))
 
     def _hold_lost(self, reading: DeviceReading, poll: _Poll) -> None:
         """A lost GPU is still allocated to its jobs: their allocated time goes on, their
@@ -220,7 +223,8 @@ class GpuSampler:
                           if p.gpu_instance_id == inst.gpu_instance_id)
             usage = self.users.usage(procs, (), poll.key_to_job, poll.seen_pids)
             holders = self.users.holders(target, poll.running)
-            for jobid in set(holders) | set(usage.processes) - {UNATTRIBUTED}:
+            jobids = set(holders) | set(usage.processes) - {UNATTRIBUTED}
+            for jobid in jobids:
                 job = poll.key_to_job.get(jobid)
                 if job is None:
                     continue
@@ -230,6 +234,8 @@ class GpuSampler:
                     self._hold(c, job, poll.now, 0.0)
                 c.accrue(window=0.0, busy=None, energy=None, memory=usage.memory.get(jobid, 0),
                          processes=usage.processes.get(jobid, 0))
+            self._count_activity(target, inst.gpm, jobids, bool(usage.unattributed), poll)
+            activity, traffic = self.activity.of(inst.uuid)
             for user, (n, mem) in sorted(usage.unattributed.items()):
                 poll.unattributed.append(
                     UnattributedSample(target.gpu, target.uuid, user, n, mem))
@@ -239,6 +245,7 @@ class GpuSampler:
                 memory_total_bytes=inst.memory_total,
                 unattributed_processes=sum(n for n, _ in usage.unattributed.values()),
                 unattributed_memory_bytes=sum(m for _, m in usage.unattributed.values()),
+                activity_seconds=activity, traffic_bytes=traffic,
             ))
 
     def _hold(self, c: JobGpuCounters, job: Job, now: float, window: float) -> None:
@@ -260,6 +267,7 @@ class GpuSampler:
                        unattributed: dict[str, tuple[int, int]] | None = None) -> GpuSample:
         unattributed = unattributed or {}
         energy_mj = self.devices.energy_mj(reading)
+        activity, traffic = self.activity.of(reading.uuid)
         return GpuSample(
             gpu=str(reading.index), uuid=reading.uuid, name=reading.name, minor=reading.minor,
             pci_bus_id=reading.pci_bus_id, lost=reading.lost,
@@ -274,24 +282,8 @@ class GpuSampler:
             xid_errors=self.link.xids.of(reading.uuid),
             unattributed_processes=sum(n for n, _ in unattributed.values()),
             unattributed_memory_bytes=sum(m for _, m in unattributed.values()),
+            activity_seconds=activity, traffic_bytes=traffic,
         )
-
-    def _job_gpu_samples(self, jobs: list[Job], touched: set[tuple[str, str]] | None
-                         ) -> tuple[JobGpuSample, ...]:
-        out = []
-        for job in jobs:
-            per_run = self.counters.of_run((job.jobid, job.start_time)) or {}
-            for uuid, c in sorted(per_run.items(), key=lambda item: item[1].gpu):
-                live = job.running and (touched is None or (job.jobid, uuid) in touched)
-                out.append(JobGpuSample(
-                    jobid=job.jobid, user=job.user, gpu=c.gpu, uuid=uuid,
-                    allocated_seconds=c.allocated, busy_seconds=c.busy,
-                    utilization=c.utilization if live else None,
-                    memory_used_bytes=c.memory if live else 0,
-                    memory_peak_bytes=c.peak, energy_joules=c.energy,
-                    processes=c.processes if live else 0,
-                ))
-        return tuple(out)
 
     def _frozen(self, jobs: list[Job], now: float) -> GpuPartResult:
         """The last figures (NVML down or stuck): only the time held goes on."""
@@ -301,15 +293,37 @@ class GpuSampler:
                     if c.held_until is not None:
                         self._hold(c, job, now, 0.0)
         return GpuPartResult(nvml_up=False,
-                             job_gpus=self._job_gpu_samples(jobs, touched=None),
+                             job_gpus=job_gpu_samples(self.counters, jobs, touched=None),
                              gpus=self._last_part.gpus,
                              unattributed=self._last_part.unattributed)
 
     # -- state dir ----------------------------------------------------------
 
     def export_state(self) -> dict[str, Any]:
-        return {**self.devices.export_state(), **self.counters.export_state()}
+        return {**self.devices.export_state(), **self.counters.export_state(),
+                **self.activity.export_state()}
 
     def import_state(self, data: dict[str, Any]) -> None:
         self.devices.import_state(data)
         self.counters.import_state(data)
+        self.activity.import_state(data)
+
+
+def job_gpu_samples(counters: CounterStore, jobs: list[Job],
+                    touched: set[tuple[str, str]] | None) -> tuple[JobGpuSample, ...]:
+    """Every job run's GPU series; gauges only where ``touched`` (None: none live)."""
+    out = []
+    for job in jobs:
+        per_run = counters.of_run((job.jobid, job.start_time)) or {}
+        for uuid, c in sorted(per_run.items(), key=lambda item: item[1].gpu):
+            live = job.running and (touched is None or (job.jobid, uuid) in touched)
+            out.append(JobGpuSample(
+                jobid=job.jobid, user=job.user, gpu=c.gpu, uuid=uuid,
+                allocated_seconds=c.allocated, busy_seconds=c.busy,
+                utilization=c.utilization if live else None,
+                memory_used_bytes=c.memory if live else 0,
+                memory_peak_bytes=c.peak, energy_joules=c.energy,
+                processes=c.processes if live else 0,
+                activity_seconds=tuple(sorted(c.activity.items())),
+            ))
+    return tuple(out)

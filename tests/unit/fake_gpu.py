@@ -10,7 +10,13 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuProcess, UtilSample, XidEvent
+from slurm_gpu_exporter.gpu.backend import (
+    DeviceReading,
+    GpmFigures,
+    GpuProcess,
+    UtilSample,
+    XidEvent,
+)
 from slurm_gpu_exporter.procfs import PidJob
 
 T0 = 1_800_000_000.0
@@ -37,6 +43,10 @@ class FakeBackend:
         self.read_error: Exception | None = None  # raised by read() while set
         self.xids: list[XidEvent] = []  # handed out by the next wait_xid
         self.inits = self.shutdowns = 0
+        # GPM: None = no GPM on this GPU; else the SM activity fraction. Figures cover
+        # the time since the previous read that got them ("gpm" in ``fail``: none).
+        self.sm_active: float | None = None
+        self._gpm_since: float | None = None
 
     def init(self) -> str:
         self.inits += 1
@@ -75,11 +85,22 @@ class FakeBackend:
                             for ts in range(first, now_us + 1, STEP_US))
         return [DeviceReading(
             index=0, uuid=self.uuid, name="fake", minor=0, pci_bus_id="",
+            gpm_supported=self.sm_active is not None, gpm=self._gpm(fail),
             energy_mj=None if "energy" in fail else self.energy_mj,
             processes=self.processes, util_samples=samples, process_samples=(),
             errors=tuple(f"{f}: Unknown Error" for f in sorted(fail)),
             failed=frozenset(fail),
         )]
+
+
+    def _gpm(self, fail: set[str]) -> GpmFigures | None:
+        if self.sm_active is None or "gpm" in fail:
+            return None  # a failed read keeps the previous GPM sample, as gpu/gpm.py does
+        since, self._gpm_since = self._gpm_since, self.t
+        if since is None:
+            return None
+        return GpmFigures(self.t - since, {"sm_active": self.sm_active},
+                          {"pcie_transmit": 1000.0})
 
 
 @dataclass
