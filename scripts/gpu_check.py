@@ -8,7 +8,12 @@ Run through ``scripts/gpu-check`` on any machine with an NVIDIA GPU and driver
    job is found through ``SLURM_JOB_ID`` in the load's environment,
 3. starts a load on that GPU (a spin kernel through the CUDA driver API, no
    toolkit or framework needed) busy for ``duty`` of every ``period`` seconds,
-4. scrapes twice and prints what the agent attributed next to the truth.
+4. scrapes twice and prints what the agent attributed next to the truth,
+5. where the GPU has NVML GPM (Hopper and later), runs a second load that is busy all
+   the time on a known number of blocks, one per SM (``--blocks``), and shows busy
+   near 100 % next to SM activity near blocks / SMs: what "busy" cannot tell.
+
+Both loads print the GPM figures (SM activity, occupancy, tensor, DRAM) next to busy.
 """
 
 from __future__ import annotations
@@ -56,12 +61,47 @@ def _cuda_check(result: int, what: str) -> None:
         raise RuntimeError(f"CUDA driver call {what} failed with error {result}")
 
 
-def run_load(duty: float, period: float, seconds: float, memory_mib: int) -> None:
-    """The GPU load: device 0 of CUDA_VISIBLE_DEVICES, busy ``duty`` of each period."""
+CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+# GPM figures shown next to busy: (agent family suffix, column title).
+GPM_COLUMNS = (("sm_active", "SM active"), ("sm_occupancy", "SM occupancy"),
+               ("tensor_active", "tensor active"), ("dram_active", "DRAM active"))
+
+
+def expected_sm_active(duty: float, blocks: int, sm_count: int) -> float:
+    """SM activity a spin load should show: its busy share times the share of SMs its
+    blocks hold (one block per SM while there are no more blocks than SMs)."""
+    return duty * min(blocks, sm_count) / sm_count if sm_count > 0 else 0.0
+
+
+def window_ratios(first: dict, second: dict, labels: dict[str, str]  # type: ignore[type-arg]
+                  ) -> dict[str, float | None]:
+    """Ratios over the window between two scrapes of the job's series: busy and each GPM
+    activity over allocated seconds; None where a series is absent (no GPM)."""
+    def delta(metric: str) -> float | None:
+        a, b = _value(first, metric, **labels), _value(second, metric, **labels)
+        return None if a is None or b is None else b - a
+
+    allocated = delta("slurm_job_gpu_allocated_seconds_total")
+    out: dict[str, float | None] = {"allocated": allocated}
+    for key in ("busy", *(k for k, _ in GPM_COLUMNS)):
+        part = delta(f"slurm_job_gpu_{key}_seconds_total")
+        out[key] = part / allocated if part is not None and allocated else None
+    return out
+
+
+def run_load(duty: float, period: float, seconds: float, memory_mib: int,
+             blocks: int = 1) -> None:
+    """The GPU load: device 0 of CUDA_VISIBLE_DEVICES, busy ``duty`` of each period on
+    ``blocks`` one-thread blocks. Prints the GPU's SM count first (one JSON line)."""
     cuda = ctypes.CDLL("libcuda.so.1")
     _cuda_check(cuda.cuInit(0), "cuInit")
     device = ctypes.c_int()
     _cuda_check(cuda.cuDeviceGet(ctypes.byref(device), 0), "cuDeviceGet")
+    sms = ctypes.c_int()
+    _cuda_check(cuda.cuDeviceGetAttribute(ctypes.byref(sms),
+                                          CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device),
+                "cuDeviceGetAttribute")
+    print(json.dumps({"sm_count": sms.value}), flush=True)
     context = ctypes.c_void_p()
     _cuda_check(cuda.cuCtxCreate_v2(ctypes.byref(context), 0, device), "cuCtxCreate")
     module = ctypes.c_void_p()
@@ -78,8 +118,8 @@ def run_load(duty: float, period: float, seconds: float, memory_mib: int) -> Non
     next_start = time.monotonic()
     while time.monotonic() < deadline:
         if duty > 0:
-            _cuda_check(cuda.cuLaunchKernel(function, 1, 1, 1, 1, 1, 1, 0, None, params, None),
-                        "cuLaunchKernel")
+            _cuda_check(cuda.cuLaunchKernel(function, blocks, 1, 1, 1, 1, 1, 0, None, params,
+                                            None), "cuLaunchKernel")
             _cuda_check(cuda.cuCtxSynchronize(), "cuCtxSynchronize")
         next_start += period
         time.sleep(max(0.0, next_start - time.monotonic()))
@@ -119,6 +159,66 @@ def _gpu_identity(index: int) -> tuple[str, int, str]:
             name.decode() if isinstance(name, bytes) else name)
 
 
+def _start_load(args: argparse.Namespace, uuid: str, duty: float, blocks: int
+                ) -> tuple[subprocess.Popen[str], int]:
+    """A load process on the GPU, as a process of the made-up job; (process, SM count)."""
+    env = {**os.environ, "SLURM_JOB_ID": JOBID, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+           "CUDA_VISIBLE_DEVICES": uuid}
+    load = subprocess.Popen(
+        [sys.executable, __file__, "--load", "--duty", str(duty), "--period",
+         str(args.period), "--seconds", str(args.seconds + 30), "--memory-mib",
+         str(args.memory_mib), "--blocks", str(blocks)], env=env, stdout=subprocess.PIPE,
+        text=True)
+    assert load.stdout is not None
+    line = load.stdout.readline()
+    try:
+        return load, int(json.loads(line)["sm_count"])
+    except (ValueError, KeyError):
+        load.kill()
+        raise RuntimeError(f"the GPU load did not start (it said {line!r})") from None
+
+
+def _measure(args: argparse.Namespace, port: int, load: subprocess.Popen[str]
+             ) -> tuple[dict, dict, float]:  # type: ignore[type-arg]
+    """Two scrapes ``args.seconds`` apart, after a warm-up; raises if the load died."""
+    time.sleep(max(5.0, 3 * args.interval))  # warm-up: the job's first window
+    first = _scrape(port)
+    t0 = time.time()
+    time.sleep(args.seconds)
+    second = _scrape(port)
+    if load.poll() is not None:
+        raise RuntimeError(f"the GPU load exited early ({load.returncode})")
+    return first, second, time.time() - t0
+
+
+def _stop(*procs: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _fmt(value: float | None) -> str:
+    return "absent" if value is None else f"{value:.4f}"
+
+
+def load_rows(title: str, ratios: dict[str, float | None], busy_truth: float,
+              sm_expected: float) -> list[tuple[str, object]]:
+    """The table rows of one load: busy and GPM figures next to what they should be."""
+    rows: list[tuple[str, object]] = [
+        (f"{title}: busy ratio (agent)", _fmt(ratios["busy"])),
+        (f"{title}: busy ratio (truth)", f"{busy_truth:.4f}"),
+    ]
+    for key, name in GPM_COLUMNS:
+        rows.append((f"{title}: {name} ratio (agent)", _fmt(ratios[key])))
+        if key == "sm_active":
+            rows.append((f"{title}: SM active ratio (expected)", f"{sm_expected:.4f}"))
+    return rows
+
+
 def check(args: argparse.Namespace) -> int:
     from slurm_gpu_exporter import spool
     from tests.support import free_port
@@ -142,46 +242,41 @@ def check(args: argparse.Namespace) -> int:
          "--state-dir", str(work / "state"), "--cgroup-root", str(work / "cgroup"),
          "--sample-interval", str(args.interval), "--slurm-lookup", "off"],
         stdout=(work / "agent.log").open("wb"), stderr=subprocess.STDOUT)
-    load_env = {**os.environ, "SLURM_JOB_ID": JOBID, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                "CUDA_VISIBLE_DEVICES": uuid}
-    load = subprocess.Popen(
-        [sys.executable, __file__, "--load", "--duty", str(args.duty), "--period",
-         str(args.period), "--seconds", str(args.seconds + 30), "--memory-mib",
-         str(args.memory_mib)], env=load_env)
+    labels = {"jobid": JOBID, "gpu": str(args.gpu)}
+    load = None
     try:
-        time.sleep(max(5.0, 3 * args.interval))  # warm-up: the job's first window
-        first = _scrape(port)
-        t0 = time.time()
-        time.sleep(args.seconds)
-        second = _scrape(port)
-        elapsed = time.time() - t0
-        if load.poll() is not None:
-            print(f"gpu-check: the GPU load exited early ({load.returncode})", file=sys.stderr)
-            return 1
-        labels = {"jobid": JOBID, "gpu": str(args.gpu)}
-
-        def delta(metric: str) -> float | None:
-            a, b = _value(first, metric, **labels), _value(second, metric, **labels)
-            return None if a is None or b is None else b - a
-
-        busy, allocated = delta("slurm_job_gpu_busy_seconds_total"), delta(
-            "slurm_job_gpu_allocated_seconds_total")
-        energy = delta("slurm_job_gpu_energy_joules_total")
-        ratio = busy / allocated if busy is not None and allocated else None
-        rows = [
-            ("GPU", f"{args.gpu} {name} {uuid} (minor {minor})"),
-            ("window", f"{elapsed:.1f} s, duty cycle {args.duty:.0%} of {args.period:g} s"),
+        load, sm_count = _start_load(args, uuid, args.duty, 1)
+        first, second, elapsed = _measure(args, port, load)
+        _stop(load)
+        spin = window_ratios(first, second, labels)
+        energy = _delta(first, second, "slurm_job_gpu_energy_joules_total", labels)
+        rows: list[tuple[str, object]] = [
+            ("GPU", f"{args.gpu} {name} {uuid} (minor {minor}, {sm_count} SMs)"),
+            ("window", f"{elapsed:.1f} s per load; spin load {args.duty:.0%} of "
+                       f"{args.period:g} s on 1 block"),
             ("attributed processes", _value(second, "slurm_job_gpu_processes", **labels)),
             ("attributed memory MiB", _mib(_value(second, "slurm_job_gpu_memory_used_bytes",
                                                   **labels))),
-            ("allocated seconds", allocated),
-            ("busy seconds", busy),
-            ("busy ratio (agent)", f"{ratio:.4f}" if ratio is not None else None),
-            ("busy ratio (truth)", f"{args.duty:.4f}"),
-            ("error, percentage points",
-             f"{100 * (ratio - args.duty):+.2f}" if ratio is not None else None),
+            ("allocated seconds", spin["allocated"]),
+            *load_rows("spin", spin, args.duty, expected_sm_active(args.duty, 1, sm_count)),
+            ("spin: busy error, percentage points",
+             f"{100 * (spin['busy'] - args.duty):+.2f}" if spin["busy"] is not None else None),
             ("energy J (job)", energy),
             ("mean power W (job)", f"{energy / elapsed:.1f}" if energy else None),
+        ]
+        ok = spin["busy"] is not None and abs(spin["busy"] - args.duty) <= 0.01
+        if spin["sm_active"] is None:
+            rows.append(("blocks load", "skipped: no GPM figures (GPU without NVML GPM)"))
+        else:
+            blocks = args.blocks or max(1, sm_count // 4)
+            load, _ = _start_load(args, uuid, 1.0, blocks)
+            first, second, _ = _measure(args, port, load)
+            full = window_ratios(first, second, labels)
+            expected = expected_sm_active(1.0, blocks, sm_count)
+            rows += load_rows(f"{blocks} blocks/{sm_count} SMs", full, 1.0, expected)
+            ok = (ok and full["busy"] is not None and full["busy"] >= 0.98
+                  and full["sm_active"] is not None and abs(full["sm_active"] - expected) <= 0.05)
+        rows += [
             ("nvml sample duration s", _value(second, "slurm_gpu_exporter_sample_duration_seconds",
                                               source="nvml")),
             ("total sample duration s", _value(second,
@@ -194,16 +289,19 @@ def check(args: argparse.Namespace) -> int:
             print(f"{key:<{width}}  {value if value is not None else 'absent'}")
         if args.json:
             print(json.dumps(dict(rows), default=str))
-        return 0 if ratio is not None and abs(ratio - args.duty) <= 0.01 else 1
+        return 0 if ok else 1
+    except RuntimeError as exc:
+        print(f"gpu-check: {exc}", file=sys.stderr)
+        return 1
     finally:
-        for proc in (load, agent):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        _stop(*(p for p in (load, agent) if p is not None))
         print(f"(agent log: {work / 'agent.log'})")
+
+
+def _delta(first: dict, second: dict, metric: str,  # type: ignore[type-arg]
+           labels: dict[str, str]) -> float | None:
+    a, b = _value(first, metric, **labels), _value(second, metric, **labels)
+    return None if a is None or b is None else b - a
 
 
 def _mib(value: float | None) -> str | None:
@@ -218,11 +316,14 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="measured window")
     p.add_argument("--interval", type=float, default=1.0, help="agent --sample-interval")
     p.add_argument("--memory-mib", type=int, default=1024, help="GPU memory the load holds")
+    p.add_argument("--blocks", type=int, default=0,
+                   help="blocks of the second (always busy) load, one per SM; 0: a quarter "
+                        "of the GPU's SMs")
     p.add_argument("--json", action="store_true", help="also print the table as JSON")
     p.add_argument("--load", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.load:
-        run_load(args.duty, args.period, args.seconds, args.memory_mib)
+        run_load(args.duty, args.period, args.seconds, args.memory_mib, max(1, args.blocks))
         return 0
     return check(args)
 
