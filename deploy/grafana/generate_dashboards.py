@@ -122,17 +122,25 @@ def job_dashboard() -> dict:
     per_gpu = "instance, gpu"
     held = f"slurm_job_gpu_allocated_seconds_total{{{JOB}}}"
     busy = f"slurm_job_gpu_busy_seconds_total{{{JOB}}}"
+    sm_active = f"slurm_job_gpu_sm_active_seconds_total{{{JOB}}}"
+    # SM activity (NVML GPM) is over the time held on the GPUs that measure it.
+    held_gpm = (f"last_over_time({held}[$__range])"
+                f" and on (instance, gpu) last_over_time({sm_active}[$__range])")
     panels = [
         panel("table", "Job", [target(
             f"max by (cluster, jobid, user, account, partition, name, array_job_id, "
             f"array_task_id, source) (slurm_job_info{{{JOB}}})", instant=True)], 24, 4,
             transformations=[{"id": "organize", "options": {
                 "excludeByName": {"Time": True, "Value": True}}}]),
-        with_ratio_colours(panel("stat", "Mean GPU busy over the job's life", [target(
-            f"sum(last_over_time({busy}[$__range])) / sum(last_over_time({held}[$__range]))",
-            instant=True)], 6, 5, "percentunit",
+        with_ratio_colours(panel("stat", "Mean GPU busy / SM active over the job's life", [
+            target(f"sum(last_over_time({busy}[$__range]))"
+                   f" / sum(last_over_time({held}[$__range]))", "busy", instant=True),
+            target(f"sum(last_over_time({sm_active}[$__range]))"
+                   f" / sum({held_gpm})", "SM active",
+                   instant=True)], 6, 5, "percentunit",
             "Busy seconds / held seconds from the job's own counters: exact, whatever the "
-            "scrape interval.")),
+            "scrape interval. SM active: the share of SMs busy (NVML GPM, Hopper and later; "
+            "absent without it), over the time held on the GPUs that measure it.")),
         panel("stat", "GPUs held / held idle now", [
             target(f"sum(slurm_job_gpus{{{JOB}}})", "held", instant=True),
             target(f"count(rate({busy}[5m]) == 0 and rate({held}[5m]) > 0) or vector(0)",
@@ -145,10 +153,15 @@ def job_dashboard() -> dict:
                    "host memory peak", instant=True),
             target(f"max(max_over_time(slurm_job_gpu_memory_peak_bytes{{{JOB}}}[$__range]))",
                    "GPU memory peak (one GPU)", instant=True)], 6, 5, "bytes"),
-        with_ratio_colours(panel("timeseries", "GPU busy per GPU", [target(
-            f"sum by ({per_gpu}) (rate({busy}[$__rate_interval]))"
-            f" / sum by ({per_gpu}) (rate({held}[$__rate_interval]))",
-            "{{instance}} GPU {{gpu}}")], 12, 8, "percentunit")),
+        with_ratio_colours(panel("timeseries", "GPU busy and SM active per GPU", [
+            target(f"sum by ({per_gpu}) (rate({busy}[$__rate_interval]))"
+                   f" / sum by ({per_gpu}) (rate({held}[$__rate_interval]))",
+                   "{{instance}} GPU {{gpu}} busy"),
+            target(f"sum by ({per_gpu}) (rate({sm_active}[$__rate_interval]))"
+                   f" / sum by ({per_gpu}) (rate({held}[$__rate_interval]))",
+                   "{{instance}} GPU {{gpu}} SM active")], 12, 8, "percentunit",
+            "Busy: some kernel ran. SM active: the share of SMs that did (NVML GPM, Hopper "
+            "and later; on a GPU the job has to itself or a MIG instance).")),
         with_ratio_colours(panel("bargauge", "GPU busy per GPU over the job's life "
             "(red: held idle)", [target(
             f"sum by ({per_gpu}) (last_over_time({busy}[$__range]))"

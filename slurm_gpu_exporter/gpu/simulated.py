@@ -3,7 +3,9 @@
 The backend is given the GPU count and a callable that tells which processes run
 on which GPU, and how busy, at a given wall time (``--simulate`` passes its demo
 node's). Samples come on a fixed driver-like grid (six per second) from it, so
-busy counters and utilization ratios behave as they do on real GPUs.
+busy counters and utilization ratios behave as they do on real GPUs. The GPUs have
+GPM (they are H100s): each read after the first gives GPM means since the previous
+one, derived from the busy share (a busy H100 rarely has every SM active).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Protocol
 
 from slurm_gpu_exporter.gpu.backend import (
     DeviceReading,
+    GpmFigures,
     GpuProcess,
     ProcessUtilSample,
     UtilSample,
@@ -29,6 +32,10 @@ IDLE_WATTS = 70.0
 BUSY_WATTS = 700.0
 NAME = "NVIDIA H100 80GB HBM3"
 GPU_MEMORY = 80 * 2**30
+# GPM activity as a share of the busy share, and PCIe bytes/s when fully busy.
+GPM_SHARES = {"sm_active": 0.7, "sm_occupancy": 0.45, "tensor_active": 0.35,
+              "dram_active": 0.5, "fp32_active": 0.1, "fp16_active": 0.2, "fp64_active": 0.0}
+PCIE_BUSY = 2.0e9
 
 
 class SimulatedProcess(Protocol):
@@ -65,6 +72,7 @@ class SimulatedBackend:
         self._clock = clock
         self._energy_mj = [5.0e9 + 1.0e8 * i for i in range(gpu_count)]
         self._energy_at = clock()
+        self._gpm_at: float | None = None  # time of the previous read (GPM interval start)
         self._stop = threading.Event()
 
     def init(self) -> str:
@@ -94,6 +102,7 @@ class SimulatedBackend:
                 util[gpu].append(UtilSample(t_us, min(100.0, per_gpu[gpu])))
         current = self._processes_at(now_us / 1e6)
         self._advance_energy(now_us / 1e6, util)
+        gpm_since, self._gpm_at = self._gpm_at, now_us / 1e6
         readings = []
         for gpu in range(self.gpu_count):
             uuid = _uuid(gpu)
@@ -113,6 +122,8 @@ class SimulatedBackend:
                 util_samples=tuple(s for s in util[gpu] if s.timestamp_us > dev_cursor),
                 process_samples=tuple(s for s in proc_samples[gpu]
                                       if s.timestamp_us > proc_cursor),
+                gpm_supported=True,
+                gpm=_gpm(util[gpu], gpm_since, now_us / 1e6),
             ))
         return readings
 
@@ -127,3 +138,13 @@ class SimulatedBackend:
             mean = sum(s.percent for s in samples) / len(samples) if samples else 0.0
             watts = IDLE_WATTS + (BUSY_WATTS - IDLE_WATTS) * mean / 100
             self._energy_mj[gpu] += watts * elapsed * 1000
+
+
+def _gpm(samples: list[UtilSample], since: float | None, now: float) -> GpmFigures | None:
+    """GPM means since the previous read, from the busy share of the samples in between."""
+    if since is None or now <= since:
+        return None
+    inside = [s.percent for s in samples if s.timestamp_us > since * 1e6]
+    busy = sum(inside) / len(inside) / 100 if inside else 0.0
+    return GpmFigures(now - since, {k: busy * share for k, share in GPM_SHARES.items()},
+                      {"pcie_transmit": busy * PCIE_BUSY, "pcie_receive": busy * PCIE_BUSY / 4})

@@ -45,3 +45,17 @@ def test_samples_follow_the_processes_given_on_the_injected_clock() -> None:
     assert gpu1.memory_total == 16 << 30
     # Energy: a busy GPU draws more than an idle one over the same two seconds.
     assert gpu1.energy_mj - first[1].energy_mj > gpu0.energy_mj - first[0].energy_mj > 0
+
+
+def test_gpm_figures_follow_the_busy_share_from_the_second_read_on() -> None:
+    clock = Clock(1000.0)
+    backend = SimulatedBackend(2, busy_on_gpu_1, clock=clock)
+    first = backend.read({})
+    assert all(r.gpm_supported and r.gpm is None for r in first)  # the first sample only
+    clock.t += 2.0
+    gpu0, gpu1 = backend.read({})
+    assert gpu1.gpm is not None and gpu0.gpm is not None
+    assert gpu1.gpm.seconds == pytest.approx(2.0)
+    assert gpu1.gpm.activity["sm_active"] == pytest.approx(0.8 * 0.7)
+    assert gpu0.gpm.activity["sm_active"] == 0.0
+    assert gpu1.gpm.traffic["pcie_transmit"] > gpu0.gpm.traffic["pcie_transmit"] == 0.0
