@@ -28,6 +28,9 @@ class JobUsage:
     gpu_memory_peak: float | None = None  # bytes, the largest of its GPUs
     start: float | None = None
     end: float | None = None  # None while running
+    # SM activity (NVML GPM): seconds, and the GPU-seconds held on GPUs that measure it
+    sm_active_s: float | None = None
+    gpm_allocated_s: float = 0.0
 
     @property
     def gpu_hours(self) -> float:
@@ -43,6 +46,13 @@ class JobUsage:
     @property
     def wasted_gpu_hours(self) -> float:
         return max(0.0, self.allocated_s - self.busy_s) / 3600
+
+    @property
+    def sm_active_ratio(self) -> float | None:
+        """Mean SM activity over the time held on GPUs with GPM; None without any."""
+        if self.sm_active_s is None or self.gpm_allocated_s <= 0:
+            return None
+        return min(1.0, self.sm_active_s / self.gpm_allocated_s)
 
 
 @dataclass
@@ -107,10 +117,17 @@ class GpuDetail:
     memory_peak: float | None = None
     memory_total: float | None = None
     energy_j: float | None = None
+    sm_active_s: float | None = None  # None: the GPU has no GPM (or shares it without MIG)
 
     @property
     def busy_ratio(self) -> float | None:
         return min(1.0, self.busy_s / self.allocated_s) if self.allocated_s > 0 else None
+
+    @property
+    def sm_active_ratio(self) -> float | None:
+        if self.sm_active_s is None or self.allocated_s <= 0:
+            return None
+        return min(1.0, self.sm_active_s / self.allocated_s)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from slurm_gpu_exporter.report.window import Window
 ALLOCATED = "slurm_job_gpu_allocated_seconds_total"
 BUSY = "slurm_job_gpu_busy_seconds_total"
 ENERGY = "slurm_job_gpu_energy_joules_total"
+SM_ACTIVE = "slurm_job_gpu_sm_active_seconds_total"
 CPU = "slurm_job_cpu_seconds_total"
 # How far before the window's start a counter's value still counts as its value there.
 BASELINE_LOOKBACK = "5m"
@@ -212,6 +213,8 @@ def job_queries(window: Window, jobids: list[str], filters: Filters) -> dict[str
         "busy_base": base(BUSY),
         "energy": f"max_over_time({s(ENERGY)}[{d}])",
         "energy_base": base(ENERGY),
+        "sm_active": f"max_over_time({s(SM_ACTIVE)}[{d}])",
+        "sm_active_base": base(SM_ACTIVE),
         "gpu_memory_peak": f"max_over_time({s('slurm_job_gpu_memory_peak_bytes')}[{d}])",
         "gpu_memory_total": f"max by (instance, uuid) (last_over_time("
                             f"{selector('slurm_gpu_memory_total_bytes', equal)}[{d}])) "
@@ -244,6 +247,7 @@ async def fetch_jobs(prom: PrometheusClient, window: Window, jobids: list[str],
     alloc, alloc_base = per("allocated", *gpu_keys), per("allocated_base", *gpu_keys)
     busy, busy_base = per("busy", *gpu_keys), per("busy_base", *gpu_keys)
     energy, energy_base = per("energy", *gpu_keys), per("energy_base", *gpu_keys)
+    sm, sm_base = per("sm_active", *gpu_keys), per("sm_active_base", *gpu_keys)
     gpu_peak = per("gpu_memory_peak", *gpu_keys)
     gpu_total = per("gpu_memory_total", "instance", "uuid")
 
@@ -278,6 +282,7 @@ async def fetch_jobs(prom: PrometheusClient, window: Window, jobids: list[str],
                 memory_peak=gpu_peak.get(gkey),
                 memory_total=gpu_total.get((instance, gkey[3])),
                 energy_j=(energy[gkey] - energy_base.get(gkey, 0.0)) if gkey in energy else None,
+                sm_active_s=max(0.0, sm[gkey] - sm_base.get(gkey, 0.0)) if gkey in sm else None,
             )
             node.gpus.append(gpu)
         nodes.append(node)
@@ -294,6 +299,11 @@ def _add_node(usage: JobUsage, node: NodeDetail, start: float | None,
     usage.gpus += len(node.gpus)
     usage.allocated_s += sum(g.allocated_s for g in node.gpus)
     usage.busy_s += sum(g.busy_s for g in node.gpus)
+    measured = [g for g in node.gpus if g.sm_active_s is not None]
+    if measured:
+        usage.sm_active_s = (usage.sm_active_s or 0.0) + sum(g.sm_active_s or 0.0
+                                                             for g in measured)
+        usage.gpm_allocated_s += sum(g.allocated_s for g in measured)
     usage.idle_gpus += sum(1 for g in node.gpus if g.allocated_s > 0 and g.busy_s <= 0)
     peaks = [g.memory_peak for g in node.gpus if g.memory_peak is not None]
     if peaks:

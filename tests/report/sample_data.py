@@ -77,12 +77,16 @@ def job_details() -> list[JobDetail]:
     busy = JobDetail(
         usage=JobUsage("81601", user="alice", account="physics", partition="gpu",
                        name="train-vit", gpus=4, allocated_s=4 * 10 * H, busy_s=4 * 10 * H *
-                       0.87, idle_gpus=0, gpu_memory_peak=71.3 * GIB, start=END - 10 * H),
+                       0.87, idle_gpus=0, gpu_memory_peak=71.3 * GIB, start=END - 10 * H,
+                       sm_active_s=10 * H * 0.72, gpm_allocated_s=2 * 10 * H),
         nodes=[NodeDetail(node, cpus=32, cpu_s=32 * 10 * H * 0.81, memory_peak=180 * GIB,
                           memory_limit=256 * GIB,
                           gpus=[GpuDetail(str(g), f"GPU-{node}-{g}", 10 * H,
                                           10 * H * (0.85 + 0.01 * g), (68 + g) * GIB,
-                                          80 * GIB, 10 * H * 540.0) for g in (0, 1)])
+                                          80 * GIB, 10 * H * 540.0,
+                                          # GPM on gpu11 only: "busy" 85 %, SMs 31-41 %
+                                          10 * H * (0.31 + 0.1 * g) if node == "gpu11" else None)
+                                for g in (0, 1)])
                for node in ("gpu11", "gpu12")],
         accounting=Accounting(state="RUNNING", time_limit_s=24 * H,
                               requested_memory=512 * GIB, cpus=64, nodes=2),

@@ -195,6 +195,20 @@ def test_job_report_of_an_idle_job_says_the_gpu_was_never_used(node: Node) -> No
     assert table.returncode == 0 and "GPU never used" in table.stdout
 
 
+def test_job_report_shows_sm_activity_next_to_busy_where_the_gpus_have_gpm(node: Node) -> None:
+    names = job_names([node.agents[0].metrics()])
+    busy = next(j for j, n in names.items() if n == "busy-train")
+    out = report(node, "job", busy, "--no-sacct", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    [job] = json.loads(out.stdout)["jobs"]
+    # The simulated H100s report SM activity at 0.7 of the busy share.
+    assert job["sm_active_ratio"] == pytest.approx(0.7 * job["busy_ratio"], abs=0.03)
+    for gpu in job["gpus_detail"]:
+        assert gpu["sm_active_ratio"] == pytest.approx(0.7 * gpu["busy_ratio"], abs=0.03)
+    table = report(node, "job", busy, "--no-sacct")
+    assert table.returncode == 0 and "GPU SM active" in table.stdout
+
+
 def test_the_number_of_queries_does_not_depend_on_the_number_of_jobs(node: Node) -> None:
     texts = [node.agents[0].metrics()]
     names = job_names(texts)

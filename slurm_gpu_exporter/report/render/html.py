@@ -37,7 +37,7 @@ td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 .muted { color: #666; }
 """
 
-NUMERIC = {"gpus", "gpu_hours", "busy_ratio", "idle_gpus", "gpu_memory_peak_gib",
+NUMERIC = {"gpus", "gpu_hours", "busy_ratio", "sm_active_ratio", "idle_gpus", "gpu_memory_peak_gib",
            "wasted_gpu_hours", "jobs", "allocated_hours", "gpu_memory_total_gib", "energy_kwh"}
 
 

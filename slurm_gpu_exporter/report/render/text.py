@@ -29,7 +29,7 @@ from slurm_gpu_exporter.report.render.values import (
     total_row,
 )
 
-NUMERIC = {"gpus", "gpu_hours", "busy_ratio", "idle_gpus", "gpu_memory_peak_gib",
+NUMERIC = {"gpus", "gpu_hours", "busy_ratio", "sm_active_ratio", "idle_gpus", "gpu_memory_peak_gib",
            "wasted_gpu_hours", "jobs", "allocated_hours", "gpu_memory_total_gib", "energy_kwh"}
 
 
@@ -181,7 +181,7 @@ def _job_values(detail: JobDetail) -> dict[str, Any]:
         else None,
         "memory_request_gib": detail.memory_request / gib if detail.memory_request else None,
         "gpus": usage.gpus, "gpu_hours": usage.gpu_hours, "busy_ratio": usage.busy_ratio,
-        "idle_gpus": usage.idle_gpus,
+        "sm_active_ratio": usage.sm_active_ratio, "idle_gpus": usage.idle_gpus,
         "gpu_memory_peak_gib": usage.gpu_memory_peak / gib
         if usage.gpu_memory_peak is not None else None,
         "energy_kwh": detail.energy_j / 3.6e6 if detail.energy_j is not None else None,

@@ -109,9 +109,14 @@ def job_summary(detail: JobDetail) -> list[tuple[str, str]]:
     if peak is not None and request:
         mem += f" of {request / GIB:.1f} GiB ({peak / request:.0%})"
     energy = detail.energy_j
+    sm_active = []  # only where some GPU of the job has NVML GPM
+    if usage.sm_active_ratio is not None:
+        sm_active = [("GPU SM active", f"{show('sm_active_ratio', usage.sm_active_ratio)} over "
+                                       f"{usage.gpm_allocated_s / 3600:.2f} GPU-hours with GPM")]
     return [
         ("GPU busy", f"{show('busy_ratio', usage.busy_ratio)} over {usage.gpu_hours:.2f} "
                      f"GPU-hours"),
+        *sm_active,
         ("GPU memory peak", _gib_or_dash(usage.gpu_memory_peak)
          + (f" of {detail.gpu_memory_total / GIB:.0f} GiB" if detail.gpu_memory_total else "")),
         ("CPU efficiency", show("cpu_efficiency", detail.cpu_efficiency)
@@ -128,7 +133,8 @@ def gpu_rows(detail: JobDetail) -> list[dict[str, Any]]:
         for gpu in node.gpus:
             rows.append({
                 "node": node.node, "gpu": gpu.gpu, "uuid": gpu.uuid,
-                "busy_ratio": gpu.busy_ratio, "allocated_hours": gpu.allocated_s / 3600,
+                "busy_ratio": gpu.busy_ratio, "sm_active_ratio": gpu.sm_active_ratio,
+                "allocated_hours": gpu.allocated_s / 3600,
                 "gpu_memory_peak_gib": gpu.memory_peak / GIB if gpu.memory_peak is not None
                 else None,
                 "gpu_memory_total_gib": gpu.memory_total / GIB if gpu.memory_total else None,
@@ -137,9 +143,9 @@ def gpu_rows(detail: JobDetail) -> list[dict[str, Any]]:
     return rows
 
 
-GPU_COLUMNS = ("node", "gpu", "busy_ratio", "allocated_hours", "gpu_memory_peak_gib",
-               "gpu_memory_total_gib", "energy_kwh")
-GPU_HEADINGS = {"node": "Node", "gpu": "GPU", "busy_ratio": "Busy",
+GPU_COLUMNS = ("node", "gpu", "busy_ratio", "sm_active_ratio", "allocated_hours",
+               "gpu_memory_peak_gib", "gpu_memory_total_gib", "energy_kwh")
+GPU_HEADINGS = {"node": "Node", "gpu": "GPU", "busy_ratio": "Busy", "sm_active_ratio": "SM active",
                 "allocated_hours": "Held h", "gpu_memory_peak_gib": "Peak mem",
                 "gpu_memory_total_gib": "Total mem", "energy_kwh": "Energy kWh",
                 "uuid": "UUID"}
