@@ -9,7 +9,8 @@ of the agent never lowers them. Allocated time is wall-clock time held; busy tim
 and energy come from the driver, and a read that fails once leaves them where they
 were (the driver's counters are cumulative, so the next good read counts what was
 missed). The backend itself is read in a worker thread (gpu/polling.py); who uses
-and holds each GPU comes from gpu/usage.py.
+and holds each GPU comes from gpu/usage.py; GPM activity (SM, tensor, DRAM) is
+counted by gpu/activity.py, for the job that has a GPU or MIG instance to itself.
 """
 
 from __future__ import annotations
