@@ -137,3 +137,18 @@ def test_render_rejects_unknown_gpm_metrics_and_traffic_per_mig_instance(tmp_pat
         fake.render(NvmlState(devices=[Device(0, gpm={"sm_util": 150.0})]))
     text = fake.render(NvmlState(devices=[Device(0, gpm={"pcie_rx": 30000.0})]))
     assert "gpm_support 1" in text and "gpm - 21 0.0 0.0 1 1.0:30000.0" in text
+
+
+def test_a_mig_device_handle_samples_its_own_gpu_instance(fake: FakeNvml) -> None:
+    fake.write(NvmlState(devices=[Device(0, gpm={"sm_util": 90.0}, mig=[
+        MigInstance(3, gpm={"sm_util": 15.0}), MigInstance(5, gpm={"sm_util": 45.0})])]))
+    got = run(fake, GPM_PRELUDE + '''
+N.nvmlInit()
+parent = N.nvmlDeviceGetHandleByIndex(0)
+second = N.nvmlDeviceGetMigDeviceHandleByIndex(parent, 1)
+a, b, c = N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()
+N.nvmlGpmSampleGet(second, a); time.sleep(0.12); N.nvmlGpmSampleGet(second, b)
+N.nvmlGpmMigSampleGet(parent, 5, c)
+out([metrics(a, b, [2]), metrics(a, c, [2])])
+''')
+    assert got == [[[2, 0, 45.0]], [[2, 0, 45.0]]]  # the same GPU instance either way
