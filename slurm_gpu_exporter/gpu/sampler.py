@@ -156,6 +156,10 @@ class GpuSampler:
         energy = self.devices.energy_delta(reading)
         if reading.mig:
             self._attribute_mig(reading, poll)
+            # The parent keeps its device series (power, energy, temperature, ECC, Xid);
+            # its processes are the instances' and are counted there.
+            poll.devices.append(self._device_sample(
+                reading, busy, (busy / window) if busy is not None and window else None))
             return
         trim = cursor if window and self.devices.driver_clock_ok(reading, poll.now) else 0
         holders = self.users.holders(parent, poll.running)

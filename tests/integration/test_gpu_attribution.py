@@ -280,6 +280,12 @@ def test_mig_instances_are_attributed_by_mig_uuid_without_busy_series(rig: Rig) 
         assert value(text_b, "slurm_gpu_memory_used_bytes", gpu=gpu) == mem[gi] + 100
     assert value(text_b, "slurm_gpu_busy_seconds_total", gpu="0") is None
     assert value(text_b, "slurm_gpu_utilization_ratio", gpu="0") is None
+    # The MIG parent keeps its device series: what the whole board draws and suffers.
+    [parent] = [x for x in labelsets(text_b, "slurm_gpu_info") if x["gpu"] == "0"]
+    assert parent["parent_uuid"] == "" and parent["uuid"].startswith("GPU-")
+    for family in ("slurm_gpu_power_watts", "slurm_gpu_temperature_celsius",
+                   "slurm_gpu_energy_joules_total", "slurm_gpu_memory_total_bytes"):
+        assert value(text_b, family, gpu="0") is not None, family
     # No job series on the MIG parent itself.
     assert not [x for x in labelsets(text_b, "slurm_job_gpu_allocated_seconds_total")
                 if x["gpu"] == "0"]  # fmt: skip
