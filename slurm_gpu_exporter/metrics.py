@@ -193,7 +193,8 @@ def self_families(snapshot: Snapshot) -> Iterator[Metric]:
         up.add_metric([status.name], 1 if status.ok else 0)
     errors = _counter("slurm_gpu_exporter_sample_errors",
                       "Problems met while sampling, by source (bad spool files, unreadable "
-                      "cgroups, failed Slurm look-ups, NVML errors, state dir writes).",
+                      "cgroups, failed Slurm look-ups, NVML errors, state dir writes, refused "
+                      "training pushes).",
                       ["source"])
     for source, count in sorted(snapshot.errors.items()):
         errors.add_metric([source], count)
@@ -228,6 +229,7 @@ class SnapshotCollector(Collector):
         if self.snapshot.nvml_up is not None:
             yield from gpu_families(self.snapshot)
         yield from self_families(self.snapshot)
+        yield from self.snapshot.training  # relayed from inside jobs (training_relay)
         for collector in self.extra:
             yield from collector.collect()
 
