@@ -1,7 +1,7 @@
 """The sampler: a background thread that builds one immutable snapshot per interval.
 
-Each source (the job registry, cgroup statistics, the GPU backend, the state
-dir) is timed and fails alone: an exception in one leaves the others' data in
+Each source (the job registry, cgroup statistics, the GPU backend, the training
+relay, the state dir) is timed and fails alone: an exception in one leaves the others' data in
 the snapshot and shows as that source's error count. A scrape never waits for
 a sample; it serves the bytes of the last one.
 """
