@@ -137,7 +137,7 @@ def test_a_process_in_a_job_the_agent_never_reports_is_refused_after_the_wait(
         spool, limits, senders):
     rig = _rig(Path(spool) / "node", dataclasses.replace(limits, pending_seconds=0.3))
     try:
-        sender = senders("client", "1", "1")
+        sender = senders("raw", "small", "5", "2")  # one connection, kept until refused
         # In job 777's cgroup (by /proc), but the job has no cgroup dir or record: the
         # registry never reports it.
         rig.node.add_process(sender.pid, 1001,
