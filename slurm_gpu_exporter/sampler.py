@@ -1,9 +1,9 @@
 """The sampler: a background thread that builds one immutable snapshot per interval.
 
 Each source (the job registry, cgroup statistics, the GPU backend, the training
-relay, the state dir) is timed and fails alone: an exception in one leaves the others' data in
-the snapshot and shows as that source's error count. A scrape never waits for
-a sample; it serves the bytes of the last one.
+relay, the state dir) is timed and fails alone: an exception in one leaves the
+others' data in the snapshot and shows as that source's error count. A scrape never
+waits for a sample; it serves the bytes of the last one.
 """
 
 from __future__ import annotations

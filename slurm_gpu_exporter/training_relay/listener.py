@@ -5,9 +5,9 @@ boundaries kept by the kernel. Who sent a message is taken from the connection's
 SO_PEERCRED pid, mapped to a job by the injected ``job_of_pid``; nothing the payload
 says about its job is believed. A process in the cgroup of a job the agent has not
 taken in yet (the job started since its last sample) waits, unread, until the agent
-knows the job. A job over its message rate is not read from until
-its budget refills, so a flood fills the sender's own socket buffer (the client then
-drops) instead of the agent's CPU.
+knows the job. A job over its message rate is not read from until its budget
+refills, so a flood fills the sender's own socket buffer (the client then drops)
+instead of the agent's CPU.
 """
 
 from __future__ import annotations
