@@ -20,7 +20,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from slurm_gpu_exporter import __version__
+from slurm_gpu_exporter import __version__, spool
 from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.backend import GpuBackend
@@ -38,6 +38,8 @@ from slurm_gpu_exporter.server import (
 from slurm_gpu_exporter.slurm import SlurmMetadata, make_lookup
 from slurm_gpu_exporter.spool import DEFAULT_SPOOL_DIR
 from slurm_gpu_exporter.state import StateStore
+from slurm_gpu_exporter.training_relay import RelayLimits, TrainingRelay
+from slurm_gpu_exporter.training_source import RelayJobs, TrainingSource
 from slurm_gpu_exporter.trust import (
     UntrustedPathError,
     check_private_dir,
@@ -96,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "the local Slurm, else the Slurm CLI (auto); the CLI only; or never")
     p.add_argument("--node-name", metavar="NAME", default=os.uname().nodename.split(".")[0],
                    help="this node's Slurm NodeName (for GPU indices of discovered jobs)")
+    p.add_argument("--training.relay", dest="training_relay", default=True,
+                   action=argparse.BooleanOptionalAction,
+                   help="serve training.sock in the spool dir, where training scripts in jobs "
+                        "publish their progress (docs/training.md); on unless "
+                        "--no-training.relay")
     p.add_argument("--simulate", action="store_true",
                    help="run over a synthetic node (no GPU or Slurm needed)")
     p.add_argument("--log.level", dest="log_level", default="info", metavar="LEVEL",
@@ -176,10 +183,16 @@ def main(argv: list[str] | None = None) -> int:
             backend = NvmlBackend()
         gpu = GpuSampler(backend, args.proc_root, errors, cgroups=cgroups,
                          poll_timeout=max(1.0, 0.8 * args.sample_interval))
+        training = None
+        if args.training_relay:
+            training = _start_training_relay(args.spool_dir, args.proc_root,
+                                             args.sample_interval, errors)
+        if training is not None:
+            stack.callback(training.stop)
         holder = ExpositionHolder(stale_after=max(120.0, 10 * args.sample_interval))
         sampler = Sampler(
             registry, jobstats, errors, args.sample_interval,
-            state=StateStore(args.state_dir), gpu=gpu,
+            state=StateStore(args.state_dir), gpu=gpu, training=training,
             publish=lambda snapshot, exposition: holder.publish(exposition),
         )
         try:
@@ -189,6 +202,31 @@ def main(argv: list[str] | None = None) -> int:
             log.error("%s; stop what uses it or pass another --web.listen-address", exc)
             return 1
     return 0
+
+
+def _start_training_relay(spool_dir: str, proc_root: Path, sample_interval: float,
+                          errors: SourceErrors) -> TrainingSource | None:
+    """Serve training.sock, or say in one line why not (the agent then runs without it)."""
+    jobs = RelayJobs(proc_root)
+    # A job is known to the relay from the first sample after it starts: its first
+    # connections wait that long, with room for a slow sample.
+    limits = RelayLimits(pending_seconds=max(30.0, 3 * sample_interval))
+    relay = TrainingRelay(spool_dir, jobs.job_of_pid, job_of_key=jobs.job_of_key,
+                          limits=limits)
+    try:
+        os.close(spool.open_spool_dir(spool_dir, create=True))
+        relay.start()
+    except ValueError as exc:
+        log.error("training relay not started: %s; use a shorter --spool-dir or "
+                  "--no-training.relay", exc)
+        return None
+    except OSError as exc:
+        log.error("training relay not started: cannot serve %s: %s; running without it "
+                  "(check --spool-dir, or pass --no-training.relay)", relay.path,
+                  exc.strerror or exc)
+        return None
+    log.info("training relay listening on %s", relay.path)
+    return TrainingSource(relay, jobs, errors)
 
 
 async def _watch_web_config(web_config: LiveWebConfig, interval: float,

@@ -8,8 +8,9 @@ logged once per ``quiet_period`` seconds, with how often it recurred.
 
 Each source counts its own problems under its own name (the spool reader under
 ``spool``, the cgroup readers under ``cgroup``, the Slurm look-ups under ``slurm``,
-the GPU part under ``nvml``, the state store under ``state``); a source is up in a
-sample when it counted nothing during it, so one source never marks another down.
+the GPU part under ``nvml``, the state store under ``state``, the training relay's
+refusals under ``training``); a source is up in a sample when it counted nothing
+during it, so one source never marks another down.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable
 log = logging.getLogger("slurm_gpu_exporter")
 
 # The one set of `source` label values (docs/metrics.md lists them with their meaning).
-SOURCES = ("spool", "cgroup", "slurm", "nvml", "state")
+SOURCES = ("spool", "cgroup", "slurm", "nvml", "state", "training")
 
 
 class SourceErrors:
@@ -38,12 +39,12 @@ class SourceErrors:
         # message -> (time last logged, repeats since then)
         self._logged: dict[str, tuple[float, int]] = {}
 
-    def count(self, source: str, message: str, *, log_it: bool = True) -> None:
-        """Count one error of ``source``; log ``message`` unless it was logged recently."""
+    def count(self, source: str, message: str, *, log_it: bool = True, n: int = 1) -> None:
+        """Count ``n`` errors of ``source``; log ``message`` unless it was logged recently."""
         if source not in self._counts:
             raise ValueError(f"unknown error source {source!r}; add it to errors.SOURCES")
         with self._lock:
-            self._counts[source] += 1
+            self._counts[source] += n
             self._failed.add(source)
             if not log_it:
                 return

@@ -239,7 +239,8 @@ def self_families(snapshot: Snapshot) -> Iterator[Metric]:
         up.add_metric([status.name], 1 if status.ok else 0)
     errors = _counter("slurm_gpu_exporter_sample_errors",
                       "Problems met while sampling, by source (bad spool files, unreadable "
-                      "cgroups, failed Slurm look-ups, NVML errors, state dir writes).",
+                      "cgroups, failed Slurm look-ups, NVML errors, state dir writes, refused "
+                      "training pushes).",
                       ["source"])
     for source, count in sorted(snapshot.errors.items()):
         errors.add_metric([source], count)
@@ -275,6 +276,7 @@ class SnapshotCollector(Collector):
             yield from gpu_families(self.snapshot)
         yield from gpm_families(self.snapshot)
         yield from self_families(self.snapshot)
+        yield from self.snapshot.training  # relayed from inside jobs (training_relay)
         for collector in self.extra:
             yield from collector.collect()
 

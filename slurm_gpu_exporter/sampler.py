@@ -1,9 +1,9 @@
 """The sampler: a background thread that builds one immutable snapshot per interval.
 
-Each source (the job registry, cgroup statistics, the GPU backend, the state
-dir) is timed and fails alone: an exception in one leaves the others' data in
-the snapshot and shows as that source's error count. A scrape never waits for
-a sample; it serves the bytes of the last one.
+Each source (the job registry, cgroup statistics, the GPU backend, the training
+relay, the state dir) is timed and fails alone: an exception in one leaves the
+others' data in the snapshot and shows as that source's error count. A scrape never
+waits for a sample; it serves the bytes of the last one.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from prometheus_client.metrics_core import Metric
 
 from slurm_gpu_exporter.errors import SOURCES, SourceErrors
 from slurm_gpu_exporter.jobstats import JobStatsCollector
@@ -28,6 +30,7 @@ from slurm_gpu_exporter.snapshot import (
     UnattributedSample,
 )
 from slurm_gpu_exporter.state import StateStore
+from slurm_gpu_exporter.training_source import TrainingSource
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,7 @@ class Sampler:
         *,
         state: StateStore | None = None,
         gpu: GpuSource | None = None,
+        training: TrainingSource | None = None,
         publish: Callable[[Snapshot, Exposition], None] = lambda s, e: None,
     ) -> None:
         self.registry = registry
@@ -70,6 +74,7 @@ class Sampler:
         self.interval = interval
         self.state = state
         self.gpu = gpu
+        self.training = training
         self.publish = publish
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -112,12 +117,19 @@ class Sampler:
         self.errors.take_failed()  # what failed between samples is not this sample's
         steps: list[StepTiming] = []
 
-        jobs: list[Job] = self._timed("registry", steps, self.registry.refresh, [])
+        refreshed: list[Job] | None = self._timed("registry", steps, self.registry.refresh,
+                                                  None)
+        jobs = refreshed if refreshed is not None else []
         job_samples: list[JobSample] = self._timed(
             "cgroup", steps, lambda: self.jobstats.collect(jobs), [])
         gpu_part: GpuPart | None = None
         if self.gpu is not None:
             gpu_part = self._timed("nvml", steps, lambda: self.gpu.sample(jobs, now), None)  # type: ignore[union-attr]
+        training: tuple[Metric, ...] = ()
+        if self.training is not None:
+            # Without the registry's answer nothing is forgotten (None, not []).
+            training = self._timed("training", steps,
+                                   lambda: self.training.sample(refreshed), ())  # type: ignore[union-attr]
         if self.state is not None:
             self._timed("state", steps, self._save_state, None)
 
@@ -134,6 +146,7 @@ class Sampler:
             steps=tuple(steps),
             errors=self.errors.snapshot(),
             sample_duration_seconds=time.monotonic() - started,
+            training=training,
         )
         self.publish(snapshot, render(snapshot))
         return snapshot
@@ -144,8 +157,9 @@ class Sampler:
         needs nvml_up (a missing library is counted only when a re-initialisation is tried)."""
         statuses = []
         for source in SOURCES:
-            if (source == "nvml" and nvml_up is None) or (source == "state"
-                                                          and self.state is None):
+            if ((source == "nvml" and nvml_up is None)
+                    or (source == "state" and self.state is None)
+                    or (source == "training" and self.training is None)):
                 continue  # not collected at all
             ok = source not in failed
             if source == "nvml":
@@ -179,4 +193,5 @@ class Sampler:
 
 # The error source a step's own crash is counted under: the registry's first job is
 # the spool, so a crash there shows as a spool problem.
-_STEP_SOURCE = {"registry": "spool", "cgroup": "cgroup", "nvml": "nvml", "state": "state"}
+_STEP_SOURCE = {"registry": "spool", "cgroup": "cgroup", "nvml": "nvml", "state": "state",
+                "training": "training"}

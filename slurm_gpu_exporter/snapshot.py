@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from prometheus_client.metrics_core import Metric
+
 
 @dataclass(frozen=True)
 class JobInfo:
@@ -135,3 +137,6 @@ class Snapshot:
     steps: tuple[StepTiming, ...] = ()
     errors: dict[str, int] = field(default_factory=dict)
     sample_duration_seconds: float = 0.0
+    # slurm_job_training_* families the relay held at the sample, labelled with jobid
+    # and user by the relay; built afresh each sample and never changed afterwards.
+    training: tuple[Metric, ...] = ()

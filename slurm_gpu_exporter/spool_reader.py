@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from slurm_gpu_exporter import spool
 from slurm_gpu_exporter.errors import SourceErrors
+from slurm_gpu_exporter.training_relay.socketfile import SOCKET_NAME as TRAINING_SOCKET
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,8 @@ class SpoolReader:
         try:
             with os.scandir(dir_fd) as entries:
                 for entry in entries:
-                    if entry.name.startswith("."):
-                        continue  # a record being written by the prolog
+                    if entry.name.startswith(".") or entry.name == TRAINING_SOCKET:
+                        continue  # a record being written, or the training relay's socket
                     seen.add(entry.name)
                     result = self._read_entry(dir_fd, entry)
                     if result is not None:

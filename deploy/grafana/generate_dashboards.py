@@ -188,14 +188,46 @@ def job_dashboard() -> dict:
         panel("timeseries", "Memory used against limit", [
             target(f"sum(slurm_job_memory_used_bytes{{{JOB}}})", "used"),
             target(f"sum(slurm_job_memory_limit_bytes{{{JOB}}})", "limit")], 12, 8, "bytes"),
+        *training_row(),
     ]
     return dashboard(
         "slurm-gpu-job", "Slurm GPU: job",
-        "One Slurm job: its GPUs' busy time, memory, power and energy, and its CPU and "
-        "memory against what it asked for.",
+        "One Slurm job: its GPUs' busy time, memory, power and energy, its CPU and "
+        "memory against what it asked for, and the training progress its scripts publish.",
         [cluster_var(), var_query("jobid", "Job",
                                   'label_values(slurm_job_info{cluster=~"$cluster"}, jobid)')],
         panels, time_from="now-3h")
+
+
+def training_row() -> list[Panel]:
+    """The job's training progress, as its scripts publish it through the agent (empty for
+    a job that publishes nothing)."""
+    samples = f"slurm_job_training_samples_total{{{JOB}}}"
+    steps = f"slurm_job_training_steps_total{{{JOB}}}"
+    return [
+        panel("row", "Training (published by the job's scripts)", [], 24, 1,
+              collapsed=False, panels=[]),
+        panel("stat", "Since the last step", [target(
+            f"time() - max(slurm_job_training_last_step_timestamp_seconds{{{JOB}}})",
+            instant=True)], 6, 8, "s",
+            "Seconds since the script last called training.step(); the "
+            "SlurmJobTrainingStalled alert fires past 15 minutes while the job holds GPUs.",
+            fieldConfig={"defaults": {"unit": "s", "thresholds": {"mode": "absolute", "steps": [
+                {"color": "green", "value": None}, {"color": "orange", "value": 300},
+                {"color": "red", "value": 900}]}, "color": {"mode": "thresholds"}},
+                "overrides": []}),
+        panel("timeseries", "Loss", [target(
+            f"max by (instance) (slurm_job_training_loss{{{JOB}}})", "{{instance}}")],
+            6, 8, "short"),
+        panel("timeseries", "Throughput", [
+            target(f"sum(rate({samples}[$__rate_interval]))", "samples/s"),
+            target(f"sum(rate({steps}[$__rate_interval]))", "steps/s")], 6, 8, "short",
+            "Samples and steps per second from the counters the script reports; the "
+            "SlurmJobTrainingThroughputDrop alert compares samples/s with its 1-hour mean."),
+        panel("timeseries", "Learning rate", [target(
+            f"max by (instance) (slurm_job_training_learning_rate{{{JOB}}})",
+            "{{instance}}")], 6, 8, "short"),
+    ]
 
 
 def user_dashboard() -> dict:

@@ -5,7 +5,13 @@ sender runs in; ``TrainingStore`` (store.py) checks and keeps the series per job
 The client scripts import is ``slurm_gpu_exporter.training``. See docs/training.md.
 """
 
-from slurm_gpu_exporter.training_relay.listener import SOCKET_NAME, JobOfPid, TrainingRelay
+from slurm_gpu_exporter.training_relay.listener import (
+    SOCKET_NAME,
+    JobOfKey,
+    JobOfPid,
+    PendingJob,
+    TrainingRelay,
+)
 from slurm_gpu_exporter.training_relay.store import (
     REASONS,
     JobIdentity,
@@ -13,5 +19,5 @@ from slurm_gpu_exporter.training_relay.store import (
     TrainingStore,
 )
 
-__all__ = ["REASONS", "SOCKET_NAME", "JobIdentity", "JobOfPid", "RelayLimits",
-           "TrainingRelay", "TrainingStore"]
+__all__ = ["REASONS", "SOCKET_NAME", "JobIdentity", "JobOfKey", "JobOfPid", "PendingJob",
+           "RelayLimits", "TrainingRelay", "TrainingStore"]

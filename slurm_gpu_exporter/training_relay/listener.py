@@ -3,9 +3,11 @@
 ``training.sock`` in the spool dir is a SOCK_SEQPACKET socket: one message per push,
 boundaries kept by the kernel. Who sent a message is taken from the connection's
 SO_PEERCRED pid, mapped to a job by the injected ``job_of_pid``; nothing the payload
-says about its job is believed. A job over its message rate is not read from until
-its budget refills, so a flood fills the sender's own socket buffer (the client then
-drops) instead of the agent's CPU.
+says about its job is believed. A process in the cgroup of a job the agent has not
+taken in yet (the job started since its last sample) waits, unread, until the agent
+knows the job. A job over its message rate is not read from until its budget
+refills, so a flood fills the sender's own socket buffer (the client then drops)
+instead of the agent's CPU.
 """
 
 from __future__ import annotations
@@ -15,56 +17,99 @@ import logging
 import os
 import selectors
 import socket
-import stat
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
 
+from slurm_gpu_exporter.training_relay.socketfile import SOCKET_NAME, bind_socket, remove_socket
 from slurm_gpu_exporter.training_relay.store import JobIdentity, RelayLimits, TrainingStore
 
 log = logging.getLogger(__name__)
 
-SOCKET_NAME = "training.sock"
-# sockaddr_un.sun_path holds 108 bytes, the final NUL included.
-_MAX_SOCKET_PATH = 107
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # Messages read from one connection before the others get a turn.
 _READS_PER_TURN = 32
 _ACCEPTS_PER_TURN = 64
 
-JobOfPid = Callable[[int], "tuple[str, str] | None"]
+
+@dataclass(frozen=True)
+class PendingJob:
+    """``job_of_pid``'s answer for a process in the cgroup of a job the agent does not
+    know yet: ``key`` is the job's cgroup key (a job id, or a SLUID), asked of
+    ``job_of_key`` again until it names the job or ``limits.pending_seconds`` pass."""
+
+    key: str
+
+
+JobOfPid = Callable[[int], "tuple[str, str] | PendingJob | None"]
+JobOfKey = Callable[[str], "tuple[str, str] | None"]
 
 
 @dataclass(eq=False)
 class _Connection:
     sock: socket.socket
     pid: int
-    job: JobIdentity
-    muted_until: float = 0.0
+    job: JobIdentity | None  # None while pending
+    key: str  # the job's id, or while pending the cgroup key it waits for
     closed: bool = field(default=False)
+
+
+class _Aside:
+    """Connections not read for now (muted, or pending), each until a time."""
+
+    def __init__(self) -> None:
+        self._until: dict[_Connection, float] = {}
+
+    def add(self, conn: _Connection, until: float) -> None:
+        self._until[conn] = until
+
+    def discard(self, conn: _Connection) -> bool:
+        """Take ``conn`` out; whether it was here."""
+        return self._until.pop(conn, None) is not None
+
+    def next_due(self) -> float | None:
+        return min(self._until.values(), default=None)
+
+    def take_due(self, now: float) -> list[_Connection]:
+        """Take out and return the connections whose time has come."""
+        due = [conn for conn, until in self._until.items() if until <= now]
+        for conn in due:
+            del self._until[conn]
+        return due
+
+    def __iter__(self) -> Iterator[_Connection]:
+        return iter(list(self._until))
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    """The connecting process's pid, from the kernel (0: in a pid namespace we cannot see)."""
+    return _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                            _PEERCRED.size))[0]
 
 
 class TrainingRelay:
     """Serves ``<spool_dir>/training.sock`` from a thread of its own.
 
-    ``job_of_pid(pid)`` returns ``(jobid, user)`` of the job whose cgroup holds the
-    process, or None; it is called on the relay thread, once per connection, and must
-    be safe to call there. Start with ``start()``, end with ``stop()``; read with
-    ``families()`` and ``error_counts()`` from any thread; ``forget(jobid)`` when the
-    job's linger has passed.
+    ``job_of_pid(pid)``: ``(jobid, user)`` of the job whose cgroup holds the process,
+    None (in no job), or ``PendingJob`` (job not known yet: ``job_of_key(key)`` is asked
+    at each ``jobs_changed()`` until it answers or ``limits.pending_seconds`` pass).
+    Both run on the relay thread only. ``start()``, ``stop()``; ``families()``,
+    ``jobs()``, ``error_counts()`` from any thread; ``forget(jobid)`` after the linger.
     """
 
     def __init__(self, spool_dir: str | os.PathLike[str], job_of_pid: JobOfPid, *,
+                 job_of_key: JobOfKey | None = None,
                  limits: RelayLimits | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.path = os.path.join(os.fspath(spool_dir), SOCKET_NAME)
         self.store = TrainingStore(limits, clock=clock)
         self.limits = self.store.limits
         self._job_of_pid = job_of_pid
+        self._job_of_key = job_of_key
         self._clock = clock
         self._listener: socket.socket | None = None
         self._inode = -1  # of the socket file we bound, to remove only our own
@@ -77,7 +122,8 @@ class TrainingRelay:
         self._lock = threading.Lock()
         self._to_close: set[str] = set()  # jobids forgotten, connections not yet closed
         self._connections: set[_Connection] = set()
-        self._muted: list[_Connection] = []
+        self._muted = _Aside()  # their job is over its rate
+        self._pending = _Aside()  # their job is not known yet
 
     # -- life -----------------------------------------------------------------------
 
@@ -87,30 +133,9 @@ class TrainingRelay:
         Raises OSError (or ValueError for a path too long) with a one-line message when
         the socket cannot be made; the agent then runs without the relay.
         """
-        if len(os.fsencode(self.path)) > _MAX_SOCKET_PATH:
-            raise ValueError(f"training socket path is too long for a unix socket "
-                             f"({len(self.path)} > {_MAX_SOCKET_PATH} bytes): {self.path}")
-        # Bind under a temporary name and rename over the old socket: a client never
-        # finds the path missing or with the wrong mode while the agent restarts.
-        tmp = os.path.join(os.path.dirname(self.path), f".training.{os.getpid()}.sock")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        try:
-            listener.bind(tmp)
-            os.chmod(tmp, 0o666)
-            listener.listen(128)
-            listener.setblocking(False)
-            self._inode = os.lstat(tmp).st_ino
-            os.replace(tmp, self.path)
-        except OSError:
-            listener.close()
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        self._listener = listener
+        self._listener, self._inode = bind_socket(self.path)
         self._selector = selectors.DefaultSelector()
-        self._selector.register(listener, selectors.EVENT_READ, "accept")
+        self._selector.register(self._listener, selectors.EVENT_READ, "accept")
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._thread = threading.Thread(target=self._run, name="training-relay", daemon=True)
         self._thread.start()
@@ -122,11 +147,7 @@ class TrainingRelay:
         if self._thread is not None:
             self._thread.join(timeout)
         if self._listener is not None:
-            with contextlib.suppress(OSError):
-                st = os.lstat(self.path)
-                # Leave a socket a newer agent put there in place.
-                if stat.S_ISSOCK(st.st_mode) and st.st_ino == self._inode:
-                    os.unlink(self.path)
+            remove_socket(self.path, self._inode)
             self._listener.close()
         for conn in list(self._connections):
             self._close(conn)
@@ -148,6 +169,14 @@ class TrainingRelay:
     def errors_total(self) -> int:
         """All refusals so far."""
         return sum(self.store.error_counts().values())
+
+    def jobs(self) -> set[str]:
+        """Jobs the relay holds anything of (series or a rate budget)."""
+        return self.store.known_jobs()
+
+    def jobs_changed(self) -> None:
+        """The agent's jobs changed: pending connections are checked again."""
+        self._wake()
 
     def forget(self, jobid: str) -> None:
         """Drop the job's series and close its connections."""
@@ -180,14 +209,14 @@ class TrainingRelay:
                         self._read(key.data)
                 self._close_forgotten()
                 self._unmute()
+                self._resolve_pending()
             except Exception:  # one bad turn must not end the relay
                 log.exception("training relay: unexpected error; continuing")
                 time.sleep(0.1)
 
     def _next_timeout(self) -> float | None:
-        if not self._muted:
-            return None
-        return max(0.0, min(c.muted_until for c in self._muted) - self._clock())
+        due = [t for t in (self._muted.next_due(), self._pending.next_due()) if t is not None]
+        return max(0.0, min(due) - self._clock()) if due else None
 
     def _drain_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -209,8 +238,7 @@ class TrainingRelay:
     def _admit(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         try:
-            pid = _PEERCRED.unpack(sock.getsockopt(
-                socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[0]
+            pid = _peer_pid(sock)
             found = self._job_of_pid(pid) if pid > 0 else None
         except Exception:  # the mapper failing is the same as "in no job"
             found = None
@@ -218,17 +246,39 @@ class TrainingRelay:
             self.store.count("refused")
             sock.close()
             return
-        job = JobIdentity(str(found[0]), str(found[1]))
-        same_job = sum(1 for c in self._connections if c.job.jobid == job.jobid)
+        key = found.key if isinstance(found, PendingJob) else str(found[0])
+        same_job = sum(1 for c in self._connections if c.key == key)
         if (len(self._connections) >= self.limits.max_connections
                 or same_job >= self.limits.max_connections_per_job):
             self.store.count("connections")
             sock.close()
             return
-        conn = _Connection(sock, pid, job)
+        conn = _Connection(sock, pid, None, key)
         self._connections.add(conn)
+        if isinstance(found, PendingJob):
+            self._pending.add(conn, self._clock() + self.limits.pending_seconds)
+        else:
+            self._attach(conn, JobIdentity(str(found[0]), str(found[1])))
+
+    def _attach(self, conn: _Connection, job: JobIdentity) -> None:
+        """Start reading the connection: its sender is proven to run in ``job``."""
+        conn.job, conn.key = job, job.jobid
         assert self._selector is not None
-        self._selector.register(sock, selectors.EVENT_READ, conn)
+        self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+
+    def _resolve_pending(self) -> None:
+        """Attach the pending connections whose job is known now; refuse the overdue."""
+        for conn in self._pending:
+            try:
+                found = self._job_of_key(conn.key) if self._job_of_key else None
+            except Exception:
+                found = None
+            if found is not None:
+                self._pending.discard(conn)
+                self._attach(conn, JobIdentity(str(found[0]), str(found[1])))
+        for conn in self._pending.take_due(self._clock()):
+            self.store.count("refused")
+            self._close(conn)
 
     def _read(self, conn: _Connection) -> None:
         limit = self.limits.max_message_bytes
@@ -244,13 +294,14 @@ class TrainingRelay:
             if not data and not truncated:
                 self._close(conn)  # the sender hung up
                 return
-            if conn.job.jobid in self._to_close:
+            if conn.key in self._to_close:
                 return  # forgotten: closed at the end of this turn, nothing more kept
             # Every message counts against the rate, refused ones too: an oversized
             # flood must not cost more than a well-formed one.
+            assert conn.job is not None  # only attached connections are read
             lines = self.store.lines_of(data)
             oversized = truncated or lines > self.limits.max_lines_per_message
-            wait = self.store.admit(conn.job.jobid, 1 if oversized else lines)
+            wait = self.store.admit(conn.key, 1 if oversized else lines)
             if wait > 0:
                 self._mute(conn, wait)
                 return
@@ -263,19 +314,11 @@ class TrainingRelay:
         """Stop reading the connection for ``seconds``: its job is over its rate."""
         assert self._selector is not None
         self._selector.unregister(conn.sock)
-        conn.muted_until = self._clock() + seconds
-        self._muted.append(conn)
+        self._muted.add(conn, self._clock() + seconds)
 
     def _unmute(self) -> None:
-        if not self._muted:
-            return
-        now = self._clock()
-        due = [c for c in self._muted if c.muted_until <= now]
-        if not due:
-            return
-        self._muted = [c for c in self._muted if c.muted_until > now]
         assert self._selector is not None
-        for conn in due:
+        for conn in self._muted.take_due(self._clock()):
             if not conn.closed:
                 self._selector.register(conn.sock, selectors.EVENT_READ, conn)
 
@@ -283,7 +326,8 @@ class TrainingRelay:
         with self._lock:
             jobids, self._to_close = self._to_close, set()
         if jobids:
-            for conn in [c for c in self._connections if c.job.jobid in jobids]:
+            for conn in [c for c in self._connections
+                         if c.job is not None and c.key in jobids]:
                 self._close(conn)
 
     def _close(self, conn: _Connection) -> None:
@@ -291,9 +335,9 @@ class TrainingRelay:
             return
         conn.closed = True
         self._connections.discard(conn)
-        if conn in self._muted:
-            self._muted.remove(conn)
-        elif self._selector is not None:
+        # A muted or pending connection is not registered with the selector.
+        if not self._muted.discard(conn) and not self._pending.discard(conn) and (
+                self._selector is not None):
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(conn.sock)
         conn.sock.close()

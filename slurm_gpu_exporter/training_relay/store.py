@@ -77,6 +77,9 @@ class RelayLimits:
     max_lines_per_message: int = 2000
     max_connections: int = 512
     max_connections_per_job: int = 32
+    # How long a connection from a job the agent has not taken in yet waits for it
+    # (the agent learns of a job at its next sample); then it is refused.
+    pending_seconds: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -322,6 +325,11 @@ class TrainingStore:
                     self._drop_family(store, name)
 
     # -- reading --------------------------------------------------------------------
+
+    def known_jobs(self) -> set[str]:
+        """Jobs with series or a rate budget here: what ``forget`` would drop."""
+        with self._lock:
+            return set(self._jobs) | set(self._buckets)
 
     def jobs(self) -> dict[str, int]:
         """Series held per job."""

@@ -17,6 +17,9 @@ LABEL_VALUES = re.compile(r"label_values\((?P<match>.+),\s*(?P<label>\w+)\)")
 # Series that the simulated node has only part of the time: its stray process outside
 # every job shows up for five minutes in every ten.
 INTERMITTENT = ("unattributed",)
+# Series only a job's training script makes; tests/training/test_dashboard.py checks the
+# panels that show them, against an agent whose job publishes.
+TRAINING = "slurm_job_training_"
 
 
 @dataclass(frozen=True)

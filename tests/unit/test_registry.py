@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.registry import Registry
 from slurm_gpu_exporter.slurm import JobLookup, SlurmJobInfo, SlurmMetadata
+from slurm_gpu_exporter.training_relay import TrainingRelay
 
 
 class Clock:
@@ -223,6 +225,27 @@ def test_hostile_spool_files_are_skipped_counted_once_and_others_unaffected(node
     assert errors.snapshot()["spool"] == 4, "notes.txt and .json also refused, once each"
 
 
+def test_the_training_relays_socket_in_the_spool_is_not_a_malformed_record(
+        node: Node) -> None:
+    node.record("20", start_time=1.0)
+    relay = TrainingRelay(node.spool_dir, lambda pid: None)
+    relay.start()
+    try:
+        assert (node.spool_dir / "training.sock").is_socket()
+        errors = SourceErrors()
+        jobs = make_registry(node, Clock(), errors=errors).refresh()
+        assert [j.jobid for j in jobs] == ["20"]
+        assert errors.snapshot()["spool"] == 0
+    finally:
+        relay.stop()
+    # Any other socket is still an odd file, counted.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as other:
+        other.bind(str(node.spool_dir / "other.sock"))
+        errors = SourceErrors()
+        make_registry(node, Clock(), errors=errors).refresh()
+        assert errors.snapshot()["spool"] == 1
+
+
 def test_a_changed_bad_file_is_counted_again(node: Node) -> None:
     errors = SourceErrors()
     registry = make_registry(node, Clock(), errors=errors)
@@ -376,5 +399,6 @@ def test_failed_sluid_lookup_is_counted_under_slurm(node: Node, tmp_path: Path) 
     registry = Registry(str(node.spool_dir), CgroupFS(cg, rescan_interval=0),
                         SlurmMetadata(unreachable), errors)
     assert registry.refresh() == []  # the job waits until Slurm names it
-    assert errors.snapshot() == {"spool": 0, "cgroup": 0, "slurm": 1, "nvml": 0, "state": 0}
+    assert errors.snapshot() == {"spool": 0, "cgroup": 0, "slurm": 1, "nvml": 0, "state": 0,
+                                 "training": 0}
     assert errors.take_failed() == {"slurm"}

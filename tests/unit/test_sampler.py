@@ -20,6 +20,8 @@ from slurm_gpu_exporter.slurm import SlurmMetadata
 from slurm_gpu_exporter.snapshot import Snapshot
 from slurm_gpu_exporter.state import StateStore
 from slurm_gpu_exporter.synthnode import SynthNode
+from slurm_gpu_exporter.training_relay import TrainingRelay
+from slurm_gpu_exporter.training_source import RelayJobs, TrainingSource
 from tests.agent import series
 
 
@@ -45,6 +47,7 @@ class NoLibrary:
 
 def _sampler(node: SynthNode, errors: SourceErrors, *, state_dir: Path | None = None,
              gpu: Any = None, metadata: SlurmMetadata | None = None,
+             training: TrainingSource | None = None,
              ) -> tuple[Sampler, list[tuple[Snapshot, Exposition]]]:
     cgroups = CgroupFS(node.cgroup_root)
     registry = Registry(str(node.spool_dir), cgroups, metadata or SlurmMetadata(None), errors,
@@ -53,7 +56,7 @@ def _sampler(node: SynthNode, errors: SourceErrors, *, state_dir: Path | None = 
     sampler = Sampler(
         registry, JobStatsCollector(cgroups, node.proc_root, errors), errors, 5.0,
         state=StateStore(state_dir) if state_dir is not None else None, gpu=gpu,
-        publish=lambda s, e: published.append((s, e)),
+        training=training, publish=lambda s, e: published.append((s, e)),
     )
     return sampler, published
 
@@ -83,15 +86,30 @@ def test_a_sample_publishes_the_jobs_it_found(tmp_path: Path) -> None:
 
 def test_source_up_and_sample_errors_share_one_set_of_source_values(tmp_path: Path) -> None:
     node = SynthNode(tmp_path)
-    sampler, published = _sampler(node, SourceErrors(), state_dir=node.state_dir,
-                                  gpu=GpuSampler(NoLibrary(), node.proc_root, SourceErrors()))
-    sampler.sample_once()
+    errors = SourceErrors()
+    jobs = RelayJobs(node.proc_root)
+    relay = TrainingRelay(node.spool_dir, jobs.job_of_pid, job_of_key=jobs.job_of_key)
+    relay.start()
+    try:
+        sampler, published = _sampler(node, errors, state_dir=node.state_dir,
+                                      gpu=GpuSampler(NoLibrary(), node.proc_root, errors),
+                                      training=TrainingSource(relay, jobs, errors))
+        sampler.sample_once()
+    finally:
+        relay.stop()
     exposition = published[-1][1]
     assert set(_source_up(exposition)) == set(SOURCES)
     assert set(_errors(exposition)) == set(SOURCES)
     duration = {labels["source"] for labels, _ in series(
         exposition.text.decode(), "slurm_gpu_exporter_sample_duration_seconds")}
-    assert duration == {"registry", "cgroup", "nvml", "state", "total"}
+    assert duration == {"registry", "cgroup", "nvml", "training", "state", "total"}
+
+
+def test_without_the_training_relay_there_is_no_training_source_up(tmp_path: Path) -> None:
+    sampler, published = _sampler(SynthNode(tmp_path), SourceErrors())
+    sampler.sample_once()
+    assert "training" not in _source_up(published[-1][1])
+    assert published[-1][0].training == ()
 
 
 def test_a_failed_slurm_lookup_is_the_slurm_sources_problem_not_the_registrys(
@@ -111,7 +129,7 @@ def test_a_failed_slurm_lookup_is_the_slurm_sources_problem_not_the_registrys(
     assert [s.job.jobid for s in snapshot.jobs] == ["4101"]  # the job is still reported
     assert _source_up(published[-1][1]) == {"spool": 1, "cgroup": 1, "slurm": 0}
     assert _errors(published[-1][1]) == {"spool": 0, "cgroup": 0, "slurm": 1, "nvml": 0,
-                                         "state": 0}
+                                         "state": 0, "training": 0}
     sampler.sample_once()  # look-ups are paused after a failure: nothing failed this time
     assert _source_up(published[-1][1])["slurm"] == 1
     assert _errors(published[-1][1])["slurm"] == 1
