@@ -146,6 +146,10 @@ class TrainingStore:
         self._types: dict[str, tuple[str, int]] = {}
         self._errors = dict.fromkeys(REASONS, 0)
         self._accepted = 0
+        # Bumped on every change to the series; families() is rebuilt only after one,
+        # since scripts push less often than the agent samples.
+        self._version = 0
+        self._built: tuple[int, list[Metric]] = (0, [])
 
     # -- counts ---------------------------------------------------------------------
 
@@ -217,6 +221,7 @@ class TrainingStore:
         checked = [c for c in (self._check_family(f, reasons) for f in families
                                if f.name not in companions) if c]
         with self._lock:
+            self._version += 1
             store = self._jobs.get(job.jobid)
             if store is None:
                 store = self._jobs[job.jobid] = _JobSeries(job)
@@ -321,6 +326,7 @@ class TrainingStore:
             store = self._jobs.pop(jobid, None)
             self._buckets.pop(jobid, None)
             if store is not None:
+                self._version += 1
                 for name in list(store.families):
                     self._drop_family(store, name)
 
@@ -337,9 +343,14 @@ class TrainingStore:
             return {jobid: store.count for jobid, store in self._jobs.items()}
 
     def families(self) -> list[Metric]:
-        """The jobs' series as prometheus-client families, labelled with jobid and user."""
+        """The jobs' series as prometheus-client families, labelled with jobid and user.
+
+        The same list is returned until the series change; callers must not modify it.
+        """
         merged: dict[str, Metric] = {}
         with self._lock:
+            if self._built[0] == self._version:
+                return self._built[1]
             for jobid in sorted(self._jobs):
                 store = self._jobs[jobid]
                 identity = {"jobid": store.identity.jobid, "user": store.identity.user}
@@ -349,5 +360,6 @@ class TrainingStore:
                         metric = merged[name] = Metric(name, family.help, family.type)
                     for (sample_name, labels), value in family.series.items():
                         metric.add_sample(sample_name, {**identity, **dict(labels)}, value)
-        return [merged[name] for name in sorted(merged)]
+            self._built = (self._version, [merged[name] for name in sorted(merged)])
+            return self._built[1]
 

@@ -44,6 +44,19 @@ def test_a_push_updates_its_series_and_keeps_the_jobs_others():
     }
 
 
+def test_families_are_rebuilt_only_after_a_change():
+    store = TrainingStore()
+    _ingest(store, ALICE, "a 1\n")
+    first = store.families()
+    assert store.families() is first  # no push since: the same list, not a rebuild
+    _ingest(store, ALICE, "a 2\n")
+    second = store.families()
+    assert second is not first and _values(store)[
+        ("slurm_job_training_a", (("jobid", "101"), ("user", "alice")))] == 2
+    store.forget(ALICE.jobid)
+    assert store.families() == []
+
+
 def test_created_companions_and_timestamps_are_left_out():
     store = TrainingStore()
     _ingest(store, ALICE, "# TYPE c_total counter\nc_total 3 1000\n# TYPE c_created gauge\n"
