@@ -7,11 +7,11 @@ being removed vanish one by one, and one odd file must not fail the whole job.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_gpu_exporter.base import read_kernel_file
 from slurm_gpu_exporter.cgroup_paths import STEP_RE
 
 # Key of the single directory of a cgroup v2 job in JobCgroup.dirs.
@@ -54,41 +54,71 @@ class PartialStats:
 # paths, which costs a fraction of building pathlib objects.
 
 
-def read_text(path: str) -> str | None:
-    """One cgroup file's content, or None when it is missing or unreadable.
+_CHUNK = 65536
+
+
+def read_cgroup_file(path: str) -> bytes | None:
+    """One cgroup file's bytes, or None when it is missing or unreadable.
 
     Any OSError counts: a file of a cgroup being removed can fail with ENOENT,
-    ENODEV or EINVAL, and one odd file must not fail the whole job.
+    ENODEV or EINVAL, and one odd file must not fail the whole job. cgroupfs
+    files are seq_files, which fill a read as far as they can: a read shorter than
+    the buffer is the end, and the usual second read (for the empty end) is saved.
     """
     try:
-        return read_kernel_file(path).decode("ascii", "replace")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        data = os.read(fd, _CHUNK)
+        if len(data) < _CHUNK:
+            return data
+        chunks = [data]
+        while chunk := os.read(fd, _CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str) -> str | None:
+    """One cgroup file's content, or None when it is missing or unreadable."""
+    data = read_cgroup_file(path)
+    return None if data is None else data.decode("ascii", "replace")
 
 
 def read_int(path: str) -> int | None:
-    text = read_text(path)
-    if text is None:
+    data = read_cgroup_file(path)
+    if data is None:
         return None
     try:
-        return int(text.strip())
+        return int(data)  # int() takes bytes and ignores the surrounding whitespace
     except ValueError:
         return None
 
 
 def read_keyed(path: str, key: str) -> int | None:
-    """Value of ``key`` in a flat-keyed file such as memory.stat or cpu.stat."""
-    text = read_text(path)
-    if text is None:
+    """Value of ``key`` in a flat-keyed file such as memory.stat or cpu.stat.
+
+    Only the wanted line is looked at: memory.stat has some 40 lines, one is needed."""
+    data = read_cgroup_file(path)
+    if data is None:
         return None
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name == key:
-            try:
-                return int(value.strip())
-            except ValueError:
-                return None
-    return None
+    wanted = key.encode() + b" "
+    if data.startswith(wanted):
+        start = len(wanted)
+    else:
+        at = data.find(b"\n" + wanted)
+        if at < 0:
+            return None
+        start = at + 1 + len(wanted)
+    end = data.find(b"\n", start)
+    try:
+        return int(data[start:] if end < 0 else data[start:end])
+    except ValueError:
+        return None
 
 
 def read_cpus(path: str) -> frozenset[int] | None:
@@ -103,18 +133,52 @@ def read_cpus(path: str) -> frozenset[int] | None:
     return cpus or None
 
 
+class SteadyFiles:
+    """Values of files that hardly ever change while a job runs (its cpuset, its memory
+    limit), read again every ``ttl`` seconds instead of on every sample.
+
+    A missing or odd value (None) is not kept: it is read again next time. Not
+    thread-safe: the sampler thread owns it (through CgroupFS).
+    """
+
+    def __init__(self, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl = ttl
+        self._clock = clock
+        self._values: dict[str, tuple[float, object]] = {}
+
+    def get(self, path: str, read: Callable[[str], object]) -> object:
+        now = self._clock()
+        hit = self._values.get(path)
+        if hit is not None and now - hit[0] < self._ttl:
+            return hit[1]
+        value = read(path)
+        if value is None:
+            self._values.pop(path, None)
+        else:
+            self._values[path] = (now, value)
+        return value
+
+    def keep_only(self, live_dirs: set[str]) -> None:
+        """Forget the files of job directories not in ``live_dirs``."""
+        self._values = {p: v for p, v in self._values.items()
+                        if os.path.dirname(p) in live_dirs}
+
+
 def read_procs(directory: str) -> list[int] | None:
     """Pids in one cgroup; None when the cgroup is gone."""
-    text = read_text(directory + "/cgroup.procs")
-    if text is None:
+    data = read_cgroup_file(directory + "/cgroup.procs")
+    if data is None:
         return None
-    pids = []
-    for line in text.split():
-        try:
-            pids.append(int(line))
-        except ValueError:
-            continue
-    return pids
+    try:
+        return [int(line) for line in data.split()]
+    except ValueError:  # never seen from the kernel; parse what can be parsed
+        pids = []
+        for line in data.split():
+            try:
+                pids.append(int(line))
+            except ValueError:
+                continue
+        return pids
 
 
 def subdirs(directory: str | Path) -> list[os.DirEntry[str]]:
