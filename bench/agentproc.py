@@ -1,7 +1,11 @@
 """Measuring a running agent from outside: its CPU time, RSS, samples and series.
 
 The figures come from the agent process itself (/proc/<pid>/stat and status), so a
-benchmark's own work (writing a synthetic node, a load tool) is not counted. The
+benchmark's own work (writing a synthetic node, a load tool) is not counted. CPU is
+also split by thread (/proc/<pid>/task/<tid>/stat, names from ``py-spy dump``):
+``sampler`` is the sample cycle; NVML reads run in short-lived ``nvml-read``
+threads; ``xid-events`` waits for Xid events (the fake NVML polls its state file
+every 10 ms there, which a real driver does not); ``MainThread`` serves HTTP. The
 machine's load average goes with every figure: on a shared machine it says how far
 to trust it.
 """
@@ -10,8 +14,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 # What Prometheus 2.x sends: OpenMetrics first, gzip.
 PROMETHEUS_HEADERS = {
@@ -28,6 +36,49 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat", "rb") as handle:
         fields = handle.read().rsplit(b")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of each live thread of the process, by thread id."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[int(tid)] = cpu_seconds_of(f"/proc/{pid}/task/{tid}/stat")
+        except OSError:
+            continue  # ended meanwhile
+    return out
+
+
+def cpu_seconds_of(stat_path: str) -> float:
+    with open(stat_path, "rb") as handle:
+        fields = handle.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+_PY_SPY_THREAD = re.compile(r'^Thread (\d+) \((?:active|idle)[^)]*\): "([^"]+)"', re.M)
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Python thread names by thread id (py-spy dump); {} without py-spy."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not os.path.exists(spy):
+        return {}
+    out = subprocess.run([spy, "dump", "--nonblocking", "-p", str(pid)], capture_output=True,
+                         text=True, check=False).stdout
+    return {int(tid): name for tid, name in _PY_SPY_THREAD.findall(out)}
+
+
+def by_thread(pid: int, before: dict[int, float], after: dict[int, float], total: float,
+              samples: int) -> dict[str, float]:
+    """CPU ms per sample by Python thread name. What is not in a live thread was spent
+    by threads that ended in between: the agent's per-read NVML threads."""
+    names = thread_names(pid)
+    shares: dict[str, float] = {}
+    for tid, cpu in after.items():
+        name = re.sub(r"_\d+$", "", names.get(tid, "other"))  # asyncio_0, asyncio_1...
+        shares[name] = shares.get(name, 0.0) + cpu - before.get(tid, 0.0)
+    shares["ended threads (nvml-read)"] = total - sum(shares.values())
+    return {name: round(cpu * 1000 / samples, 2) for name, cpu in sorted(shares.items())}
 
 
 def rss_mib(pid: int) -> float:
@@ -80,13 +131,16 @@ def idle_cpu_per_sample(pid: int, base_url: str, interval: float, window: float
     """
     ts0 = wait_new_sample(base_url, last_sample(base_url))
     la0 = load()
+    threads0 = thread_cpu(pid)
     cpu0 = cpu_seconds(pid)
     time.sleep(window)
     cpu1 = cpu_seconds(pid)
+    threads1 = thread_cpu(pid)
     ts1 = last_sample(base_url)
     samples = max(1, round((ts1 - ts0) / interval))
     return {
         "cpu_ms_per_sample": round((cpu1 - cpu0) * 1000 / samples, 2),
+        "cpu_ms_per_sample_by_thread": by_thread(pid, threads0, threads1, cpu1 - cpu0, samples),
         "samples": samples,
         "cpu_share_of_core_pct": round((cpu1 - cpu0) / window * 100, 3),
         "load_1m": round((la0 + load()) / 2, 2),
