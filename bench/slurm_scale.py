@@ -9,7 +9,8 @@ that 128 one-CPU jobs fit on a 2-core machine. The agent runs at
 
 For each job count: agent CPU per sample with no scrapes (agent process CPU over the
 window / samples), CPU of a scrape (first of a snapshot, and repeated), RSS and
-series count. Holds /tmp/sge-slurm.lock for the whole run and stops the cluster at
+series count; at 64 jobs also the agent's CPU share of a core over 5 minutes with a
+scrape every 30 s. Holds /tmp/sge-slurm.lock for the whole run and stops the cluster at
 the end (when it started it).
 
     .venv/bin/python bench/slurm_scale.py [--window 40] [--levels 0,1,8,32,64,128]
@@ -31,7 +32,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from agentproc import get, idle_cpu_per_sample, load, rss_mib, scrape_cpu, series_count  # noqa: E402
+from agentproc import (  # noqa: E402
+    PROMETHEUS_HEADERS,
+    by_thread,
+    cpu_seconds,
+    get,
+    idle_cpu_per_sample,
+    load,
+    rss_mib,
+    scrape_cpu,
+    series_count,
+    thread_cpu,
+)
 from common import record  # noqa: E402
 
 from tests.agent import Agent  # noqa: E402
@@ -82,11 +94,36 @@ def wait_agent_sees(url: str, count: int, timeout: float = 120.0) -> None:
         time.sleep(1.0)
 
 
+def cpu_share(pid: int, url: str, seconds: float, scrape_every: float) -> dict[str, object]:
+    """The agent's CPU share of a core over ``seconds``, scraped as Prometheus would
+    (OpenMetrics, gzip) every ``scrape_every`` seconds."""
+    la0, threads0, cpu0 = load(), thread_cpu(pid), cpu_seconds(pid)
+    start = time.monotonic()
+    scrapes = 0
+    while (left := seconds - (time.monotonic() - start)) > 0:
+        get(url + "/metrics", PROMETHEUS_HEADERS)
+        scrapes += 1
+        time.sleep(min(scrape_every, left))
+    elapsed = time.monotonic() - start
+    cpu, threads1 = cpu_seconds(pid) - cpu0, thread_cpu(pid)
+    samples = max(1, round(elapsed / INTERVAL))
+    return {"seconds": round(elapsed), "scrapes": scrapes,
+            "cpu_share_of_core_pct": round(cpu / elapsed * 100, 3),
+            "cpu_ms_per_sample_incl_scrapes": round(cpu * 1000 / samples, 2),
+            "cpu_ms_per_sample_by_thread": by_thread(pid, threads0, threads1, cpu, samples),
+            "load_1m": round((la0 + load()) / 2, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=float, default=40.0)
     parser.add_argument("--levels", default="0,1,8,32,64,128")
     parser.add_argument("--tag", default="", help="suffix of the results file (before/after)")
+    parser.add_argument("--share-at", type=int, default=64,
+                        help="job count at which to measure the CPU share with scrapes")
+    parser.add_argument("--share-seconds", type=float, default=300.0,
+                        help="how long (0: not at all)")
+    parser.add_argument("--scrape-every", type=float, default=30.0)
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     reason = unavailable_reason()
@@ -95,7 +132,7 @@ def main() -> None:
     with open(LOCK, "a") as lock:
         print(f"waiting for {LOCK} ...", flush=True)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        results = run(levels, args.window)
+        results = run(levels, args.window, (args.share_at, args.share_seconds, args.scrape_every))
     figures: dict[str, object] = {
         "command": "python bench/slurm_scale.py " + " ".join(sys.argv[1:]),
         "cpus": os.cpu_count(),
@@ -111,7 +148,8 @@ def main() -> None:
     record("slurm_scale" + (f"_{args.tag}" if args.tag else ""), figures)
 
 
-def run(levels: list[int], window: float) -> dict[str, dict[str, object]]:
+def run(levels: list[int], window: float,
+        share: tuple[int, float, float]) -> dict[str, dict[str, object]]:
     cluster = SlurmCluster()
     started_here = not cluster.is_up()
     cluster.up()
@@ -151,6 +189,10 @@ def run(levels: list[int], window: float) -> dict[str, dict[str, object]]:
                 results[str(n)] = {**idle, **scrapes, "rss_mib": round(rss_mib(pid), 1),
                                    "series": series_count(agent.url),
                                    "jobs_start_s": round(started, 1)}
+                if n == share[0] and share[1] > 0:
+                    results[str(n)]["share_scraped_every_"
+                                    f"{share[2]:g}s"] = cpu_share(pid, agent.url, share[1],
+                                                                  share[2])
                 print(n, results[str(n)], flush=True)
         finally:
             agent.stop()
