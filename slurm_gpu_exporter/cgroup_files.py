@@ -210,8 +210,16 @@ def step_leaves(job_dir: str, skip_stepd_leaf: bool) -> list[str]:
     memory/devices cgroups on v1) or in the v2 leaf ``step_<s>/slurm``, skipped here.
     """
     leaves = []
-    steps = [f"{job_dir}/{step}" for step in child_cgroups(job_dir) if STEP_RE.fullmatch(step)]
-    stack = [(step, True) for step in steps]
+    for step in child_cgroups(job_dir):
+        if STEP_RE.fullmatch(step):
+            leaves.extend(leaves_of_step(f"{job_dir}/{step}", skip_stepd_leaf))
+    return leaves
+
+
+def leaves_of_step(step_dir: str, skip_stepd_leaf: bool) -> list[str]:
+    """The leaf cgroups below one step directory (the step itself when it has none)."""
+    leaves = []
+    stack = [(step_dir, True)]
     while stack:
         d, is_step = stack.pop()
         children = child_cgroups(d)
@@ -221,6 +229,49 @@ def step_leaves(job_dir: str, skip_stepd_leaf: bool) -> list[str]:
             if not (skip_stepd_leaf and is_step and child == "slurm"):
                 stack.append((f"{d}/{child}", False))
     return leaves
+
+
+class StepLeaves:
+    """A job's processes through its steps' leaf cgroups, the leaves remembered between
+    samples (cgroup v1, which has no cgroup.stat to say that a subtree changed).
+
+    Listing the job's steps is one directory read per sample. A step's subtree is
+    walked again while the step is young (its task cgroups appear a moment after it),
+    when one of its remembered leaves is gone, and at least every ``rewalk`` seconds.
+    Not thread-safe: the sampler thread owns it (through CgroupFS).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, young: float = 30.0,
+                 rewalk: float = 60.0) -> None:
+        self._clock = clock
+        self._young = young
+        self._rewalk = rewalk
+        # step dir -> (first seen, last walked, its leaves then)
+        self._steps: dict[str, tuple[float, float, tuple[str, ...]]] = {}
+
+    def pids(self, job_dir: str) -> frozenset[int]:
+        """Pids in the leaves of every step of the job (empty when it is gone)."""
+        now = self._clock()
+        pids: set[int] = set()
+        for name in child_cgroups(job_dir):
+            if not STEP_RE.fullmatch(name):
+                continue
+            step = f"{job_dir}/{name}"
+            first, walked, leaves = self._steps.get(step, (now, now, ()))
+            known = step in self._steps and now - first >= self._young \
+                and now - walked < self._rewalk
+            got = pids_of(leaves) if known else None
+            if got is None:  # new, young, due, or a leaf vanished: walk the step again
+                leaves, walked = tuple(leaves_of_step(step, False)), now
+                got = pids_of(leaves)
+            self._steps[step] = (first, walked, leaves)
+            pids.update(got or ())
+        return frozenset(pids)
+
+    def keep_only(self, live_dirs: set[str]) -> None:
+        """Forget the steps of job directories not in ``live_dirs``."""
+        self._steps = {s: v for s, v in self._steps.items()
+                       if os.path.dirname(s) in live_dirs}
 
 
 def pids_of(leaves: Iterable[str]) -> frozenset[int] | None:

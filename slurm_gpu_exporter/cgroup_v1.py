@@ -13,11 +13,10 @@ from pathlib import Path
 from slurm_gpu_exporter.cgroup_files import (
     PartialStats,
     SteadyFiles,
-    pids_of,
+    StepLeaves,
     read_cpus,
     read_int,
     read_keyed,
-    step_leaves,
     subdirs,
 )
 from slurm_gpu_exporter.cgroup_paths import JOB_RE, UID_RE, V1_TOP_RE
@@ -87,10 +86,11 @@ def _read_limit(path: str) -> int | None:
     return limit if limit is not None and limit < V1_UNLIMITED else None
 
 
-def read_v1(dirs: Mapping[str, Path], steady: SteadyFiles) -> PartialStats:
+def read_v1(dirs: Mapping[str, Path], steady: SteadyFiles, leaves: StepLeaves) -> PartialStats:
     """One job's accounting from its controller directories (one slurmd instance).
 
-    The cpuset and the memory limit come through ``steady`` (not read every sample)."""
+    The cpuset and the memory limit come through ``steady`` (not read every sample),
+    the processes through ``leaves`` (steps' leaf cgroups remembered)."""
     out = PartialStats()
     if "cpuacct" in dirs:
         usage_ns = read_int(f"{dirs['cpuacct']}/cpuacct.usage")
@@ -111,6 +111,6 @@ def read_v1(dirs: Mapping[str, Path], steady: SteadyFiles) -> PartialStats:
         out.oom_kills = read_keyed(f"{memory}/memory.oom_control", "oom_kill")
     for ctrl in V1_PID_SOURCES:
         if ctrl in dirs and os.path.isdir(dirs[ctrl]):
-            out.pids = pids_of(step_leaves(os.fspath(dirs[ctrl]), False)) or frozenset()
+            out.pids = leaves.pids(os.fspath(dirs[ctrl]))
             break
     return out

@@ -46,7 +46,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from slurm_gpu_exporter.base import read_kernel_file
-from slurm_gpu_exporter.cgroup_files import UNIFIED, SteadyFiles, parse_cpu_list
+from slurm_gpu_exporter.cgroup_files import UNIFIED, SteadyFiles, StepLeaves, parse_cpu_list
 from slurm_gpu_exporter.cgroup_paths import CgroupJobRef, parse_cgroup_path
 from slurm_gpu_exporter.cgroup_v1 import jobs_under_v1, read_v1, scan_v1_roots, slurm_tops
 from slurm_gpu_exporter.cgroup_v2 import V2Reader, jobs_under_v2, scan_v2_roots
@@ -160,6 +160,7 @@ class CgroupFS:
         # job key -> (what it was found as, the JobCgroup handed out for it).
         self._jobs: dict[str, tuple[object, JobCgroup]] = {}
         self._steady = SteadyFiles(steady_ttl, clock)
+        self._v1_leaves = StepLeaves(clock)
         self._v2 = V2Reader(self._steady)
 
     def version(self) -> int:
@@ -267,6 +268,7 @@ class CgroupFS:
         live = {d for _, _, insts in found.values() for i in insts.values() for d in i.values()}
         self._v2.keep_only(live)
         self._steady.keep_only(live)
+        self._v1_leaves.keep_only(live)
         return jobs
 
     def read_stats(self, job: JobCgroup) -> JobCgroupStats:
@@ -278,7 +280,7 @@ class CgroupFS:
         if job.version == 2:
             parts = [self._v2.read(dirs) for dirs in instances]
         else:
-            parts = [read_v1(dirs, self._steady) for dirs in instances]
+            parts = [read_v1(dirs, self._steady, self._v1_leaves) for dirs in instances]
         # Checked after reading (a gone directory reads as missing files): files of an
         # ending job vanish one by one, and partial values are not worth reporting.
         if not any(os.path.isdir(p) for dirs in instances for p in dirs.values()):

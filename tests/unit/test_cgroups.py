@@ -672,3 +672,67 @@ def test_each_cgroup_file_is_read_with_one_read_call(
     monkeypatch.setattr(os, "read", counting_read)
     fs.read_stats(job)
     assert opens[0] > 0 and reads[0] == opens[0]
+
+
+def _scanned_dirs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    scanned: list[str] = []
+    real_scandir = os.scandir
+
+    def counting_scandir(path: str) -> object:
+        scanned.append(os.path.basename(os.fspath(path)))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", counting_scandir)
+    return scanned
+
+
+def test_v1_steps_are_not_walked_again_once_they_are_no_longer_young(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    fs = CgroupFS(layout_copy(tmp_path, "v1-slurm"), clock=clock)
+    job = fs.find_jobs()["101"]
+    first = fs.read_stats(job).pids
+    scanned = _scanned_dirs(monkeypatch)
+    clock.now += 5  # young: the task cgroups may still be coming
+    assert fs.read_stats(job).pids == first
+    assert "step_0" in scanned
+    scanned.clear()
+    clock.now += 30
+    assert fs.read_stats(job).pids == first
+    scanned.clear()
+    clock.now += 10
+    assert fs.read_stats(job).pids == first
+    assert scanned == ["job_101"]  # the steps listed, none of them walked
+
+
+def test_v1_a_new_step_a_vanished_leaf_and_a_late_task_cgroup_are_all_seen(
+        tmp_path: Path) -> None:
+    clock = _Clock()
+    root = layout_copy(tmp_path, "v1-slurm")
+    fs = CgroupFS(root, clock=clock)
+    job = fs.find_jobs()["101"]
+    freezer = job.dirs["freezer"]
+    before = set(fs.read_stats(job).pids)
+    clock.now += 40
+    assert set(fs.read_stats(job).pids) == before  # now remembered
+    # A new step shows at once.
+    (freezer / "step_1").mkdir()
+    (freezer / "step_1" / "cgroup.procs").write_text("7001\n")
+    clock.now += 1
+    assert set(fs.read_stats(job).pids) == before | {7001}
+    # A remembered leaf that vanished (the step ended) is dropped at once.
+    shutil.rmtree(freezer / "step_0")
+    step0 = {int(p) for p in (LAYOUTS / "v1-slurm/freezer/slurm/uid_1000/job_101/step_0/"
+                              "cgroup.procs").read_text().split()}
+    clock.now += 1
+    assert set(fs.read_stats(job).pids) == (before - step0) | {7001}
+    # A task cgroup made under an old step, its processes moved into it: seen at the
+    # next walk, within a minute.
+    clock.now += 40
+    fs.read_stats(job)
+    task = freezer / "step_batch" / "task_0"
+    task.mkdir()
+    (task / "cgroup.procs").write_text("7002\n")
+    (freezer / "step_batch" / "cgroup.procs").write_text("")
+    clock.now += 61
+    assert 7002 in fs.read_stats(job).pids
