@@ -7,8 +7,8 @@ cgroup accounting files and the pids of its task cgroup; per GPU process its
 then writes as many series in the text exposition format as the agent exposes
 there. No NVML (the agent's budget leaves the driver's time out too).
 
-The ratio compares the agent's CPU per sample (results/node_large_<tag>.json, less
-the NVML step's wall time) with the floor's reading part, and the agent's sample
+The ratio compares the agent's CPU per sample (results/node_large_<tag>.json, its
+sampler thread: no NVML reads, no Xid wait) with the floor's reading part, and the agent's sample
 plus one render of a scrape with the floor's reading and writing.
 
     .venv/bin/python bench/floor.py [--tag after]
@@ -95,10 +95,14 @@ def main() -> None:
         "load_1m": load(),
     }
     if agent:
-        nvml = agent["last_sample_wall_ms_by_step"].get("nvml", 0.0)
-        sample = agent["cpu_ms_per_sample"] - nvml
+        # The sampler thread's CPU is the sample without the NVML reads (their own
+        # threads) and the Xid wait; older results without the split: total less the
+        # NVML step's wall time.
+        threads = agent.get("cpu_ms_per_sample_by_thread", {})
+        sample = threads.get("sampler") or (
+            agent["cpu_ms_per_sample"] - agent["last_sample_wall_ms_by_step"].get("nvml", 0.0))
         figures["compared_with"] = agent_file.name
-        figures["agent_sample_cpu_ms_less_nvml_wall"] = round(sample, 2)
+        figures["agent_sample_cpu_ms_sampler_thread"] = round(sample, 2)
         figures["agent_over_floor_read"] = round(sample / floor_read, 1)
         figures["agent_sample_plus_render_over_floor"] = round(
             (sample + agent["first_scrape_of_snapshot_cpu_ms"]) / (floor_read + floor_write), 1)

@@ -105,7 +105,9 @@ def run_variant(variant: str, interval: float, window: float) -> dict[str, objec
         agent = Agent(node.agent_args(interval), env=fake.env(), log_path=Path(tmp) / "agent.log")
         try:
             agent.wait_ready(60)
-            time.sleep(3 * interval)  # first samples: caches, Slurm roots, NVML init
+            # Past the first samples (caches, NVML init) and the cgroup reader's new-job
+            # window (10 s, its steps walked on every sample): a node's steady state.
+            time.sleep(max(3 * interval, 12.0))
             pid = agent.proc.pid
             idle = idle_cpu_per_sample(pid, agent.url, interval, window)
             steps = step_walls(agent.url)

@@ -78,7 +78,7 @@ def main() -> None:
                       log_path=Path(tmp) / "agent.log")
         try:
             agent.wait_ready(60)
-            time.sleep(3 * args.interval)
+            time.sleep(max(3 * args.interval, 12.0))  # past the new-job window
             out = Path(tmp) / "stacks.txt"
             subprocess.run([spy, "record", "-p", str(agent.proc.pid), "--nonblocking",
                             "--threads", "-r", "250", "-d", str(args.seconds), "-f", "raw",

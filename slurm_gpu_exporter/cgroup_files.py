@@ -241,7 +241,7 @@ class StepLeaves:
     Not thread-safe: the sampler thread owns it (through CgroupFS).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, young: float = 30.0,
+    def __init__(self, clock: Callable[[], float] = time.monotonic, young: float = 10.0,
                  rewalk: float = 60.0) -> None:
         self._clock = clock
         self._young = young
