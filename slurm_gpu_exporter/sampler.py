@@ -52,7 +52,7 @@ class GpuSource(Protocol):
 
 
 class Sampler:
-    """Runs the sources every ``interval`` seconds and publishes the rendered snapshot."""
+    """Runs the sources every ``interval`` seconds and publishes the snapshot."""
 
     def __init__(
         self,
