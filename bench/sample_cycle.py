@@ -67,7 +67,9 @@ def main() -> None:
             nvml.append(TimedBackend.cpu * 1000)
             cpu.append((total - TimedBackend.cpu) * 1000)
             t1 = time.process_time()
-            render(snapshot)
+            # What Prometheus' first scrape of the snapshot costs (not part of the cycle:
+            # publishing renders nothing).
+            render(snapshot).openmetrics_gzip  # noqa: B018
             render_cpu.append((time.process_time() - t1) * 1000)
         gpu.close()
     assert snapshot is not None
@@ -75,7 +77,7 @@ def main() -> None:
         "node": f"{len(snapshot.jobs)} jobs, {len(snapshot.gpus)} GPUs (simulated)",
         "cycle_cpu_ms_p50_excl_gpu_backend": round(percentile(cpu, 50), 2),
         "cycle_cpu_ms_p99_excl_gpu_backend": round(percentile(cpu, 99), 2),
-        "of_which_render_cpu_ms_p50": round(percentile(render_cpu, 50), 2),
+        "first_scrape_render_cpu_ms_p50_openmetrics_gzip": round(percentile(render_cpu, 50), 2),
         "simulated_backend_cpu_ms_p50": round(percentile(nvml, 50), 2),
         "exposition_bytes": len(render(snapshot).text),
     })

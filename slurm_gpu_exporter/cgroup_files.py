@@ -7,11 +7,11 @@ being removed vanish one by one, and one odd file must not fail the whole job.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_gpu_exporter.base import read_kernel_file
 from slurm_gpu_exporter.cgroup_paths import STEP_RE
 
 # Key of the single directory of a cgroup v2 job in JobCgroup.dirs.
@@ -54,41 +54,71 @@ class PartialStats:
 # paths, which costs a fraction of building pathlib objects.
 
 
-def read_text(path: str) -> str | None:
-    """One cgroup file's content, or None when it is missing or unreadable.
+_CHUNK = 65536
+
+
+def read_cgroup_file(path: str) -> bytes | None:
+    """One cgroup file's bytes, or None when it is missing or unreadable.
 
     Any OSError counts: a file of a cgroup being removed can fail with ENOENT,
-    ENODEV or EINVAL, and one odd file must not fail the whole job.
+    ENODEV or EINVAL, and one odd file must not fail the whole job. cgroupfs
+    files are seq_files, which fill a read as far as they can: a read shorter than
+    the buffer is the end, and the usual second read (for the empty end) is saved.
     """
     try:
-        return read_kernel_file(path).decode("ascii", "replace")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        data = os.read(fd, _CHUNK)
+        if len(data) < _CHUNK:
+            return data
+        chunks = [data]
+        while chunk := os.read(fd, _CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str) -> str | None:
+    """One cgroup file's content, or None when it is missing or unreadable."""
+    data = read_cgroup_file(path)
+    return None if data is None else data.decode("ascii", "replace")
 
 
 def read_int(path: str) -> int | None:
-    text = read_text(path)
-    if text is None:
+    data = read_cgroup_file(path)
+    if data is None:
         return None
     try:
-        return int(text.strip())
+        return int(data)  # int() takes bytes and ignores the surrounding whitespace
     except ValueError:
         return None
 
 
 def read_keyed(path: str, key: str) -> int | None:
-    """Value of ``key`` in a flat-keyed file such as memory.stat or cpu.stat."""
-    text = read_text(path)
-    if text is None:
+    """Value of ``key`` in a flat-keyed file such as memory.stat or cpu.stat.
+
+    Only the wanted line is looked at: memory.stat has some 40 lines, one is needed."""
+    data = read_cgroup_file(path)
+    if data is None:
         return None
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name == key:
-            try:
-                return int(value.strip())
-            except ValueError:
-                return None
-    return None
+    wanted = key.encode() + b" "
+    if data.startswith(wanted):
+        start = len(wanted)
+    else:
+        at = data.find(b"\n" + wanted)
+        if at < 0:
+            return None
+        start = at + 1 + len(wanted)
+    end = data.find(b"\n", start)
+    try:
+        return int(data[start:] if end < 0 else data[start:end])
+    except ValueError:
+        return None
 
 
 def read_cpus(path: str) -> frozenset[int] | None:
@@ -103,18 +133,52 @@ def read_cpus(path: str) -> frozenset[int] | None:
     return cpus or None
 
 
+class SteadyFiles:
+    """Values of files that hardly ever change while a job runs (its cpuset, its memory
+    limit), read again every ``ttl`` seconds instead of on every sample.
+
+    A missing or odd value (None) is not kept: it is read again next time. Not
+    thread-safe: the sampler thread owns it (through CgroupFS).
+    """
+
+    def __init__(self, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl = ttl
+        self._clock = clock
+        self._values: dict[str, tuple[float, object]] = {}
+
+    def get(self, path: str, read: Callable[[str], object]) -> object:
+        now = self._clock()
+        hit = self._values.get(path)
+        if hit is not None and now - hit[0] < self._ttl:
+            return hit[1]
+        value = read(path)
+        if value is None:
+            self._values.pop(path, None)
+        else:
+            self._values[path] = (now, value)
+        return value
+
+    def keep_only(self, live_dirs: set[str]) -> None:
+        """Forget the files of job directories not in ``live_dirs``."""
+        self._values = {p: v for p, v in self._values.items()
+                        if os.path.dirname(p) in live_dirs}
+
+
 def read_procs(directory: str) -> list[int] | None:
     """Pids in one cgroup; None when the cgroup is gone."""
-    text = read_text(directory + "/cgroup.procs")
-    if text is None:
+    data = read_cgroup_file(directory + "/cgroup.procs")
+    if data is None:
         return None
-    pids = []
-    for line in text.split():
-        try:
-            pids.append(int(line))
-        except ValueError:
-            continue
-    return pids
+    try:
+        return [int(line) for line in data.split()]
+    except ValueError:  # never seen from the kernel; parse what can be parsed
+        pids = []
+        for line in data.split():
+            try:
+                pids.append(int(line))
+            except ValueError:
+                continue
+        return pids
 
 
 def subdirs(directory: str | Path) -> list[os.DirEntry[str]]:
@@ -146,8 +210,16 @@ def step_leaves(job_dir: str, skip_stepd_leaf: bool) -> list[str]:
     memory/devices cgroups on v1) or in the v2 leaf ``step_<s>/slurm``, skipped here.
     """
     leaves = []
-    steps = [f"{job_dir}/{step}" for step in child_cgroups(job_dir) if STEP_RE.fullmatch(step)]
-    stack = [(step, True) for step in steps]
+    for step in child_cgroups(job_dir):
+        if STEP_RE.fullmatch(step):
+            leaves.extend(leaves_of_step(f"{job_dir}/{step}", skip_stepd_leaf))
+    return leaves
+
+
+def leaves_of_step(step_dir: str, skip_stepd_leaf: bool) -> list[str]:
+    """The leaf cgroups below one step directory (the step itself when it has none)."""
+    leaves = []
+    stack = [(step_dir, True)]
     while stack:
         d, is_step = stack.pop()
         children = child_cgroups(d)
@@ -157,6 +229,49 @@ def step_leaves(job_dir: str, skip_stepd_leaf: bool) -> list[str]:
             if not (skip_stepd_leaf and is_step and child == "slurm"):
                 stack.append((f"{d}/{child}", False))
     return leaves
+
+
+class StepLeaves:
+    """A job's processes through its steps' leaf cgroups, the leaves remembered between
+    samples (cgroup v1, which has no cgroup.stat to say that a subtree changed).
+
+    Listing the job's steps is one directory read per sample. A step's subtree is
+    walked again while the step is young (its task cgroups appear a moment after it),
+    when one of its remembered leaves is gone, and at least every ``rewalk`` seconds.
+    Not thread-safe: the sampler thread owns it (through CgroupFS).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, young: float = 10.0,
+                 rewalk: float = 60.0) -> None:
+        self._clock = clock
+        self._young = young
+        self._rewalk = rewalk
+        # step dir -> (first seen, last walked, its leaves then)
+        self._steps: dict[str, tuple[float, float, tuple[str, ...]]] = {}
+
+    def pids(self, job_dir: str) -> frozenset[int]:
+        """Pids in the leaves of every step of the job (empty when it is gone)."""
+        now = self._clock()
+        pids: set[int] = set()
+        for name in child_cgroups(job_dir):
+            if not STEP_RE.fullmatch(name):
+                continue
+            step = f"{job_dir}/{name}"
+            first, walked, leaves = self._steps.get(step, (now, now, ()))
+            known = step in self._steps and now - first >= self._young \
+                and now - walked < self._rewalk
+            got = pids_of(leaves) if known else None
+            if got is None:  # new, young, due, or a leaf vanished: walk the step again
+                leaves, walked = tuple(leaves_of_step(step, False)), now
+                got = pids_of(leaves)
+            self._steps[step] = (first, walked, leaves)
+            pids.update(got or ())
+        return frozenset(pids)
+
+    def keep_only(self, live_dirs: set[str]) -> None:
+        """Forget the steps of job directories not in ``live_dirs``."""
+        self._steps = {s: v for s, v in self._steps.items()
+                       if os.path.dirname(s) in live_dirs}
 
 
 def pids_of(leaves: Iterable[str]) -> frozenset[int] | None:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from slurm_gpu_exporter.cgroup_files import (
     PartialStats,
-    pids_of,
+    SteadyFiles,
+    StepLeaves,
     read_cpus,
     read_int,
     read_keyed,
-    step_leaves,
     subdirs,
 )
 from slurm_gpu_exporter.cgroup_paths import JOB_RE, UID_RE, V1_TOP_RE
@@ -77,17 +77,28 @@ def jobs_under_v1(top: str) -> Iterator[tuple[str, int | None, bool, str]]:
                 yield job_m.group(1), int(uid_m.group(1)), False, job_entry.path
 
 
-def read_v1(dirs: Mapping[str, Path]) -> PartialStats:
-    """One job's accounting from its controller directories (one slurmd instance)."""
+def _read_job_cpus(cpuset: str) -> frozenset[int] | None:
+    return read_cpus(f"{cpuset}/cpuset.effective_cpus") or read_cpus(f"{cpuset}/cpuset.cpus")
+
+
+def _read_limit(path: str) -> int | None:
+    limit = read_int(path)
+    return limit if limit is not None and limit < V1_UNLIMITED else None
+
+
+def read_v1(dirs: Mapping[str, Path], steady: SteadyFiles, leaves: StepLeaves) -> PartialStats:
+    """One job's accounting from its controller directories (one slurmd instance).
+
+    The cpuset and the memory limit come through ``steady`` (not read every sample),
+    the processes through ``leaves`` (steps' leaf cgroups remembered)."""
     out = PartialStats()
     if "cpuacct" in dirs:
         usage_ns = read_int(f"{dirs['cpuacct']}/cpuacct.usage")
         out.cpu_seconds = usage_ns / 1e9 if usage_ns is not None else None
     if "cpuset" in dirs:
-        cpuset = os.fspath(dirs["cpuset"])
-        out.cpus = read_cpus(f"{cpuset}/cpuset.effective_cpus") or read_cpus(
-            f"{cpuset}/cpuset.cpus"
-        )
+        # Keyed by a file path in the job directory, so that keep_only finds it.
+        out.cpus = steady.get(f"{os.fspath(dirs['cpuset'])}/cpuset.effective_cpus",
+                              lambda path: _read_job_cpus(os.path.dirname(path)))  # type: ignore[assignment]
     if "memory" in dirs:
         memory = os.fspath(dirs["memory"])
         usage = read_int(f"{memory}/memory.usage_in_bytes")
@@ -95,12 +106,11 @@ def read_v1(dirs: Mapping[str, Path]) -> PartialStats:
         inactive = read_keyed(f"{memory}/memory.stat", "total_inactive_file")
         if usage is not None:
             out.memory_used = max(0, usage - (inactive or 0))
-        limit = read_int(f"{memory}/memory.limit_in_bytes")
-        out.memory_limit = limit if limit is not None and limit < V1_UNLIMITED else None
+        out.memory_limit = steady.get(f"{memory}/memory.limit_in_bytes", _read_limit)  # type: ignore[assignment]
         out.memory_peak = read_int(f"{memory}/memory.max_usage_in_bytes")
         out.oom_kills = read_keyed(f"{memory}/memory.oom_control", "oom_kill")
     for ctrl in V1_PID_SOURCES:
         if ctrl in dirs and os.path.isdir(dirs[ctrl]):
-            out.pids = pids_of(step_leaves(os.fspath(dirs[ctrl]), False)) or frozenset()
+            out.pids = leaves.pids(os.fspath(dirs[ctrl]))
             break
     return out

@@ -13,6 +13,7 @@ from pathlib import Path
 from slurm_gpu_exporter.cgroup_files import (
     UNIFIED,
     PartialStats,
+    SteadyFiles,
     pids_of,
     read_cpus,
     read_int,
@@ -48,12 +49,24 @@ def jobs_under_v2(top: str) -> Iterator[tuple[str, int | None, bool, str]]:
             yield key[0], None, key[1], entry.path
 
 
+def _read_max(path: str) -> int | None:
+    """memory.max: bytes, or None for "max" (no limit) and anything odd."""
+    text = read_text(path)
+    if text is None or text.strip() == "max":
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
 class V2Reader:
     """Reads v2 job directories, remembering each job's leaf cgroups between samples."""
 
-    def __init__(self) -> None:
+    def __init__(self, steady: SteadyFiles) -> None:
         # job dir -> (nr_descendants, leaf cgroups) when last walked.
         self._leaves: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self._steady = steady
 
     def keep_only(self, live: set[str]) -> None:
         """Forget the leaves of job directories not in ``live``."""
@@ -82,17 +95,12 @@ class V2Reader:
         job_dir = os.fspath(dirs[UNIFIED])
         usage_usec = read_keyed(f"{job_dir}/cpu.stat", "usage_usec")
         out.cpu_seconds = usage_usec / 1e6 if usage_usec is not None else None
-        out.cpus = read_cpus(f"{job_dir}/cpuset.cpus.effective")
+        out.cpus = self._steady.get(f"{job_dir}/cpuset.cpus.effective", read_cpus)  # type: ignore[assignment]
         current = read_int(f"{job_dir}/memory.current")
         inactive = read_keyed(f"{job_dir}/memory.stat", "inactive_file")
         if current is not None:
             out.memory_used = max(0, current - (inactive or 0))
-        limit_text = read_text(f"{job_dir}/memory.max")
-        if limit_text is not None and limit_text.strip() != "max":
-            try:
-                out.memory_limit = int(limit_text.strip())
-            except ValueError:
-                out.memory_limit = None
+        out.memory_limit = self._steady.get(f"{job_dir}/memory.max", _read_max)  # type: ignore[assignment]
         out.memory_peak = read_int(f"{job_dir}/memory.peak")
         out.oom_kills = read_keyed(f"{job_dir}/memory.events", "oom_kill")
         out.pids = self._pids(job_dir)

@@ -46,7 +46,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from slurm_gpu_exporter.base import read_kernel_file
-from slurm_gpu_exporter.cgroup_files import UNIFIED, parse_cpu_list
+from slurm_gpu_exporter.cgroup_files import UNIFIED, SteadyFiles, StepLeaves, parse_cpu_list
 from slurm_gpu_exporter.cgroup_paths import CgroupJobRef, parse_cgroup_path
 from slurm_gpu_exporter.cgroup_v1 import jobs_under_v1, read_v1, scan_v1_roots, slurm_tops
 from slurm_gpu_exporter.cgroup_v2 import V2Reader, jobs_under_v2, scan_v2_roots
@@ -141,9 +141,12 @@ class CgroupFS:
         root: Path = Path("/sys/fs/cgroup"),
         *,
         rescan_interval: float = 60.0,
+        steady_ttl: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``rescan_interval``: seconds between searches for Slurm's tree roots."""
+        """``rescan_interval``: seconds between searches for Slurm's tree roots;
+        ``steady_ttl``: seconds a job's cpuset and memory limit are kept before being
+        read again (they do not change while a job runs, short of an admin's hand)."""
         self.root = Path(root)
         self._rescan_interval = rescan_interval
         self._clock = clock
@@ -156,7 +159,9 @@ class CgroupFS:
         self._new_since: dict[str, float] = {}
         # job key -> (what it was found as, the JobCgroup handed out for it).
         self._jobs: dict[str, tuple[object, JobCgroup]] = {}
-        self._v2 = V2Reader()
+        self._steady = SteadyFiles(steady_ttl, clock)
+        self._v1_leaves = StepLeaves(clock)
+        self._v2 = V2Reader(self._steady)
 
     def version(self) -> int:
         """2 on a pure cgroup v2 mount, else 1.
@@ -262,6 +267,8 @@ class CgroupFS:
         self._jobs = {k: v for k, v in self._jobs.items() if k in jobs}
         live = {d for _, _, insts in found.values() for i in insts.values() for d in i.values()}
         self._v2.keep_only(live)
+        self._steady.keep_only(live)
+        self._v1_leaves.keep_only(live)
         return jobs
 
     def read_stats(self, job: JobCgroup) -> JobCgroupStats:
@@ -270,13 +277,14 @@ class CgroupFS:
         A single missing or odd file leaves its field None instead of failing the job.
         """
         instances = [job.dirs, *job.more_dirs]
+        if job.version == 2:
+            parts = [self._v2.read(dirs) for dirs in instances]
+        else:
+            parts = [read_v1(dirs, self._steady, self._v1_leaves) for dirs in instances]
+        # Checked after reading (a gone directory reads as missing files): files of an
+        # ending job vanish one by one, and partial values are not worth reporting.
         if not any(os.path.isdir(p) for dirs in instances for p in dirs.values()):
             raise CgroupGone(f"cgroup of job {job.job_key} is gone")
-        reader = self._v2.read if job.version == 2 else read_v1
-        parts = [reader(dirs) for dirs in instances]
-        # Files of an ending job vanish one by one: partial values are not worth reporting.
-        if not any(os.path.isdir(p) for dirs in instances for p in dirs.values()):
-            raise CgroupGone(f"cgroup of job {job.job_key} vanished while being read")
         cpus: set[int] = set()
         for p in parts:
             cpus.update(p.cpus or ())

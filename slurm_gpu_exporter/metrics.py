@@ -1,16 +1,17 @@
 """Every metric family the agent exposes, built from one Snapshot.
 
-This is the only module that names metrics. ``render`` runs once per sample in
-the sampler thread and produces the bytes every scrape of that sample gets, in
-both exposition formats, plain and gzip-compressed.
+This is the only module that names metrics. ``render`` wraps one sample's snapshot
+in an Exposition, which renders a format (text or OpenMetrics, plain or gzip) the
+first time a scrape asks for it and serves those bytes to every later scrape of
+the same snapshot.
 """
 
 from __future__ import annotations
 
 import gzip
 import platform
+import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -281,18 +282,81 @@ class SnapshotCollector(Collector):
             yield from collector.collect()
 
 
-@dataclass(frozen=True)
 class Exposition:
-    """One snapshot rendered in both formats, plain and gzip-compressed."""
+    """One snapshot, rendered in a format only when a scrape asks for that format.
 
-    timestamp: float
-    text: bytes
-    text_gzip: bytes
-    openmetrics: bytes
-    openmetrics_gzip: bytes
+    Each of the four bodies (text or OpenMetrics, plain or gzip) is made at most once,
+    by the first caller that wants it; callers that ask meanwhile wait for that render
+    rather than doing their own. The families are collected once and shared by both
+    formats. Most samples are never scraped (5 s samples, 30 s scrapes): rendering
+    them all cost more than the sample itself. Thread-safe.
+    """
+
+    def __init__(self, snapshot: Snapshot, extra: Iterable[Collector] = ()) -> None:
+        self.snapshot = snapshot
+        self.timestamp = snapshot.timestamp
+        self._extra = tuple(extra)
+        self._lock = threading.Lock()
+        self._families: list[Metric] | None = None
+        self._bodies: dict[tuple[bool, bool], bytes] = {}
+        # How many times a format was generated and a body compressed (for tests).
+        self.renders = 0
+        self.compressions = 0
+
+    def cached(self, openmetrics: bool, gzipped: bool) -> bytes | None:
+        """The body if it was already rendered, else None (never renders)."""
+        return self._bodies.get((openmetrics, gzipped))
+
+    def body(self, openmetrics: bool, gzipped: bool) -> bytes:
+        """The body in one format, rendered now if nobody asked for it before."""
+        key = (openmetrics, gzipped)
+        body = self._bodies.get(key)
+        if body is not None:
+            return body
+        with self._lock:
+            body = self._bodies.get(key)
+            if body is None:
+                body = self._render(openmetrics, gzipped)
+        return body
+
+    def _render(self, openmetrics: bool, gzipped: bool) -> bytes:
+        """Called with the lock held."""
+        if gzipped:
+            plain = self._bodies.get((openmetrics, False))
+            if plain is None:
+                plain = self._render(openmetrics, False)
+            body = gzip.compress(plain, compresslevel=6, mtime=0)
+            self.compressions += 1
+        else:
+            if self._families is None:
+                self._families = [bound_label_values(family) for family in
+                                  SnapshotCollector(self.snapshot, self._extra).collect()]
+            collected = _Collected(self._families)
+            generate = generate_openmetrics if openmetrics else generate_latest
+            body = generate(collected)  # type: ignore[arg-type]
+            self.renders += 1
+        self._bodies[(openmetrics, gzipped)] = body
+        return body
+
+    @property
+    def text(self) -> bytes:
+        return self.body(openmetrics=False, gzipped=False)
+
+    @property
+    def text_gzip(self) -> bytes:
+        return self.body(openmetrics=False, gzipped=True)
+
+    @property
+    def openmetrics(self) -> bytes:
+        return self.body(openmetrics=True, gzipped=False)
+
+    @property
+    def openmetrics_gzip(self) -> bytes:
+        return self.body(openmetrics=True, gzipped=True)
 
 
-# The agent's own RSS, CPU and open files, read from the real /proc (not --proc-root).
+# The agent's own RSS, CPU and open files, read from the real /proc (not --proc-root)
+# when the snapshot is first rendered.
 _PROCESS_COLLECTOR = ProcessCollector(registry=None)
 
 
@@ -307,15 +371,5 @@ class _Collected:
 
 
 def render(snapshot: Snapshot) -> Exposition:
-    """Render a snapshot once; every scrape until the next sample serves these bytes."""
-    collected = _Collected([bound_label_values(family) for family in
-                            SnapshotCollector(snapshot, (_PROCESS_COLLECTOR,)).collect()])
-    text = generate_latest(collected)  # type: ignore[arg-type]
-    openmetrics = generate_openmetrics(collected)  # type: ignore[arg-type]
-    return Exposition(
-        timestamp=snapshot.timestamp,
-        text=text,
-        text_gzip=gzip.compress(text, compresslevel=6, mtime=0),
-        openmetrics=openmetrics,
-        openmetrics_gzip=gzip.compress(openmetrics, compresslevel=6, mtime=0),
-    )
+    """The exposition of a snapshot; each format is rendered when first asked for."""
+    return Exposition(snapshot, (_PROCESS_COLLECTOR,))

@@ -44,19 +44,45 @@ class ProcessGone(Exception):
         self.pid = pid
 
 
-def _read_proc_file(proc_root: Path, pid: int, name: str) -> bytes:
+def _read_proc_file(proc_root: str | Path, pid: int, name: str) -> bytes:
     """Whole content of /proc/<pid>/<name>; ProcessGone when the process is not there.
 
     PermissionError passes through: only the process's owner or root may read some
     files (environ), and that is a configuration problem, not an exit.
     """
     try:
-        return read_kernel_file(proc_root / str(pid) / name)
+        # A plain string path: this runs for every GPU process on every sample.
+        return read_kernel_file(f"{proc_root}/{pid}/{name}")
     except OSError as e:
         # ENOENT/ENOTDIR: no such process; ESRCH: it exited after the open.
         if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ESRCH):
             raise ProcessGone(pid) from None
         raise
+
+
+def _read_proc_stat(proc_root: str | Path, pid: int) -> bytes:
+    """/proc/<pid>/stat in one read call: a seq_file, which fills a read as far as it
+    can, and far shorter than the buffer (read_kernel_file's second read is saved)."""
+    try:
+        fd = os.open(f"{proc_root}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ESRCH):
+            raise ProcessGone(pid) from None
+        raise
+    try:
+        data = os.read(fd, 65536)
+        if len(data) == 65536:  # not a kernel stat file: read the rest
+            chunks = [data]
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        return data
+    except OSError as e:
+        if e.errno == errno.ESRCH:
+            raise ProcessGone(pid) from None
+        raise
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -71,12 +97,12 @@ class ProcStat:
     comm: str
 
 
-def read_stat(proc_root: Path, pid: int) -> ProcStat:
+def read_stat(proc_root: str | Path, pid: int) -> ProcStat:
     """Parse /proc/<pid>/stat; raises ProcessGone, or ValueError for a malformed file.
 
     The command name may hold spaces and ')' itself, so it is taken up to the last ')'.
     """
-    text = _read_proc_file(proc_root, pid, "stat").decode("utf-8", "replace")
+    text = _read_proc_stat(proc_root, pid).decode("utf-8", "replace")
     open_paren = text.find("(")
     close_paren = text.rfind(")")
     if open_paren < 0 or close_paren < open_paren:
@@ -192,6 +218,7 @@ class PidJobMapper:
     ) -> None:
         """See the class docstring for what each option bounds."""
         self.proc_root = Path(proc_root)
+        self._proc = os.fspath(self.proc_root)  # for the per-sample reads
         self._environ_fallback = environ_fallback
         self._max_entries = max_entries
         self._idle_seconds = idle_seconds
@@ -224,7 +251,7 @@ class PidJobMapper:
         """The job of ``pid``, or None when it is in no job or has exited."""
         now = self._clock()
         try:
-            start = read_stat(self.proc_root, pid).start_ticks
+            start = read_stat(self._proc, pid).start_ticks
         except (ProcessGone, ValueError, OSError):
             self._cache.pop(pid, None)
             return None

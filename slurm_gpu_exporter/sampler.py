@@ -3,7 +3,8 @@
 Each source (the job registry, cgroup statistics, the GPU backend, the training
 relay, the state dir) is timed and fails alone: an exception in one leaves the
 others' data in the snapshot and shows as that source's error count. A scrape never
-waits for a sample; it serves the bytes of the last one.
+waits for a sample; it serves the last one. Publishing renders nothing: a format is
+rendered when a scrape first asks for it (metrics.Exposition).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class GpuSource(Protocol):
 
 
 class Sampler:
-    """Runs the sources every ``interval`` seconds and publishes the rendered snapshot."""
+    """Runs the sources every ``interval`` seconds and publishes the snapshot."""
 
     def __init__(
         self,
@@ -111,7 +112,7 @@ class Sampler:
             self._stop.wait(delay)
 
     def sample_once(self) -> Snapshot:
-        """Take one sample, save state, render and publish it; returns the snapshot."""
+        """Take one sample, save state and publish it; returns the snapshot."""
         started = time.monotonic()
         now = time.time()
         self.errors.take_failed()  # what failed between samples is not this sample's

@@ -1,14 +1,16 @@
 """The HTTP side: the only module that knows HTTP.
 
-``/metrics`` ships the bytes the sampler rendered for the last snapshot, in the
-format and encoding the scraper asked for; it never reads NVML, /proc or
-cgroups. ``/-/healthy`` fails until the first sample is done and whenever sampling
-is stuck; ``/-/ready`` succeeds once the first sample is there. Basic-auth bcrypt
-checks run off the event loop, so a wrong password never stalls other scrapes.
+``/metrics`` ships the last snapshot in the format and encoding the scraper asked
+for, rendered at most once per snapshot and format (by the first scrape that asks,
+off the event loop); it never reads NVML, /proc or cgroups. ``/-/healthy`` fails
+until the first sample is done and whenever sampling is stuck; ``/-/ready``
+succeeds once the first sample is there. Basic-auth bcrypt checks run off the
+event loop, so a wrong password never stalls other scrapes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -38,7 +40,8 @@ LANDING_PAGE = """<!doctype html>
 
 @dataclass
 class ExpositionHolder:
-    """The latest rendered snapshot; replaced whole by the sampler (an atomic reference swap)."""
+    """The latest snapshot's exposition, which keeps its own renders; replaced whole by
+    the sampler (an atomic reference swap)."""
 
     current: Exposition | None = None
     # Sampling counts as stuck when the snapshot is older than this (seconds).
@@ -93,16 +96,19 @@ def make_app(holder: ExpositionHolder,
         exposition = holder.current
         if exposition is None:
             return web.Response(status=503, text="no sample taken yet; retry shortly\n")
-        if _accepted(request.headers.get("Accept", ""), "application/openmetrics-text"):
-            plain, zipped, ctype = (exposition.openmetrics, exposition.openmetrics_gzip,
-                                    OPENMETRICS_TYPE)
-        else:
-            plain, zipped, ctype = exposition.text, exposition.text_gzip, TEXT_TYPE
-        headers = {"Content-Type": ctype, "Vary": "Accept, Accept-Encoding"}
-        if _accepted(request.headers.get("Accept-Encoding", ""), "gzip"):
+        openmetrics = _accepted(request.headers.get("Accept", ""), "application/openmetrics-text")
+        gzipped = _accepted(request.headers.get("Accept-Encoding", ""), "gzip")
+        body = exposition.cached(openmetrics, gzipped)
+        if body is None:
+            # The first scrape of a snapshot in this format renders it: off the event
+            # loop, so health checks and other scrapes are not held up meanwhile.
+            body = await asyncio.get_running_loop().run_in_executor(
+                None, exposition.body, openmetrics, gzipped)
+        headers = {"Content-Type": OPENMETRICS_TYPE if openmetrics else TEXT_TYPE,
+                   "Vary": "Accept, Accept-Encoding"}
+        if gzipped:
             headers["Content-Encoding"] = "gzip"
-            return web.Response(body=zipped, headers=headers)
-        return web.Response(body=plain, headers=headers)
+        return web.Response(body=body, headers=headers)
 
     async def healthy(request: web.Request) -> web.Response:
         exposition = holder.current

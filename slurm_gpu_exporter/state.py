@@ -1,8 +1,9 @@
 """The state directory: what must survive an agent restart.
 
 Per-job counters (CPU seconds gathered from processes, GPU busy/allocated
-seconds and energy) and memory peaks are saved after every sample, atomically,
-so that a restart never makes a counter go down. A state file that cannot be
+seconds and energy) and memory peaks are saved after every sample that changed
+them, atomically, so that a restart never makes a counter go down. A sample that
+changed nothing writes nothing (no write, no fsync). A state file that cannot be
 read is moved aside (never deleted) and the agent starts fresh.
 """
 
@@ -27,6 +28,8 @@ class StateStore:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.path = state_dir / STATE_FILE
+        # What the last successful save wrote: the same document is not written again.
+        self._saved: str | None = None
 
     def load(self) -> dict[str, Any]:
         """The saved state, or {} when there is none or it is unreadable."""
@@ -55,10 +58,14 @@ class StateStore:
             return {}
         return data
 
-    def save(self, data: dict[str, Any]) -> None:
-        """Write the state atomically; raises OSError (the caller counts it)."""
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    def save(self, data: dict[str, Any]) -> bool:
+        """Write the state atomically unless it is what the last save wrote and that file
+        is still in place; True when written. Raises OSError (the caller counts it)."""
         payload = json.dumps({**data, "version": STATE_VERSION}, separators=(",", ":"))
+        if payload == self._saved and self.path.exists():
+            return False
+        self._saved = None
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         tmp = self.path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
         try:
             with open(tmp, "w", encoding="utf-8") as handle:
@@ -69,3 +76,5 @@ class StateStore:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        self._saved = payload
+        return True

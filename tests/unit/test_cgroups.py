@@ -592,3 +592,147 @@ def test_real_v1_pids_are_the_jobs_processes_without_slurmstepd() -> None:
         for p in procs.iterdir()
     }
     assert set(stats.pids) == {pid for pid, name in comm.items() if name != "slurmstepd"}
+
+
+# --- what a sample reads ---------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _opened_files(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: str, *args: int, **kwargs: int) -> int:
+        opened.append(os.path.basename(os.fspath(path)))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    return opened
+
+
+@pytest.mark.parametrize(("layout", "job_key", "steady"), [
+    ("v1-slurm", "101", {"cpuset.effective_cpus", "cpuset.cpus", "memory.limit_in_bytes"}),
+    ("v2-system-slice", "401", {"cpuset.cpus.effective", "memory.max"}),
+])
+def test_a_jobs_cpuset_and_memory_limit_are_read_again_only_after_the_steady_ttl(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, job_key: str,
+        steady: set[str]) -> None:
+    clock = _Clock()
+    fs = CgroupFS(layout_copy(tmp_path, layout), steady_ttl=60.0, clock=clock)
+    job = fs.find_jobs()[job_key]
+    first = fs.read_stats(job)
+    opened = _opened_files(monkeypatch)
+    clock.now += 30
+    assert fs.read_stats(job) == first
+    assert not steady & set(opened)
+    assert {"memory.stat", "cgroup.procs"} <= set(opened)  # what moves is read every time
+    opened.clear()
+    clock.now += 31
+    assert fs.read_stats(job) == first
+    assert steady & set(opened)
+
+
+def test_a_changed_memory_limit_shows_once_the_steady_ttl_has_passed(tmp_path: Path) -> None:
+    clock = _Clock()
+    root = layout_copy(tmp_path, "v2-system-slice")
+    fs = CgroupFS(root, steady_ttl=60.0, clock=clock)
+    job = fs.find_jobs()["401"]
+    before = fs.read_stats(job).memory_limit_bytes
+    (job.dirs[UNIFIED] / "memory.max").write_text(f"{3 * GIB}\n")
+    clock.now += 59
+    assert fs.read_stats(job).memory_limit_bytes == before
+    clock.now += 2
+    assert fs.read_stats(job).memory_limit_bytes == 3 * GIB
+
+
+def test_each_cgroup_file_is_read_with_one_read_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fs = CgroupFS(layout_copy(tmp_path, "v1-slurm"))
+    job = fs.find_jobs()["101"]
+    fs.read_stats(job)
+    opens, reads = [0], [0]
+    real_open, real_read = os.open, os.read
+
+    def counting_open(*args: object, **kwargs: object) -> int:
+        opens[0] += 1
+        return real_open(*args, **kwargs)  # type: ignore[arg-type]
+
+    def counting_read(*args: object, **kwargs: object) -> bytes:
+        reads[0] += 1
+        return real_read(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", counting_open)
+    monkeypatch.setattr(os, "read", counting_read)
+    fs.read_stats(job)
+    assert opens[0] > 0 and reads[0] == opens[0]
+
+
+def _scanned_dirs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    scanned: list[str] = []
+    real_scandir = os.scandir
+
+    def counting_scandir(path: str) -> object:
+        scanned.append(os.path.basename(os.fspath(path)))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", counting_scandir)
+    return scanned
+
+
+def test_v1_steps_are_not_walked_again_once_they_are_no_longer_young(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    fs = CgroupFS(layout_copy(tmp_path, "v1-slurm"), clock=clock)
+    job = fs.find_jobs()["101"]
+    first = fs.read_stats(job).pids
+    scanned = _scanned_dirs(monkeypatch)
+    clock.now += 5  # young: the task cgroups may still be coming
+    assert fs.read_stats(job).pids == first
+    assert "step_0" in scanned
+    scanned.clear()
+    clock.now += 30
+    assert fs.read_stats(job).pids == first
+    scanned.clear()
+    clock.now += 10
+    assert fs.read_stats(job).pids == first
+    assert scanned == ["job_101"]  # the steps listed, none of them walked
+
+
+def test_v1_a_new_step_a_vanished_leaf_and_a_late_task_cgroup_are_all_seen(
+        tmp_path: Path) -> None:
+    clock = _Clock()
+    root = layout_copy(tmp_path, "v1-slurm")
+    fs = CgroupFS(root, clock=clock)
+    job = fs.find_jobs()["101"]
+    freezer = job.dirs["freezer"]
+    before = set(fs.read_stats(job).pids)
+    clock.now += 40
+    assert set(fs.read_stats(job).pids) == before  # now remembered
+    # A new step shows at once.
+    (freezer / "step_1").mkdir()
+    (freezer / "step_1" / "cgroup.procs").write_text("7001\n")
+    clock.now += 1
+    assert set(fs.read_stats(job).pids) == before | {7001}
+    # A remembered leaf that vanished (the step ended) is dropped at once.
+    shutil.rmtree(freezer / "step_0")
+    step0 = {int(p) for p in (LAYOUTS / "v1-slurm/freezer/slurm/uid_1000/job_101/step_0/"
+                              "cgroup.procs").read_text().split()}
+    clock.now += 1
+    assert set(fs.read_stats(job).pids) == (before - step0) | {7001}
+    # A task cgroup made under an old step, its processes moved into it: seen at the
+    # next walk, within a minute.
+    clock.now += 40
+    fs.read_stats(job)
+    task = freezer / "step_batch" / "task_0"
+    task.mkdir()
+    (task / "cgroup.procs").write_text("7002\n")
+    (freezer / "step_batch" / "cgroup.procs").write_text("")
+    clock.now += 61
+    assert 7002 in fs.read_stats(job).pids

@@ -373,3 +373,18 @@ def test_real_task_environ_names_the_job() -> None:
     # The extern step's sleep is started by slurmstepd as root, without the job's env.
     assert job_id in values
     assert read_uid(proc, int(tasks[0].name)) in (0, 1001)
+
+
+def test_a_process_stat_is_read_with_one_read_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pid -> job check reads every GPU process's stat on every sample.
+    reads = []
+    real_read = os.read
+
+    def counting_read(fd: int, n: int) -> bytes:
+        reads.append(n)
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", counting_read)
+    st = read_stat(Path("/proc"), os.getpid())
+    assert st.pid == os.getpid() and len(reads) == 1

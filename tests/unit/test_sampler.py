@@ -226,3 +226,29 @@ def test_the_loop_keeps_sampling_after_a_sample_crashes(tmp_path: Path) -> None:
 def test_counting_an_unknown_source_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown error source"):
         SourceErrors().count("registry", "not a source")
+
+
+def test_a_sample_renders_nothing_until_the_exposition_is_asked_for(tmp_path: Path) -> None:
+    node = SynthNode(tmp_path)
+    node.add_job(4101, [5001])
+    sampler, published = _sampler(node, SourceErrors(), state_dir=node.state_dir)
+    for _ in range(3):
+        sampler.sample_once()
+    assert [e.renders for _, e in published] == [0, 0, 0]
+    assert 'jobid="4101"' in published[-1][1].text.decode()
+    assert [e.renders for _, e in published] == [0, 0, 1]
+
+
+def test_the_state_file_is_written_only_when_a_sample_changed_it(tmp_path: Path) -> None:
+    node = SynthNode(tmp_path)
+    node.add_job(4101, [5001])
+    sampler, _ = _sampler(node, SourceErrors(), state_dir=node.state_dir)
+    state_file = node.state_dir / "state.json"
+    sampler.sample_once()
+    first = state_file.stat()
+    sampler.sample_once()  # nothing moved: same CPU time, same peak
+    assert state_file.stat().st_ino == first.st_ino
+    node.update_job(4101, cpu_seconds=12.5)
+    sampler.sample_once()
+    assert state_file.stat().st_ino != first.st_ino
+    assert '"cpu_seconds":12.5' in state_file.read_text()

@@ -105,6 +105,77 @@ def test_metrics_serves_text_or_openmetrics_plain_or_gzip_as_asked() -> None:
     _with_client(make_app(holder), body)
 
 
+PROMETHEUS = {"Accept": "application/openmetrics-text;version=1.0.0", "Accept-Encoding": "gzip"}
+
+
+def test_scrapes_of_one_snapshot_render_it_once_per_format_and_a_new_snapshot_again() -> None:
+    holder = _holder_with_sample()
+    first = holder.current
+    assert first is not None and first.renders == 0  # publishing rendered nothing
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        for _ in range(3):
+            assert (await client.get("/metrics", headers=PROMETHEUS)).status == 200
+        assert (first.renders, first.compressions) == (1, 1)
+        await client.get("/metrics", headers={"Accept-Encoding": "identity"})
+        await client.get("/metrics", headers={"Accept-Encoding": "identity"})
+        assert (first.renders, first.compressions) == (2, 1)  # text, no gzip
+        holder.publish(render(Snapshot(timestamp=_now())))
+        second = holder.current
+        assert second is not None and second is not first
+        resp = await client.get("/metrics", headers=PROMETHEUS, auto_decompress=False)
+        assert gzip.decompress(await resp.read()) == second.openmetrics
+        assert (second.renders, second.compressions) == (1, 1)
+        assert (first.renders, first.compressions) == (2, 1)
+
+    _with_client(make_app(holder), body)
+
+
+def test_concurrent_first_scrapes_of_a_snapshot_render_it_once() -> None:
+    holder = _holder_with_sample()
+    exposition = holder.current
+    assert exposition is not None
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        responses = await asyncio.gather(*(client.get("/metrics", headers=PROMETHEUS,
+                                                      auto_decompress=False)
+                                           for _ in range(8)))
+        bodies = {await r.read() for r in responses}
+        assert len(bodies) == 1
+        assert (exposition.renders, exposition.compressions) == (1, 1)
+
+    _with_client(make_app(holder), body)
+
+
+def test_health_checks_answer_while_a_first_scrape_renders() -> None:
+    holder = _holder_with_sample()
+    exposition = holder.current
+    assert exposition is not None
+    rendering, release = threading.Event(), threading.Event()
+    real_render = exposition._render
+
+    def slow_render(openmetrics: bool, gzipped: bool) -> bytes:
+        rendering.set()
+        assert release.wait(10)
+        return real_render(openmetrics, gzipped)
+
+    exposition._render = slow_render  # type: ignore[method-assign]
+
+    async def body(client: TestClient[Any, Any]) -> None:
+        scrape = asyncio.ensure_future(client.get("/metrics"))
+        assert await asyncio.get_running_loop().run_in_executor(None, rendering.wait, 10)
+        # The render holds a worker thread, not the event loop.
+        assert (await client.get("/-/healthy")).status == 200
+        assert (await client.get("/-/ready")).status == 200
+        release.set()
+        assert (await scrape).status == 200
+
+    try:
+        _with_client(make_app(holder), body)
+    finally:
+        release.set()
+
+
 def test_basic_auth_and_configured_headers_apply_to_every_endpoint() -> None:
     config = parse_web_config({"basic_auth_users": {"prom": HASH},
                                "http_server_config": {"headers": {"X-Frame-Options": "deny"}}},

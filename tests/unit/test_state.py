@@ -66,3 +66,32 @@ def test_the_saved_file_is_plain_json_with_a_version(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
     store.save({"gpu": {"x": 1}})
     assert json.loads(store.path.read_text()) == {"gpu": {"x": 1}, "version": STATE_VERSION}
+
+
+def test_saving_what_was_last_saved_writes_nothing(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    assert store.save({"jobs": {"42": {"cpu": 1.5}}}) is True
+    inode = store.path.stat().st_ino  # each write replaces the file: a new inode
+    assert store.save({"jobs": {"42": {"cpu": 1.5}}}) is False
+    assert store.path.stat().st_ino == inode
+    assert store.save({"jobs": {"42": {"cpu": 2.0}}}) is True
+    assert store.path.stat().st_ino != inode
+
+
+def test_a_state_file_removed_behind_the_agents_back_is_written_again(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.save({"jobs": {}})
+    store.path.unlink()
+    assert store.save({"jobs": {}}) is True
+    assert store.load() == {"jobs": {}, "version": STATE_VERSION}
+
+
+def test_after_a_failed_save_the_same_state_is_tried_again(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    store = StateStore(blocker / "state")
+    with pytest.raises(OSError):
+        store.save({"jobs": {}})
+    blocker.unlink()
+    assert store.save({"jobs": {}}) is True
+    assert store.load()["jobs"] == {}
