@@ -120,6 +120,7 @@ class SimulatedNode:
         self.files.add_process(self.stray_pid, USERS["erin"])
         self.files.set_cpu_ticks(self.stray_pid, 500)
         now = time.time()
+        self._born = now  # the stray process is there for the first 10 minutes
         # Start with a full node of jobs of different ages and kinds.
         for i, profile in enumerate(PROFILES):
             self._start_job(now, profile, age=600.0 + 900.0 * i, recorded=profile.name != "bursty")
@@ -162,7 +163,7 @@ class SimulatedNode:
                         used_memory=int(job.profile.gpu_memory_gib * 2**30 * wobble),
                         sm_percent=job.profile.gpu_percent(t, n),
                     ))
-        if int(now / 300) % 2 == 0:  # the stray process comes and goes
+        if int((now - self._born) / 600) % 2 == 0:  # the stray process comes and goes
             procs.append(SimGpuProcess(gpu=GPUS - 1, pid=self.stray_pid, used_memory=3 * 2**30,
                                        sm_percent=35.0))
         return procs

@@ -14,9 +14,6 @@ from pathlib import Path
 from tests.daemons import Prometheus
 
 LABEL_VALUES = re.compile(r"label_values\((?P<match>.+),\s*(?P<label>\w+)\)")
-# Series that the simulated node has only part of the time: its stray process outside
-# every job shows up for five minutes in every ten.
-INTERMITTENT = ("unattributed",)
 # Series only a job's training script makes; tests/training/test_dashboard.py checks the
 # panels that show them, against an agent whose job publishes.
 TRAINING = "slurm_job_training_"
@@ -81,6 +78,3 @@ def run(prometheus: Prometheus, target: Target, values: dict[str, str], start: f
         f"{target.where()} with {values}: {answer.get('error')}\n{expr}")
     return [s for s in answer["data"]["result"] if s.get("value") or s.get("values")]
 
-
-def intermittent(expr: str) -> bool:
-    return any(word in expr for word in INTERMITTENT)

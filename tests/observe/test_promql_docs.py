@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import time
-import warnings
 
 import pytest
 
@@ -33,7 +32,6 @@ def test_every_documented_query_answers(stack: Stack) -> None:
     time.sleep(max(0.0, stack.started + 8 - time.time()))
     (info,) = stack.node.vector('slurm_job_info{name="idle-train"}')
     jobid, user = info["metric"]["jobid"], info["metric"]["user"]
-    stray_seen = bool(stack.node.vector("slurm_gpu_unattributed_memory_bytes"))
     failures = []
     for query in doc_queries():
         expr = query.replace("123456", jobid).replace('"alice"', f'"{user}"')
@@ -45,9 +43,6 @@ def test_every_documented_query_answers(stack: Stack) -> None:
         if any(marker in query for marker in EMPTY_WHEN_HEALTHY):
             if result:
                 failures.append(f"{query}\n  should be empty on a healthy node: {result}")
-        elif "unattributed" in query and not stray_seen:
-            # The simulated stray process is away half the time.
-            warnings.warn(f"not checked, no GPU use outside jobs yet: {query}", stacklevel=1)
         elif not result:
             failures.append(f"{query}\n  returned nothing")
     assert not failures, "\n".join(failures)
