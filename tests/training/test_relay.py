@@ -152,7 +152,7 @@ def test_a_flood_leaves_the_store_bounded_and_other_jobs_served(relay, jobs, sen
                 senders("raw", "series", "50", "2")]
     for flooder in flooders:
         jobs.by_pid[flooder.pid] = ("666", "mallory")
-    good = senders("client", "7", "5")
+    good = senders("client", "7", "8")  # runs past the flood and the checks after it
     jobs.by_pid[good.pid] = ("101", "alice")
     good.go()
     wait_for(lambda: series_of(relay, "slurm_job_training_steps_total"), FLOOD_WAIT)
@@ -162,19 +162,21 @@ def test_a_flood_leaves_the_store_bounded_and_other_jobs_served(relay, jobs, sen
     assert small["per_second"] >= 9_500
     assert series["attempts"] * 1000 >= 100_000
     assert big["sent"] > 0
-    for reason in ("rate", "series"):
-        wait_for(lambda reason=reason: relay.error_counts()[reason] > 0, FLOOD_WAIT)
-    # Over its rate, the job's oversized messages may all lose the race for its budget
-    # to the small ones (counted under "rate"): a few more once the flood is over.
-    if relay.error_counts()["size"] == 0:
-        late = senders("raw", "big", "5", "1")
-        jobs.by_pid[late.pid] = ("666", "mallory")
-        late.go().finish()
-    wait_for(lambda: relay.error_counts()["size"] > 0, FLOOD_WAIT)
+    wait_for(lambda: relay.error_counts()["rate"] > 0, FLOOD_WAIT)
     # The other job's pushes still land: its step counter keeps rising.
     before = series_of(relay, "slurm_job_training_steps_total")[ALICE]
     wait_for(lambda: series_of(relay, "slurm_job_training_steps_total")[ALICE] > before,
              FLOOD_WAIT)
+    # Over its rate, the job's oversized and many-series messages may all lose the race
+    # for its budget to the small ones (counted under "rate"): a few more of each kind
+    # once the flood is over, when the budget has refilled.
+    for reason, kind in (("size", "big"), ("series", "series")):
+        if relay.error_counts()[reason] == 0:
+            time.sleep(1.0)  # let the job's rate budget refill
+            late = senders("raw", kind, "5", "1")
+            jobs.by_pid[late.pid] = ("666", "mallory")
+            late.go().finish()
+        wait_for(lambda reason=reason: relay.error_counts()[reason] > 0, FLOOD_WAIT)
     good.finish()
     assert relay.store.jobs()["666"] <= relay.limits.max_series_per_job
     assert relay.store.jobs()["101"] < 20
