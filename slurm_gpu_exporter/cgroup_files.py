@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_gpu_exporter.base import read_kernel_file
 from slurm_gpu_exporter.cgroup_paths import STEP_RE
 
 # Key of the single directory of a cgroup v2 job in JobCgroup.dirs.
@@ -54,33 +55,16 @@ class PartialStats:
 # paths, which costs a fraction of building pathlib objects.
 
 
-_CHUNK = 65536
-
-
 def read_cgroup_file(path: str) -> bytes | None:
     """One cgroup file's bytes, or None when it is missing or unreadable.
 
     Any OSError counts: a file of a cgroup being removed can fail with ENOENT,
-    ENODEV or EINVAL, and one odd file must not fail the whole job. cgroupfs
-    files are seq_files, which fill a read as far as they can: a read shorter than
-    the buffer is the end, and the usual second read (for the empty end) is saved.
+    ENODEV or EINVAL, and one odd file must not fail the whole job.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return read_kernel_file(path)
     except OSError:
         return None
-    try:
-        data = os.read(fd, _CHUNK)
-        if len(data) < _CHUNK:
-            return data
-        chunks = [data]
-        while chunk := os.read(fd, _CHUNK):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def read_text(path: str) -> str | None:

@@ -60,31 +60,6 @@ def _read_proc_file(proc_root: str | Path, pid: int, name: str) -> bytes:
         raise
 
 
-def _read_proc_stat(proc_root: str | Path, pid: int) -> bytes:
-    """/proc/<pid>/stat in one read call: a seq_file, which fills a read as far as it
-    can, and far shorter than the buffer (read_kernel_file's second read is saved)."""
-    try:
-        fd = os.open(f"{proc_root}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ESRCH):
-            raise ProcessGone(pid) from None
-        raise
-    try:
-        data = os.read(fd, 65536)
-        if len(data) == 65536:  # not a kernel stat file: read the rest
-            chunks = [data]
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-            data = b"".join(chunks)
-        return data
-    except OSError as e:
-        if e.errno == errno.ESRCH:
-            raise ProcessGone(pid) from None
-        raise
-    finally:
-        os.close(fd)
-
-
 @dataclass(frozen=True)
 class ProcStat:
     """The fields of /proc/<pid>/stat this project uses (times in clock ticks)."""
@@ -102,7 +77,7 @@ def read_stat(proc_root: str | Path, pid: int) -> ProcStat:
 
     The command name may hold spaces and ')' itself, so it is taken up to the last ')'.
     """
-    text = _read_proc_stat(proc_root, pid).decode("utf-8", "replace")
+    text = _read_proc_file(proc_root, pid, "stat").decode("utf-8", "replace")
     open_paren = text.find("(")
     close_paren = text.rfind(")")
     if open_paren < 0 or close_paren < open_paren:
