@@ -133,6 +133,14 @@ def test_requeued_job_starts_new_gpu_counters(slurm_cluster: SlurmCluster,
         assert old_start is not None
         slurm_cluster.run(["scontrol", "requeue", str(jobid)])
         slurm_cluster.wait_state(jobid, "PENDING", timeout=30)
+        record = slurm_cluster.spool_dir / f"{jobid}.json"
+        _wait_for(
+            lambda: slurm_cluster.job_cgroup_dir(jobid) is None
+            and (not record.exists() or json.loads(record.read_bytes())["end_time"]),
+            30, "the first run's epilog and the end of its cgroup", agent)
+        # slurmd refuses a credential issued in the same second as the kill of the first
+        # run ("Job credential revoked"); it compares whole seconds.
+        time.sleep(1.1)
         # A requeued job waits about two minutes before it may start again.
         slurm_cluster.run(["scontrol", "update", f"jobid={jobid}", "starttime=now"])
         slurm_cluster.wait_state(jobid, "RUNNING", timeout=30)
