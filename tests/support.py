@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 
 def in_ci() -> bool:
@@ -25,3 +30,28 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def wait_until(
+    probe: Callable[[], T],
+    timeout: float,
+    what: str,
+    *,
+    poll: float = 0.05,
+    log: Callable[[], str] = lambda: "",
+) -> T:
+    """Call ``probe`` until it returns something truthy, and return that.
+
+    Fails the test after ``timeout`` seconds, naming ``what`` was awaited and adding
+    ``log()`` (an agent's or daemon's log, say) to the message.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            detail = log()
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}"
+                        + (f"\n{detail}" if detail else ""))
+        time.sleep(poll)
