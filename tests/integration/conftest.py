@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 from collections.abc import Iterator
 
 import pytest
 
 from tests.integration.slurmcluster import SlurmCluster, unavailable_reason
 from tests.support import require
+
+CLUSTER_LOCK = "/var/tmp/sge-testcluster.lock"
 
 
 @pytest.fixture(scope="session")
@@ -19,11 +22,15 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     """
     reason = unavailable_reason()
     require(reason is None, reason or "")
-    cluster = SlurmCluster()
-    started_here = not cluster.is_up()
-    cluster.up()
-    try:
-        yield cluster
-    finally:
-        if started_here:
-            cluster.down()
+    # One cluster per machine (fixed node name, ports, /etc/default file): a second test
+    # run, from another checkout, waits here until the first one is done with it.
+    with open(CLUSTER_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cluster = SlurmCluster()
+        started_here = not cluster.is_up()
+        cluster.up()
+        try:
+            yield cluster
+        finally:
+            if started_here:
+                cluster.down()
