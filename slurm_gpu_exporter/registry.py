@@ -204,20 +204,19 @@ class Registry:
                     tracked.record.start_time != record.start_time
                 ):
                     # The job was requeued: a new prolog record, a new run.
-                    tracked.end_time = tracked.ended_at = None
-                    tracked.cgroup_missing_since = None
-                    tracked.failed_state_checks = 0
+                    tracked = self._new_run(jobid, now, record)
                 tracked.record = record
             if record.end_time is not None and tracked.end_time is None:
                 tracked.mark_ended(record.end_time, now)
 
-        # Forget expired jobs once neither their record nor their cgroup is left.
-        gone = [j for j in self._expired if j not in records and j not in (cgroup_jobs or {})]
-        for jobid in gone:
-            del self._expired[jobid]
-            self._expired_cgroups.pop(jobid, None)
         if cgroup_jobs is None:
+            # No cgroup layer, or a scan that failed: a failed scan says nothing about
+            # cgroups, so it ends no job and forgets no expired one (its cgroup may still
+            # be there, and the next good scan would take it for a new job).
+            if self.cgroups is None:
+                self._forget_expired(records, {})
             return
+        self._forget_expired(records, cgroup_jobs)
         for jobid, cgroup in cgroup_jobs.items():
             tracked = self._jobs.get(jobid)
             if tracked is not None and tracked.end_time is not None and _is_other_cgroup(
@@ -253,20 +252,37 @@ class Registry:
                     tracked.mark_ended(tracked.cgroup_missing_since, now)
                     log.info("job %s: cgroup gone without an epilog; marked ended", tracked.jobid)
 
-    def _new_run(self, jobid: str, now: float) -> _Tracked:
-        """A job that ended here runs again in a new cgroup: it was requeued onto this node.
+    def _forget_expired(self, records: dict[str, tuple[FileKey, spool.JobRecord]],
+                        cgroup_jobs: dict[str, JobCgroup]) -> None:
+        """Forget expired jobs once neither their record nor their cgroup is left."""
+        gone = [j for j in self._expired if j not in records and j not in cgroup_jobs]
+        for jobid in gone:
+            del self._expired[jobid]
+            self._expired_cgroups.pop(jobid, None)
 
-        Slurm 22.05 runs no prolog for such a run, so the ended run's record stays as it
-        is: it is set aside (a new prolog record would still be taken), and Slurm is asked
-        again for the new run's start time.
+    def _new_run(self, jobid: str, now: float,
+                 record: spool.JobRecord | None = None) -> _Tracked:
+        """A job that ran here runs again: it was requeued onto this node.
+
+        Every new run starts from fresh bookkeeping (its own cgroup identity, start time
+        and Slurm metadata), whichever way it was found. With a new prolog ``record``
+        that record is the run's. Without one (Slurm 22.05 runs no prolog for a run
+        requeued onto the node it ran on, so it shows only as a new cgroup) the ended
+        run's record is set aside (a new prolog record would still be taken), and Slurm
+        is asked again for the new run's start time.
         """
-        version = self.spool.record_version(jobid)
-        if version is not None:
-            self._expired[jobid] = version
+        if record is None:
+            version = self.spool.record_version(jobid)
+            if version is not None:
+                self._expired[jobid] = version
+            log.info("job %s runs again in a new cgroup (requeued); tracking its new run",
+                     jobid)
+        else:
+            log.info("job %s has a new prolog record (requeued); tracking its new run", jobid)
         self._expired_cgroups.pop(jobid, None)
         self.metadata.drop(jobid)
-        log.info("job %s runs again in a new cgroup (requeued); tracking its new run", jobid)
-        tracked = self._jobs[jobid] = _Tracked(jobid, first_seen=now, discovered=True)
+        tracked = self._jobs[jobid] = _Tracked(jobid, first_seen=now, record=record,
+                                               discovered=record is None)
         return tracked
 
     def _fill_metadata(self, now: float) -> None:

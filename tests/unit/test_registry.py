@@ -402,3 +402,88 @@ def test_failed_sluid_lookup_is_counted_under_slurm(node: Node, tmp_path: Path) 
     assert errors.snapshot() == {"spool": 0, "cgroup": 0, "slurm": 1, "nvml": 0, "state": 0,
                                  "training": 0}
     assert errors.take_failed() == {"slurm"}
+
+
+class FlakyCgroupFS(CgroupFS):
+    """A CgroupFS whose next scans fail, as a walk does when a hierarchy vanishes midway."""
+
+    fail_scans = 0
+
+    def find_jobs(self, expected=()):  # type: ignore[no-untyped-def]
+        if self.fail_scans:
+            self.fail_scans -= 1
+            raise OSError(2, "No such file or directory", str(self.root / "memory"))
+        return super().find_jobs(expected)
+
+
+def test_a_failed_cgroup_scan_does_not_revive_an_expired_job(node: Node) -> None:
+    # The job ended and expired, its record is gone, and Slurm has not removed its
+    # cgroup yet. One failed scan must not make the registry forget it expired.
+    clock = Clock()
+    cgroups = FlakyCgroupFS(node.cgroup_root, rescan_interval=0)
+    errors = SourceErrors()
+    registry = Registry(str(node.spool_dir), cgroups, SlurmMetadata(None, clock=clock),
+                        errors, job_linger=60, cgroup_grace=30,
+                        trusted_uids=frozenset({0, os.geteuid()}), clock=clock)
+    node.record("19", start_time=1.0)
+    node.start_cgroup("19")
+    assert registry.refresh()[0].running
+    node.record("19", start_time=1.0, end_time=clock.now)
+    assert not registry.refresh()[0].running
+    clock.now += 61
+    assert registry.refresh() == []
+    assert not (node.spool_dir / "19.json").exists()
+    cgroups.fail_scans = 1
+    clock.now += 5
+    assert registry.refresh() == []
+    assert errors.snapshot()["cgroup"] == 1
+    for _ in range(3):
+        clock.now += 5
+        assert registry.refresh() == [], "the leftover cgroup came back as a running job"
+
+
+def test_a_failed_cgroup_scan_ends_no_running_job(node: Node) -> None:
+    clock = Clock()
+    cgroups = FlakyCgroupFS(node.cgroup_root, rescan_interval=0)
+    registry = Registry(str(node.spool_dir), cgroups, SlurmMetadata(None, clock=clock),
+                        SourceErrors(), job_linger=60, cgroup_grace=30,
+                        trusted_uids=frozenset({0, os.geteuid()}), clock=clock)
+    node.start_cgroup("24")  # discovered: no record to wait for, ends at once when gone
+    assert registry.refresh()[0].running
+    cgroups.fail_scans = 3
+    for _ in range(3):
+        clock.now += 40
+        [job] = registry.refresh()
+        assert job.running and job.cgroup is not None
+    clock.now += 5
+    assert registry.refresh()[0].running
+
+
+def test_a_requeue_with_a_new_prolog_record_is_a_fresh_run_that_ends_once(node: Node) -> None:
+    # Run 1 ends; run 2 comes with a new prolog record and a new cgroup. When run 2
+    # ends while its cgroup is still there, no third run may appear.
+    clock = Clock()
+    registry = make_registry(node, clock)
+    node.record("25", start_time=1.0)
+    node.start_cgroup("25")
+    (job,) = registry.refresh()
+    assert job.running and job.start_time == 1.0
+    node.record("25", start_time=1.0, end_time=clock.now)
+    for ctrl in ("memory", "freezer"):  # kept aside: the new cgroup gets another inode
+        old = node.cgroup_root / ctrl / "slurm_node1" / "uid_1001" / "job_25"
+        old.rename(old.with_name("old_25"))
+    clock.now += 1
+    assert not registry.refresh()[0].running
+    clock.now += 1
+    node.record("25", start_time=clock.now)
+    node.start_cgroup("25")
+    run2_start = clock.now
+    (job,) = registry.refresh()
+    assert job.running and job.start_time == run2_start and job.source == "spool"
+    clock.now += 10
+    node.record("25", start_time=run2_start, end_time=clock.now)  # its epilog; cgroup stays
+    for _ in range(3):
+        clock.now += 1
+        (job,) = registry.refresh()
+        assert not job.running, "run 2's own cgroup was taken for a third run"
+        assert job.start_time == run2_start and job.source == "spool"
