@@ -7,6 +7,7 @@ hold the same indices or ``GPU-…``/``MIG-…`` UUIDs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -22,17 +23,30 @@ class GpuAllocation:
         return len(self.uuids) or len(self.indices)
 
 
+# No node has this many GPUs: a larger index, or a longer list, is garbage, not a range
+# to build (as parse_cpu_list bounds CPU lists).
+MAX_GPU_INDEX = 1023
+# ASCII digits only: "²".isdigit() is True, and int("²") raises.
+_INDEX = re.compile(r"[0-9]{1,4}")
+
+
 def parse_index_list(text: str) -> list[int]:
-    """``0,2-3`` -> [0, 2, 3]; anything that is not an index list gives []."""
+    """``0,2-3`` -> [0, 2, 3]; anything that is not a list of ASCII indices up to
+    MAX_GPU_INDEX gives [] (never raises: the text comes from a job's environment)."""
     result: list[int] = []
     for item in text.split(","):
         item = item.strip()
+        if not item:
+            continue
         lo, dash, hi = item.partition("-")
-        if lo.isdigit() and hi.isdigit() and int(hi) >= int(lo):
-            result.extend(range(int(lo), int(hi) + 1))
-        elif lo.isdigit() and not dash:
-            result.append(int(lo))
-        elif item:
+        if not _INDEX.fullmatch(lo) or (dash and not _INDEX.fullmatch(hi)):
+            return []
+        first = int(lo)
+        last = int(hi) if dash else first
+        if last < first or last > MAX_GPU_INDEX:
+            return []
+        result.extend(range(first, last + 1))
+        if len(result) > MAX_GPU_INDEX + 1:
             return []
     return result
 

@@ -11,6 +11,7 @@ this node keeps its id, and its new run counts from zero, not from the old total
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,17 @@ from slurm_gpu_exporter.snapshot import JobSample
 # this many samples (the registry may need a few to find a job again after a restart).
 RESTORED_FLOOR_SAMPLES = 60
 
+log = logging.getLogger(__name__)
+
 RunKey = tuple[str, float | None]  # (job id, start time): one run of a job
 
 
 def run_key(job: Job) -> RunKey:
     return (job.jobid, job.start_time)
+
+
+def _gpu_count(job: Job) -> int:
+    return gpu_allocation(job.job_gpus, job.cuda_visible_devices).count
 
 
 def _process_key(key: RunKey) -> str:
@@ -60,7 +67,14 @@ class JobStatsCollector:
             self._unclaimed.pop(key, None)
             if (job.jobid, None) in self._unclaimed and key not in self._last:
                 self._adopt_unkeyed(job.jobid, key)
-            sample = self._sample(job, key) if job.running else self._final(job, key)
+            try:
+                sample = self._sample(job, key) if job.running else self._final(job, key)
+            except Exception as exc:  # one job's fault costs that job's figures alone
+                log.debug("job %s: figures not collected", job.jobid, exc_info=True)
+                self.errors.count("cgroup", f"job {job.jobid}: cannot collect its CPU and "
+                                  f"memory figures: {exc!r}")
+                samples.append(JobSample(job=job.info(), gpus=_gpu_count(job)))
+                continue
             self._last[key] = sample
             samples.append(sample)
         tracked = {run_key(job) for job in jobs}
@@ -94,8 +108,7 @@ class JobStatsCollector:
 
     def _final(self, job: Job, key: RunKey) -> JobSample:
         """An ended job: its last figures, without the gauges that no longer mean anything."""
-        return self._without_cgroup(job, key, gpu_allocation(job.job_gpus,
-                                                             job.cuda_visible_devices).count)
+        return self._without_cgroup(job, key, _gpu_count(job))
 
     def _without_cgroup(self, job: Job, key: RunKey, gpus: int) -> JobSample:
         """The last figures seen (or restored from the state dir), nothing running."""
@@ -109,7 +122,7 @@ class JobStatsCollector:
         return replace(last, job=job.info(), gpus=gpus, memory_used_bytes=0, processes=0)
 
     def _sample(self, job: Job, key: RunKey) -> JobSample:
-        gpus = gpu_allocation(job.job_gpus, job.cuda_visible_devices).count
+        gpus = _gpu_count(job)
         if job.cgroup is None or self.cgroups is None:
             # No cgroup (yet, or any more: Slurm removes it before the epilog runs):
             # keep the counters seen so far rather than dropping the series.

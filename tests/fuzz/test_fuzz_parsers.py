@@ -13,6 +13,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from slurm_gpu_exporter import spool
+from slurm_gpu_exporter.allocation import MAX_GPU_INDEX, parse_index_list
 from slurm_gpu_exporter.cgroups import CgroupFS, parse_cgroup_path, parse_cpu_list
 from slurm_gpu_exporter.jobhooks import record_from_env
 from slurm_gpu_exporter.procfs import (
@@ -103,6 +104,16 @@ def test_cpu_list(value: str) -> None:
     except ValueError:
         return
     assert len(cpus) <= MAX_ITEMS
+
+
+@given(text)
+@example("²")
+@example("0-99999999999999")
+@example("0-1023," * 50)
+def test_gpu_index_list(value: str) -> None:
+    indices = parse_index_list(value)  # never raises: the text is a job's environment
+    assert len(indices) <= MAX_GPU_INDEX + 1
+    assert all(0 <= i <= MAX_GPU_INDEX for i in indices)
 
 
 # ------------------------------------------------------- cgroup stat files

@@ -36,7 +36,10 @@ def test_mig_instances_are_held_by_uuid_only() -> None:
 
 
 @pytest.mark.parametrize(("text", "expected"), [("0,2-3", [0, 2, 3]), ("", []), ("1", [1]),
-                                                ("0-", []), ("a,b", []), ("3-1", [])])
+                                                ("0-", []), ("a,b", []), ("3-1", []),
+                                                ("²", []), ("1,٣", []), ("0-1024", []),
+                                                (" 0 , 1 ", [0, 1]), ("0,,1", [0, 1]),
+                                                ("0-1023," * 2, [])])
 def test_index_lists(text: str, expected: list[int]) -> None:
     assert parse_index_list(text) == expected
 

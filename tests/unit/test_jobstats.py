@@ -157,3 +157,39 @@ def test_state_saved_without_start_times_still_restores_the_floor(node: Node) ->
     collector.import_state({"101": {"cpu_seconds": 500.0, "memory_peak_bytes": 7}})
     node.set_cpu(10.0)
     assert collector.collect([node.job()])[0].cpu_seconds == pytest.approx(500.0)
+
+
+@pytest.mark.parametrize("odd", ["²", "0,¹-3", "٣", "0-99999999", "0-1023," * 3])
+def test_an_odd_gpu_list_in_one_record_costs_no_other_jobs_figures(node: Node, odd: str) -> None:
+    # One record's CUDA_VISIBLE_DEVICES holds a superscript digit (isdigit() says yes,
+    # int() raises), a non-ASCII digit or a huge range: the other job keeps its CPU
+    # and memory series, nothing is counted as a cgroup error, and the list means no GPUs.
+    good = node.job()
+    odd_job = node.job(jobid="102", cuda_visible_devices=odd, job_gpus=odd)
+    samples = node.collector().collect([odd_job, good])
+    assert [s.job.jobid for s in samples] == ["102", "101"]
+    assert samples[1].cpu_seconds == pytest.approx(USAGE_S)
+    assert samples[0].gpus == 0
+    assert node.errors.snapshot()["cgroup"] == 0
+
+
+class BrokenCgroupFS(CgroupFS):
+    """Reading one job's cgroup raises something no reader expects (a bug, say)."""
+
+    def read_stats(self, cgroup):  # type: ignore[no-untyped-def]
+        if cgroup.job_key == "102":
+            raise RuntimeError("unexpected")
+        return super().read_stats(cgroup)
+
+
+def test_a_fault_in_one_jobs_figures_costs_that_job_alone(node: Node) -> None:
+    node.cgroups = BrokenCgroupFS(node.root)
+    good = node.job()
+    assert good.cgroup is not None
+    broken = node.job(jobid="102", job_gpus="0,1",
+                      cgroup=replace(good.cgroup, job_key="102"))
+    samples = node.collector().collect([broken, good])
+    assert [s.job.jobid for s in samples] == ["102", "101"]
+    assert samples[1].cpu_seconds == pytest.approx(USAGE_S)
+    assert samples[0].cpu_seconds is None and samples[0].gpus == 2, "job stays, figures go"
+    assert node.errors.snapshot()["cgroup"] == 1, "counted under the source that failed"
