@@ -6,10 +6,27 @@
 # SLURM_GPU_EXPORTER_PREFIX=... in /etc/default/slurm-gpu-exporter.
 # This script always exits 0: a failing epilog would drain the node.
 prefix=/opt/slurm-gpu-exporter
-if [ -r /etc/default/slurm-gpu-exporter ]; then
-    while IFS='=' read -r key value; do
-        [ "$key" = SLURM_GPU_EXPORTER_PREFIX ] && prefix=${value%\"} && prefix=${prefix#\"}
-    done < /etc/default/slurm-gpu-exporter
+defaults=/etc/default/slurm-gpu-exporter
+# The same rules as the agent's reader (jobhooks.read_defaults): KEY=VALUE lines,
+# blanks and '#' lines skipped, spaces around key and value dropped, then one pair of
+# matching quotes ('...' or "...") around the value; nothing is expanded.
+if [ -r "$defaults" ]; then
+    while IFS= read -r line || [ -n "$line" ]; do
+        line=${line#"${line%%[![:space:]]*}"}
+        case $line in ''|'#'*) continue ;; esac
+        key=${line%%=*}
+        [ "$key" = "$line" ] && continue
+        key=${key%"${key##*[![:space:]]}"}
+        [ "$key" = SLURM_GPU_EXPORTER_PREFIX ] || continue
+        value=${line#*=}
+        value=${value#"${value%%[![:space:]]*}"}
+        value=${value%"${value##*[![:space:]]}"}
+        case $value in
+            \"*\") value=${value#\"}; value=${value%\"} ;;
+            \'*\') value=${value#\'}; value=${value%\'} ;;
+        esac
+        prefix=$value
+    done < "$defaults"
 fi
 "$prefix/bin/slurm-gpu-exporter-epilog" ||
     echo "slurm-gpu-exporter: epilog helper $prefix/bin/slurm-gpu-exporter-epilog failed (exit $?); job ${SLURM_JOB_ID:-?} is not marked ended" >&2

@@ -50,7 +50,12 @@ def clean_text(value: str) -> str:
 
 
 def read_defaults(path: str = DEFAULTS_FILE) -> dict[str, str]:
-    """KEY=VALUE lines of the defaults file (shell/systemd syntax, no expansion)."""
+    """KEY=VALUE lines of the defaults file, no expansion.
+
+    The prolog/epilog shell scripts read the file by the same rules: blank and ``#``
+    lines skipped, spaces around key and value dropped, then one pair of matching
+    quotes (``'...'`` or ``"..."``) around the value.
+    """
     values: dict[str, str] = {}
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
@@ -60,8 +65,15 @@ def read_defaults(path: str = DEFAULTS_FILE) -> dict[str, str]:
     for line in lines:
         key, sep, value = line.strip().partition("=")
         if sep and key and not key.startswith("#"):
-            values[key.strip()] = value.strip().strip("'\"")
+            values[key.strip()] = unquote(value.strip())
     return values
+
+
+def unquote(value: str) -> str:
+    """One pair of matching quotes around ``value`` removed; anything else kept as it is."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
 
 
 def record_from_env(env: Mapping[str, str], now: float, *, started: bool) -> spool.JobRecord:

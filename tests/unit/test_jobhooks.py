@@ -191,3 +191,43 @@ def test_spool_dir_comes_from_the_defaults_file(tmp_path: Path) -> None:
     assert jobhooks.spool_dir_from([], env, from_file) == "/env"
     assert jobhooks.spool_dir_from(["--spool-dir=/x"], env, from_file) == "/x"
     assert jobhooks.spool_dir_from([], {}, {}) == spool.DEFAULT_SPOOL_DIR
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("script", ["prolog", "epilog"])
+@pytest.mark.parametrize("quoted", ["{p}", "'{p}'", '"{p}"', "  {p}  ", " ' {p}' ", '"{p}"  '])
+def test_defaults_file_is_read_by_the_same_rules_in_shell_and_python(
+    tmp_path: Path, script: str, quoted: str
+) -> None:
+    # A prefix with a space in it; the value unquoted, single- or double-quoted, with
+    # spaces around it; a comment line that names the key too. The shell wrapper must
+    # exec the helper under the prefix the agent's reader reads.
+    prefix = tmp_path / "opt dir"
+    if quoted.startswith(" ' "):
+        prefix = tmp_path / " opt dir"  # the spaces inside the quotes belong to the value
+        quoted = " '{p}' "
+    helper = prefix / "bin" / f"slurm-gpu-exporter-{script}"
+    helper.parent.mkdir(parents=True)
+    marker = tmp_path / "ran"
+    helper.write_text(f"#!/bin/sh\necho ok > '{marker}'\n")
+    helper.chmod(0o755)
+    value = quoted.format(p=prefix)
+    defaults = tmp_path / "defaults"
+    defaults.write_text(f"# SLURM_GPU_EXPORTER_PREFIX=/commented/out\n\n"
+                        f"  SLURM_GPU_EXPORTER_PREFIX ={value}\nOTHER='x'\n")
+    assert jobhooks.read_defaults(str(defaults))["SLURM_GPU_EXPORTER_PREFIX"] == str(prefix)
+    wrapper = tmp_path / f"{script}.sh"
+    text = (REPO / script / "slurm-gpu-exporter.sh").read_text()
+    assert "/etc/default/slurm-gpu-exporter" in text
+    wrapper.write_text(text.replace("/etc/default/slurm-gpu-exporter", str(defaults)))
+    result = subprocess.run(["/bin/sh", str(wrapper)], env={"SLURM_JOB_ID": "1"},
+                            capture_output=True, text=True, timeout=10, check=False)
+    assert result.returncode == 0
+    assert marker.read_text() == "ok\n", result.stderr
+
+
+def test_defaults_values_lose_one_pair_of_matching_quotes_only(tmp_path: Path) -> None:
+    defaults = tmp_path / "defaults"
+    defaults.write_text("A='x'\nB=\"y\"\nC='z\"\nD=''\nE='\"w\"'\nF=\"\n")
+    assert jobhooks.read_defaults(str(defaults)) == {
+        "A": "x", "B": "y", "C": "'z\"", "D": "", "E": '"w"', "F": '"'}
