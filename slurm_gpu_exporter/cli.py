@@ -12,10 +12,12 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -62,6 +64,22 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _seconds(*, positive: bool) -> Callable[[str], float]:
+    """An argparse type for a duration in seconds: finite, and > 0 or >= 0."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            bound = "greater than 0" if positive else "0 or more"
+            raise argparse.ArgumentTypeError(f"{text!r}: seconds must be {bound}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="slurm-gpu-exporter",
@@ -74,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--web.config.file", dest="web_config", type=Path, metavar="FILE",
                    help="exporter-toolkit web config (TLS, client certificates, basic auth); "
                         "re-read when it changes and on SIGHUP")
-    p.add_argument("--web.config.reload-interval", dest="web_config_reload", type=float,
-                   default=DEFAULT_RELOAD_INTERVAL, metavar="SECONDS",
+    p.add_argument("--web.config.reload-interval", dest="web_config_reload",
+                   type=_seconds(positive=True), default=DEFAULT_RELOAD_INTERVAL, metavar="SECONDS",
                    help="seconds between checks of the web config file for changes")
     p.add_argument("--spool-dir", default=DEFAULT_SPOOL_DIR, metavar="DIR",
                    help="where the prolog/epilog write job records")
@@ -86,11 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cgroup filesystem root")
     p.add_argument("--proc-root", type=Path, metavar="DIR", default=Path("/proc"),
                    help="procfs root")
-    p.add_argument("--sample-interval", type=float, metavar="SECONDS", default=5.0,
+    p.add_argument("--sample-interval", type=_seconds(positive=True), metavar="SECONDS",
+                   default=5.0,
                    help="seconds between samples")
-    p.add_argument("--job-linger", type=float, metavar="SECONDS", default=120.0,
+    p.add_argument("--job-linger", type=_seconds(positive=False), metavar="SECONDS", default=120.0,
                    help="seconds an ended job's series stay (longer than the scrape interval)")
-    p.add_argument("--cgroup-grace", type=float, metavar="SECONDS", default=30.0,
+    p.add_argument("--cgroup-grace", type=_seconds(positive=False), metavar="SECONDS", default=30.0,
                    help="seconds a job's cgroup may be gone, with no epilog, before the job "
                         "counts as ended")
     p.add_argument("--slurm-lookup", choices=("auto", "cli", "off"), default="auto",
@@ -133,11 +152,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.web_config:
         warn_if_web_config_exposed(args.web_config, web_config.current)
-    if args.sample_interval <= 0 or args.job_linger < 0 or args.web_config_reload <= 0:
-        log.error("--sample-interval and --web.config.reload-interval must be > 0 and "
-                  "--job-linger >= 0")
-        return 2
-
     with contextlib.ExitStack() as stack:
         simulation = None
         if args.simulate:

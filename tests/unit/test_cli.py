@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from slurm_gpu_exporter.cli import build_parser
 
 AGENT = Path(sys.executable).parent / "slurm-gpu-exporter"
@@ -54,3 +56,23 @@ def test_a_busy_address_stops_the_agent_with_one_line_naming_it(tmp_path: Path) 
     assert len(errors) == 1, result.stderr
     assert f"cannot listen on {address}: Address already in use" in errors[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--cgroup-grace", "--job-linger", "--sample-interval",
+                                  "--web.config.reload-interval"])
+@pytest.mark.parametrize("value", ["-1", "abc", "nan", "inf"])
+def test_a_bad_number_of_seconds_is_refused_with_the_flag_named(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([f"{flag}={value}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err and value in err, err
+
+
+def test_zero_seconds_is_refused_where_it_makes_no_sense() -> None:
+    args = build_parser().parse_args(["--cgroup-grace=0", "--job-linger=0"])
+    assert (args.cgroup_grace, args.job_linger) == (0.0, 0.0)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--sample-interval=0"])
