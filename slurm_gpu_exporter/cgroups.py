@@ -45,24 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from slurm_gpu_exporter.base import read_kernel_file
-from slurm_gpu_exporter.cgroup_files import UNIFIED, SteadyFiles, StepLeaves, parse_cpu_list
-from slurm_gpu_exporter.cgroup_paths import CgroupJobRef, parse_cgroup_path
+from slurm_gpu_exporter.cgroup_files import UNIFIED, SteadyFiles, StepLeaves
 from slurm_gpu_exporter.cgroup_v1 import jobs_under_v1, read_v1, scan_v1_roots, slurm_tops
 from slurm_gpu_exporter.cgroup_v2 import V2Reader, jobs_under_v2, scan_v2_roots
 
-# The public names other modules import from here (the pieces live in cgroup_*.py).
-__all__ = [
-    "UNIFIED",
-    "CgroupFS",
-    "CgroupGone",
-    "CgroupJobRef",
-    "JobCgroup",
-    "JobCgroupStats",
-    "parse_cgroup_path",
-    "parse_cpu_list",
-    "read_kernel_file",
-]
+__all__ = ["UNIFIED", "CgroupFS", "CgroupGone", "JobCgroup", "JobCgroupStats"]
 
 # Seconds after a job is first seen (or first expected) during which every call
 # looks for Slurm roots that appeared late.

@@ -28,7 +28,6 @@ __all__ = [
     "ProcessGone",
     "clock_ticks",
     "read_cgroup_paths",
-    "read_environ_value",
     "read_environ_values",
     "read_stat",
     "read_uid",
@@ -121,14 +120,6 @@ def read_environ_values(proc_root: Path, pid: int, names: Iterable[str]) -> dict
         if sep and key in wanted:
             found[key.decode()] = value.decode("utf-8", "replace")
     return found
-
-
-def read_environ_value(proc_root: Path, pid: int, name: str) -> str | None:
-    """Value of ``name`` in the environment the process was started with, or None.
-
-    Raises ProcessGone, or PermissionError where the caller may not read it.
-    """
-    return read_environ_values(proc_root, pid, (name,)).get(name)
 
 
 def read_uid(proc_root: Path, pid: int) -> int:

@@ -111,7 +111,6 @@ class Registry:
         job_linger: float = 60.0,
         cgroup_grace: float = 30.0,
         trusted_uids: frozenset[int] = frozenset({0}),
-        remove_expired_records: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.spool_dir = spool_dir
@@ -125,7 +124,6 @@ class Registry:
         self.job_linger = job_linger
         self.cgroup_grace = cgroup_grace
         self.trusted_uids = trusted_uids
-        self.remove_expired_records = remove_expired_records
         self.clock = clock
         self._jobs: dict[str, _Tracked] = {}
         # job id -> the spool file version that already expired (None: a job that had
@@ -346,8 +344,7 @@ class Registry:
             self._expired[tracked.jobid] = self.spool.record_version(tracked.jobid)
             if self._expired[tracked.jobid] is not None:
                 removed.append(tracked.jobid)
-        if self.remove_expired_records:
-            self.spool.remove(removed)
+        self.spool.remove(removed)
         self.metadata.forget(self._jobs)
 
     # -- output -------------------------------------------------------------

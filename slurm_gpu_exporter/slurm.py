@@ -27,11 +27,9 @@ from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.slurm_parse import (
     SACCT_FIELDS,
     SlurmJobInfo,
-    expand_hostlist,
     gres_indices,
     parse_sacct,
     parse_scontrol_job,
-    parse_scontrol_line,
 )
 
 __all__ = [
@@ -41,12 +39,10 @@ __all__ = [
     "SlurmCli",
     "SlurmJobInfo",
     "SlurmMetadata",
-    "expand_hostlist",
     "gres_indices",
     "make_lookup",
     "parse_sacct",
     "parse_scontrol_job",
-    "parse_scontrol_line",
 ]
 
 log = logging.getLogger(__name__)
@@ -297,10 +293,6 @@ class SlurmMetadata:
         self._paused_until = 0.0
         # What the last refresh learnt: job id -> its info, None where Slurm does not know it.
         self.last_answers: dict[str, SlurmJobInfo | None] = {}
-
-    @property
-    def available(self) -> bool:
-        return self._lookup is not None
 
     @property
     def unreachable(self) -> bool:

@@ -166,10 +166,6 @@ class TrainingRelay:
         """Refusals so far by reason; their sum is sample_errors_total{source="training"}."""
         return self.store.error_counts()
 
-    def errors_total(self) -> int:
-        """All refusals so far."""
-        return sum(self.store.error_counts().values())
-
     def jobs(self) -> set[str]:
         """Jobs the relay holds anything of (series or a rate budget)."""
         return self.store.known_jobs()

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from slurm_gpu_exporter import spool
 from slurm_gpu_exporter.allocation import MAX_GPU_INDEX, parse_index_list
-from slurm_gpu_exporter.cgroups import CgroupFS, parse_cgroup_path, parse_cpu_list
+from slurm_gpu_exporter.cgroup_files import parse_cpu_list
+from slurm_gpu_exporter.cgroup_paths import parse_cgroup_path
+from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.jobhooks import record_from_env
 from slurm_gpu_exporter.procfs import (
     ProcessGone,
@@ -22,7 +24,7 @@ from slurm_gpu_exporter.procfs import (
     read_environ_values,
     read_stat,
 )
-from slurm_gpu_exporter.slurm import (
+from slurm_gpu_exporter.slurm_parse import (
     expand_hostlist,
     gres_indices,
     parse_sacct,

@@ -17,7 +17,6 @@ from slurm_gpu_exporter.procfs import (
     ProcessGone,
     clock_ticks,
     read_cgroup_paths,
-    read_environ_value,
     read_environ_values,
     read_stat,
     read_uid,
@@ -100,7 +99,7 @@ def test_vanished_process_raises_process_gone(tmp_path: Path) -> None:
         with pytest.raises(ProcessGone):
             reader(tmp_path, 4242)
     with pytest.raises(ProcessGone):
-        read_environ_value(tmp_path, 4242, "SLURM_JOB_ID")
+        read_environ_values(tmp_path, 4242, ["SLURM_JOB_ID"])
 
 
 def test_malformed_stat_raises_value_error(tmp_path: Path) -> None:
@@ -120,9 +119,8 @@ def test_cgroup_paths_of_v1_and_v2_lines_are_listed(tmp_path: Path) -> None:
 
 def test_environ_value_is_found_or_none(tmp_path: Path) -> None:
     make_proc(tmp_path, 11, environ={"SLURM_JOB_ID": "55", "X": "a=b", "SLURM_JOB_IDX": "9"})
-    assert read_environ_value(tmp_path, 11, "SLURM_JOB_ID") == "55"
-    assert read_environ_value(tmp_path, 11, "X") == "a=b"
-    assert read_environ_value(tmp_path, 11, "SLURM_STEP_ID") is None
+    assert read_environ_values(tmp_path, 11, ["SLURM_JOB_ID"]) == {"SLURM_JOB_ID": "55"}
+    assert read_environ_values(tmp_path, 11, ["SLURM_STEP_ID"]) == {}
     assert read_environ_values(tmp_path, 11, ["X", "SLURM_JOB_IDX", "NOPE"]) == {
         "X": "a=b",
         "SLURM_JOB_IDX": "9",
@@ -369,7 +367,8 @@ def test_real_processes_all_map_to_the_captured_job() -> None:
 def test_real_task_environ_names_the_job() -> None:
     proc, job_id = _real_proc()
     tasks = [p for p in proc.iterdir() if read_stat(proc, int(p.name)).comm == "sleep"]
-    values = {read_environ_value(proc, int(p.name), "SLURM_JOB_ID") for p in tasks}
+    values = {read_environ_values(proc, int(p.name), ["SLURM_JOB_ID"]).get("SLURM_JOB_ID")
+              for p in tasks}
     # The extern step's sleep is started by slurmstepd as root, without the job's env.
     assert job_id in values
     assert read_uid(proc, int(tasks[0].name)) in (0, 1001)

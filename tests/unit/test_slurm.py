@@ -13,15 +13,17 @@ from slurm_gpu_exporter import slurm
 from slurm_gpu_exporter.slurm import (
     PySlurm,
     SlurmCli,
-    SlurmJobInfo,
     SlurmMetadata,
+    make_lookup,
+    pyslurm_matches,
+)
+from slurm_gpu_exporter.slurm_parse import (
+    SlurmJobInfo,
     expand_hostlist,
     gres_indices,
-    make_lookup,
     parse_sacct,
     parse_scontrol_job,
     parse_scontrol_line,
-    pyslurm_matches,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05"
