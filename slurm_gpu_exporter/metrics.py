@@ -1,9 +1,11 @@
 """Every metric family the agent exposes, built from one Snapshot.
 
-This is the only module that names metrics. ``render`` wraps one sample's snapshot
-in an Exposition, which renders a format (text or OpenMetrics, plain or gzip) the
-first time a scrape asks for it and serves those bytes to every later scrape of
-the same snapshot.
+This module names every metric family of the agent but one kind: the training
+relay's ``slurm_job_training_*`` families, which ``training_relay/store.py`` builds
+from what jobs send and the snapshot carries as they are. ``render`` wraps one
+sample's snapshot in an Exposition, which renders a format (text or OpenMetrics,
+plain or gzip) the first time a scrape asks for it and serves those bytes to every
+later scrape of the same snapshot.
 """
 
 from __future__ import annotations
@@ -355,8 +357,8 @@ class Exposition:
         return self.body(openmetrics=True, gzipped=True)
 
 
-# The agent's own RSS, CPU and open files, read from the real /proc (not --proc-root)
-# when the snapshot is first rendered.
+# The agent's own RSS, CPU and open files, read from the real /proc/self (not
+# --proc-root) by render(), in the sampler's thread: a scrape reads nothing.
 _PROCESS_COLLECTOR = ProcessCollector(registry=None)
 
 
@@ -371,5 +373,9 @@ class _Collected:
 
 
 def render(snapshot: Snapshot) -> Exposition:
-    """The exposition of a snapshot; each format is rendered when first asked for."""
-    return Exposition(snapshot, (_PROCESS_COLLECTOR,))
+    """The exposition of a snapshot; each format is rendered when first asked for.
+
+    Called by the sampler: the agent's own process figures are read now, with the
+    sample, so that serving the exposition later touches no file.
+    """
+    return Exposition(snapshot, (_Collected(list(_PROCESS_COLLECTOR.collect())),))

@@ -125,3 +125,21 @@ def test_documented_source_values_are_exactly_the_ones_the_agent_counts() -> Non
     code = "\n".join(p.read_text() for p in (ROOT / "slurm_gpu_exporter").rglob("*.py"))
     for source in SOURCES:
         assert re.search(rf'\.count\(\s*"{source}"', code), source
+
+
+def test_serving_an_exposition_reads_no_file(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The agent's own process figures come from /proc/self: read with the sample, so
+    # that a scrape touches nothing on the node.
+    import slurm_gpu_exporter.metrics as metrics
+
+    exposition = render(_snapshot())
+
+    def no_reads():  # type: ignore[no-untyped-def]
+        raise AssertionError("a scrape read /proc")
+
+    monkeypatch.setattr(metrics._PROCESS_COLLECTOR, "collect", no_reads)
+    for openmetrics in (False, True):
+        for gzipped in (False, True):
+            body = exposition.body(openmetrics, gzipped)
+            text = (gzip.decompress(body) if gzipped else body).decode()
+            assert "process_resident_memory_bytes" in text
