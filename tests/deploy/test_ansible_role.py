@@ -33,6 +33,8 @@ import pytest
 
 from tests.support import free_port, require
 
+pytestmark = pytest.mark.process
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "deploy" / "ansible"
 SHIPPED_UNIT = REPO / "deploy" / "systemd" / "slurm-gpu-exporter.service"

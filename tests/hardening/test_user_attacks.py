@@ -84,6 +84,7 @@ def node() -> Iterator[Path]:
         shutil.rmtree(base)
 
 
+@pytest.mark.process
 def test_a_user_cannot_touch_records_or_counters(node: Path) -> None:
     spool_dir, state_dir, scratch = node / "spool", node / "state", node / "scratch"
     fd = spool.open_spool_dir(str(spool_dir), create=True)

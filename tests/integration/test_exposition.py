@@ -17,6 +17,8 @@ import pytest
 from tests.agent import Agent, series
 from tests.support import free_port, require
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture(scope="module")
 def simulated_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:

@@ -18,6 +18,8 @@ import pytest
 from tests.agent import Agent
 from tests.integration.test_web_security import _client_ctx, _get, _wait_ready, pki
 
+pytestmark = pytest.mark.process
+
 __all__ = ["pki"]  # the module-scoped certificate fixture, shared with test_web_security
 
 

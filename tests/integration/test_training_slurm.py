@@ -275,6 +275,7 @@ def _timed_scrape(agent: Agent) -> tuple[Scrape, float]:
     return s, time.perf_counter() - t0
 
 
+@pytest.mark.process
 def test_client_copy_imports_nothing_but_the_standard_library_and_prometheus_client(
         client_dir: Path) -> None:
     """The job side of these tests runs the client from the copy alone."""

@@ -18,6 +18,8 @@ import pytest
 from tests.agent import Agent
 from tests.support import require
 
+pytestmark = pytest.mark.process
+
 
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)

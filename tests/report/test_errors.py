@@ -176,6 +176,7 @@ def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
     return cert, key
 
 
+@pytest.mark.process
 def test_tls_with_the_site_ca_and_a_clear_error_without_it(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     cert, key = _self_signed(tmp_path)

@@ -13,6 +13,8 @@ from slurm_gpu_exporter.report.rules import job_facts, load_config, notes_for
 from tests.report.sample_data import job_details, low_util_report
 from tests.support import require
 
+pytestmark = pytest.mark.process
+
 
 def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -14,6 +14,8 @@ from slurm_gpu_exporter.synthnode import SynthNode
 from tests.agent import Agent, series
 from tests.training.conftest import wait_for
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture
 def node() -> Iterator[SynthNode]:

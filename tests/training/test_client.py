@@ -27,6 +27,7 @@ def _healthy(report: dict) -> None:
     assert THREAD not in report["threads"]
 
 
+@pytest.mark.process
 def test_client_imports_without_the_agents_dependencies():
     blocked = ["aiohttp", "psutil", "pynvml", "yaml", "bcrypt"]
     code = f"""

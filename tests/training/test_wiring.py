@@ -27,6 +27,8 @@ from slurm_gpu_exporter.training_source import RelayJobs, TrainingSource
 from tests.agent import series
 from tests.training.conftest import Sender, wait_for
 
+pytestmark = pytest.mark.process
+
 DEMO = "slurm_job_training_demo_value"
 
 

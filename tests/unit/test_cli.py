@@ -32,6 +32,7 @@ def test_help_gives_each_default_once_and_no_placeholder_defaults() -> None:
     assert "default" not in _help_of("--simulate")
 
 
+@pytest.mark.process
 def test_an_invalid_web_config_stops_the_agent_with_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "web.yml"
     bad.write_text("basic_auth_users: [unclosed\n")
@@ -44,6 +45,7 @@ def test_an_invalid_web_config_stops_the_agent_with_one_line(tmp_path: Path) -> 
     assert "level=ERROR" in lines[0]
 
 
+@pytest.mark.process
 def test_a_busy_address_stops_the_agent_with_one_line_naming_it(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -54,6 +54,7 @@ def test_window_ratios_divide_the_increases_by_allocated_and_leave_gpm_absent_wi
     assert rows["spin: SM active ratio (expected)"] == "0.0023"
 
 
+@pytest.mark.process
 def test_script_help_runs_without_a_gpu() -> None:
     out = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True,
                          text=True, timeout=30, check=False)

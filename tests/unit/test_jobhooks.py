@@ -35,6 +35,7 @@ def run_hook(kind: str, env: dict[str, str] | dict[bytes, bytes], spool_dir: Pat
     )
 
 
+@pytest.mark.process
 def test_prolog_records_what_slurmd_gave_it(tmp_path: Path) -> None:
     result = run_hook("prolog", PROLOG_ENV, tmp_path / "spool")
     assert result.returncode == 0, result.stderr
@@ -49,6 +50,7 @@ def test_prolog_records_what_slurmd_gave_it(tmp_path: Path) -> None:
     assert data["end_time"] is None and data["start_time"] > 0
 
 
+@pytest.mark.process
 def test_epilog_marks_the_record_ended_and_keeps_the_rest(tmp_path: Path) -> None:
     run_hook("prolog", PROLOG_ENV, tmp_path)
     result = run_hook("epilog", PROLOG_ENV, tmp_path)
@@ -58,6 +60,7 @@ def test_epilog_marks_the_record_ended_and_keeps_the_rest(tmp_path: Path) -> Non
     assert data["job_gpus"] == PROLOG_ENV["SLURM_JOB_GPUS"]
 
 
+@pytest.mark.process
 def test_epilog_without_a_prolog_record_writes_an_ended_record(tmp_path: Path) -> None:
     result = run_hook("epilog", PROLOG_ENV, tmp_path)
     assert result.returncode == 0
@@ -76,6 +79,7 @@ def test_epilog_without_a_prolog_record_writes_an_ended_record(tmp_path: Path) -
         {"SLURM_JOB_ID": "12; rm -rf /", "SLURM_JOB_UID": "0"},
     ],
 )
+@pytest.mark.process
 def test_a_bad_job_id_or_uid_is_refused_with_exit_0(tmp_path: Path, kind: str,
                                                      env: dict[str, str]) -> None:
     result = run_hook(kind, env, tmp_path)
@@ -85,6 +89,7 @@ def test_a_bad_job_id_or_uid_is_refused_with_exit_0(tmp_path: Path, kind: str,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["prolog", "epilog"])
 def test_garbage_environment_values_are_cleaned_not_fatal(tmp_path: Path, kind: str) -> None:
     env = {
@@ -101,6 +106,7 @@ def test_garbage_environment_values_are_cleaned_not_fatal(tmp_path: Path, kind: 
     assert len(record.partition) == spool.MAX_FIELD_CHARS
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["prolog", "epilog"])
 def test_unusable_spool_path_exits_0_with_a_message(tmp_path: Path, kind: str) -> None:
     blocker = tmp_path / "file"
@@ -111,6 +117,7 @@ def test_unusable_spool_path_exits_0_with_a_message(tmp_path: Path, kind: str) -
         assert f"slurm-gpu-exporter-{kind}: job {PROLOG_ENV['SLURM_JOB_ID']}:" in result.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["prolog", "epilog"])
 def test_spool_dir_that_is_a_symlink_is_not_followed(tmp_path: Path, kind: str) -> None:
     target = tmp_path / "elsewhere"
@@ -138,6 +145,7 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["prolog", "epilog"])
 def test_read_only_spool_exits_0_with_a_message(tmpfs: Path, kind: str) -> None:
     (tmpfs / "spool").mkdir()
@@ -147,6 +155,7 @@ def test_read_only_spool_exits_0_with_a_message(tmpfs: Path, kind: str) -> None:
     assert "Read-only file system" in result.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["prolog", "epilog"])
 def test_full_disk_exits_0_and_leaves_no_partial_record(tmpfs: Path, kind: str) -> None:
     spool_dir = tmpfs / "spool"
@@ -165,6 +174,7 @@ def test_full_disk_exits_0_and_leaves_no_partial_record(tmpfs: Path, kind: str) 
     assert list(spool_dir.iterdir()) == []
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("script", ["prolog", "epilog"])
 def test_shell_wrapper_exits_0_when_the_helper_is_missing_or_failing(script: str) -> None:
     result = subprocess.run(["/bin/sh", str(REPO / script / "slurm-gpu-exporter.sh")],
@@ -174,6 +184,7 @@ def test_shell_wrapper_exits_0_when_the_helper_is_missing_or_failing(script: str
     assert result.stderr, "the wrapper or the helper must say what went wrong"
 
 
+@pytest.mark.process
 def test_prolog_is_fast_enough_for_slurmd(tmp_path: Path) -> None:
     started = time.monotonic()
     run_hook("prolog", PROLOG_ENV, tmp_path)

@@ -50,6 +50,7 @@ def _imported_package_modules(module: str) -> set[str]:
 
 @pytest.mark.parametrize("module", ["slurm_gpu_exporter.snapshot", "slurm_gpu_exporter.metrics",
                                     "slurm_gpu_exporter.server"])
+@pytest.mark.process
 def test_exposition_side_imports_no_module_that_does_io(module: str) -> None:
     loaded = _imported_package_modules(module)
     assert module in loaded
@@ -62,6 +63,7 @@ def test_every_cgroup_module_is_in_the_io_list() -> None:
     assert pieces <= IO_MODULES
 
 
+@pytest.mark.process
 def test_job_hooks_import_only_the_standard_library_and_their_own_modules() -> None:
     code = (
         "import sys, slurm_gpu_exporter.jobhooks\n"

@@ -136,6 +136,7 @@ def test_clock_ticks_is_the_systems_user_hz() -> None:
     assert clock_ticks() == os.sysconf("SC_CLK_TCK") > 0
 
 
+@pytest.mark.process
 def test_procfs_imports_only_the_standard_library() -> None:
     code = (
         "import sys, slurm_gpu_exporter.procfs\n"

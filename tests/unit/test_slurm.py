@@ -173,6 +173,7 @@ def test_pyslurm_is_used_only_for_the_local_slurm_release(
     assert pyslurm_matches(pyslurm_version, slurm_version) is matches
 
 
+@pytest.mark.process
 def test_auto_does_not_use_a_pyslurm_built_for_another_slurm(tmp_path: Path) -> None:
     bindir = fake_scontrol(tmp_path, "slurm 22.05.8")
     lookup = make_lookup("node1", True, import_pyslurm=lambda: fake_pyslurm("23.2.2"),
@@ -194,6 +195,7 @@ def test_cli_mode_never_uses_pyslurm(tmp_path: Path) -> None:
     assert isinstance(lookup, SlurmCli)
 
 
+@pytest.mark.process
 def test_matching_pyslurm_fills_the_same_fields_as_the_cli(tmp_path: Path) -> None:
     bindir = fake_scontrol(tmp_path)
     lookup = make_lookup("node1", True, import_pyslurm=lambda: fake_pyslurm("22.5.1"),
@@ -210,6 +212,7 @@ def test_matching_pyslurm_fills_the_same_fields_as_the_cli(tmp_path: Path) -> No
         cli_info.user, cli_info.uid, cli_info.account, cli_info.partition, cli_info.state)
 
 
+@pytest.mark.process
 def test_sluid_look_ups_go_through_the_cli_on_the_pyslurm_path(tmp_path: Path) -> None:
     lookup = make_lookup("node1", True, import_pyslurm=lambda: fake_pyslurm("22.5.1"),
                          bindir=fake_scontrol(tmp_path))
@@ -217,6 +220,7 @@ def test_sluid_look_ups_go_through_the_cli_on_the_pyslurm_path(tmp_path: Path) -
     assert info is not None and info.jobid == "77" and info.sluid == SLUID
 
 
+@pytest.mark.process
 def test_a_hung_pyslurm_call_fails_after_the_cli_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

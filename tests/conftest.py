@@ -1,0 +1,42 @@
+"""Test tiers: a test that starts a process is marked ``process``, and the mark is enforced.
+
+``pytest -m "not process"`` is the fast tier. A test outside ``process`` that starts a
+process (subprocess, asyncio subprocess, fork) fails at once, naming the marker it
+lacks, so the fast tier stays free of processes and the marker stays true.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+# Markers that name a real component: each means the test starts that component.
+COMPONENT_MARKERS = ("slurm", "prometheus", "fakenvml")
+# Fixtures that start processes or daemons for the tests that use them.
+PROCESS_FIXTURES = frozenset({"slurm_cluster", "stack", "senders"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if any(item.get_closest_marker(m) for m in COMPONENT_MARKERS) or (
+            fixtures & PROCESS_FIXTURES
+        ):
+            item.add_marker(pytest.mark.process)
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_where_marked(request: pytest.FixtureRequest,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("process") is not None:
+        return
+    message = (f"{request.node.nodeid} starts a process: mark it pytest.mark.process "
+               "(the fast tier, -m 'not process', starts none)")
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(message)
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
