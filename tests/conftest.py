@@ -18,6 +18,13 @@ COMPONENT_MARKERS = ("slurm", "prometheus", "fakenvml")
 PROCESS_FIXTURES = frozenset({"slurm_cluster", "stack", "senders"})
 
 
+# Node-wide resources (the one Slurm cluster, /etc, /opt): their tests run one at a
+# time, in one group on one worker when the suite runs in parallel (pytest-xdist).
+NODE_FIXTURES = frozenset({"slurm_cluster"})
+NODE_MODULES = ("tests/deploy/",)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -25,6 +32,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             fixtures & PROCESS_FIXTURES
         ):
             item.add_marker(pytest.mark.process)
+        if item.get_closest_marker("process") is None:
+            continue  # the fast tier: spread test by test
+        path = item.nodeid.split("::")[0]
+        if item.get_closest_marker("slurm") or fixtures & NODE_FIXTURES or (
+            path.startswith(NODE_MODULES)
+        ):
+            group = "node"
+        elif "stack" in fixtures:
+            group = "observe-stack"  # one Prometheus/Alertmanager stack per session
+        else:
+            group = path  # a module's shared daemons start once, on one worker
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
