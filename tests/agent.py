@@ -6,12 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.support import free_port
+from tests.support import free_port, wait_until
 
 BIN = Path(sys.executable).parent
 
@@ -32,18 +31,16 @@ class Agent:
         )
 
     def wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"agent exited with {self.proc.returncode}: {self.log()}")
             try:
                 with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
+                    return resp.status == 200
             except (urllib.error.URLError, ConnectionError):
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"agent not ready after {timeout} s: {self.log()}")
+                return False
+
+        wait_until(ready, timeout, "the agent to be ready", poll=0.1, log=self.log)
 
     def get(self, path: str = "/metrics", headers: dict[str, str] | None = None
             ) -> tuple[int, dict[str, str], bytes]:

@@ -10,7 +10,6 @@ import json
 import shutil
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -20,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from tests.support import free_port, require
+from tests.support import free_port, require, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -59,19 +58,17 @@ class Daemon:
         return self.log_path.read_text(errors="replace")[-3000:]
 
     def wait_ready(self, path: str = "/-/ready", timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n"
                                    f"{self.log()}")
             try:
                 with urllib.request.urlopen(self.url + path, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
+                    return resp.status == 200
             except (urllib.error.URLError, ConnectionError):
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"{self.name} not ready after {timeout} s:\n{self.log()}")
+                return False
+
+        wait_until(ready, timeout, f"{self.name} to be ready", poll=0.2, log=self.log)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -124,14 +121,15 @@ class Prometheus(Daemon):
 
     def wait_for(self, expr: str, timeout: float = 60, min_results: int = 1) -> list[dict]:
         """Poll an instant query until it returns at least ``min_results`` series."""
-        deadline = time.monotonic() + timeout
-        result: list[dict] = []
-        while time.monotonic() < deadline:
-            result = self.vector(expr)
-            if len(result) >= min_results:
-                return result
-            time.sleep(0.5)
-        raise TimeoutError(f"{self.name}: {expr} gave {result} after {timeout} s:\n{self.log()}")
+        last: list[dict] = []
+
+        def enough() -> list[dict] | None:
+            nonlocal last
+            last = self.vector(expr)
+            return last if len(last) >= min_results else None
+
+        return wait_until(enough, timeout, f"{self.name}: {expr} (last answer: {last})",
+                          poll=0.5, log=self.log)
 
 
 class Alertmanager(Daemon):

@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from tests.support import free_port, require
+from tests.support import free_port, require, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -219,17 +218,6 @@ def _get(url: str, auth: str | None = None) -> tuple[int, str]:
         return 0, ""  # not listening (yet)
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.2)
-
-
 # -- tests, in the order a site meets them --------------------------------------------------
 
 
@@ -332,14 +320,14 @@ def test_agent_from_the_installed_unit_exports_a_job_from_the_installed_prolog(
             assert agent.poll() is None, f"the agent exited: {agent_log.read_text()[-3000:]}"
             return _get(f"{url}/-/ready", f"prometheus:{PASSWORD}")[0] == 200
 
-        _wait_for(ready, 30, "the agent to be ready")
+        wait_until(ready, 30, "the agent to be ready", poll=0.2)
         assert _get(f"{url}/metrics")[0] == 401  # the role's web config is in force
         # slurmd runs prologs as root with a bare environment.
         job_env = {"SLURM_JOB_ID": JOBID, "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root",
                    "SLURM_JOB_PARTITION": "gpu", "SLURM_CLUSTER_NAME": "roletest"}
         subprocess.run([str(node.hook("prolog"))], env=job_env, check=True, timeout=10)
         assert (node.spool / f"{JOBID}.json").exists()
-        body = _wait_for(
+        body = wait_until(
             lambda: (lambda r: r[1] if f'jobid="{JOBID}"' in r[1] else "")(
                 _get(f"{url}/metrics", f"prometheus:{PASSWORD}")),
             15, f"job {JOBID} in /metrics")

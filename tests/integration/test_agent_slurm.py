@@ -32,6 +32,7 @@ import pytest
 
 from tests.agent import Agent, series
 from tests.integration.slurmcluster import SBIN_PATH, SlurmCluster, SlurmError
+from tests.support import wait_until
 
 INTERVAL = 1.0  # --sample-interval
 LINGER = 3.0  # --job-linger
@@ -99,13 +100,10 @@ def running_job(
 
 def wait_no_jobs(cluster: SlurmCluster, timeout: float = 30.0) -> None:
     """Wait until the controller has no pending, running or completing job."""
-    deadline = time.monotonic() + timeout
-    while cluster.run(["squeue", "-h", "-t", "PD,R,CG,S", "-o", "%A"], check=False).strip():
-        if time.monotonic() > deadline:
-            raise SlurmError(
-                f"jobs still active after {timeout}s:\n" + cluster.run(["squeue"], check=False)
-            )
-        time.sleep(0.2)
+    wait_until(
+        lambda: not cluster.run(["squeue", "-h", "-t", "PD,R,CG,S", "-o", "%A"],
+                                check=False).strip(),
+        timeout, "no active job", poll=0.2, log=lambda: cluster.run(["squeue"], check=False))
 
 
 def scontrol_job(cluster: SlurmCluster, jobid: int) -> dict[str, str]:
@@ -225,14 +223,16 @@ def wait_for(
     log: Callable[[], str] = lambda: "",
 ) -> T:
     """Call ``probe`` until it returns something other than None; return that."""
-    deadline = time.monotonic() + timeout
-    while True:
+    found: list[T] = []
+
+    def present() -> bool:
         result = probe()
         if result is not None:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}\n{log()}")
-        time.sleep(poll)
+            found.append(result)
+        return bool(found)
+
+    wait_until(present, timeout, what, poll=poll, log=log)
+    return found[0]
 
 
 def wait_scrape(

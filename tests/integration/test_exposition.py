@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent import Agent, series
-from tests.support import free_port, require
+from tests.support import free_port, require, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -26,10 +26,17 @@ def simulated_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]
     agent = Agent(["--simulate", "--sample-interval", "1"], log_path=log)
     try:
         agent.wait_ready()
-        time.sleep(1.5)  # a second sample, so counters have moved
+        first = _last_sample(agent)
+        wait_until(lambda: _last_sample(agent) > first, 10,
+                   "a second sample, so counters have moved", log=agent.log)
         yield agent
     finally:
         agent.stop()
+
+
+def _last_sample(agent: Agent) -> float:
+    [(_, when)] = series(agent.metrics(), "slurm_gpu_exporter_last_sample_timestamp_seconds")
+    return when
 
 
 def test_promtool_check_metrics_passes_on_agent_output(simulated_agent: Agent) -> None:
@@ -104,17 +111,16 @@ def test_a_real_prometheus_scrapes_jobs_with_their_labels(simulated_agent: Agent
 
 def _wait_for_query(port: int, query: str, timeout: float) -> list[dict]:  # type: ignore[type-arg]
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def result() -> list[dict] | None:  # type: ignore[type-arg]
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 data = json.load(resp)
-            if data["status"] == "success" and data["data"]["result"]:
-                return data["data"]["result"]
         except OSError:
-            pass
-        time.sleep(0.5)
-    return []
+            return None
+        return data["data"]["result"] if data["status"] == "success" else None
+
+    return wait_until(result, timeout, f"Prometheus to answer {query}", poll=0.5)
 
 
 def test_an_unwritable_state_dir_is_counted_while_the_agent_keeps_serving(

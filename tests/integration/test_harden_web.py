@@ -17,6 +17,7 @@ import pytest
 
 from tests.agent import Agent
 from tests.integration.test_web_security import _client_ctx, _get, _wait_ready, pki
+from tests.support import wait_until
 
 pytestmark = pytest.mark.process
 
@@ -45,12 +46,7 @@ def _replace(path: Path, text: str) -> None:
 
 
 def _until(condition: Callable[[], bool], agent: Agent, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout} s; log:\n{agent.log()}")
+    wait_until(condition, timeout, f"{condition}", log=agent.log)
 
 
 def _start(tmp_path: Path, config: str, *extra: str) -> tuple[Agent, Path]:

@@ -7,7 +7,6 @@ import http.client
 import shutil
 import ssl
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,7 +15,7 @@ import bcrypt
 import pytest
 
 from tests.agent import Agent
-from tests.support import require
+from tests.support import require, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -53,15 +52,13 @@ def _get(url: str, ctx: ssl.SSLContext | None, auth: str | None = None) -> int:
 
 
 def _wait_ready(agent: Agent, ctx: ssl.SSLContext, auth: str | None = None) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         try:
-            if _get(agent.url + "/-/ready", ctx, auth) == 200:
-                return
+            return _get(agent.url + "/-/ready", ctx, auth) == 200
         except urllib.error.URLError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(agent.log())
+            return False
+
+    wait_until(ready, 20, "the agent to be ready over TLS", poll=0.1, log=agent.log)
 
 
 def _start(tmp_path: Path, config: str) -> Agent:

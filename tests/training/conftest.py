@@ -8,13 +8,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from slurm_gpu_exporter.training_relay import RelayLimits, TrainingRelay
+from tests.support import wait_until
 
 SENDER = Path(__file__).resolve().parent / "sender.py"
 REPO = Path(__file__).resolve().parents[2]
@@ -22,11 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
     """Poll ``predicate`` until it is true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {predicate}")
-        time.sleep(0.02)
+    wait_until(predicate, timeout, f"{predicate}", poll=0.02)
 
 
 class Jobs:
