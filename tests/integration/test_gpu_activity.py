@@ -1,7 +1,11 @@
 """GPM activity (SM, tensor, DRAM) per job and per device: the real agent over the fake NVML.
 
-One agent runs a minute of real time over a node with four GPUs (GPM runs on the
-agent's own clock, so the fake's clock is not sped up here):
+One agent runs a minute of real time over a node with four GPUs. The fake's time
+scale cannot shorten this: a GPM metric is a mean between two GPM samples the agent
+takes, weighted by the agent's own interval, so only real time passes for it. The
+error at the window's edges is the scheduling jitter over the span: 20 s gave 0.67
+percentage point on a loaded 2-core machine, over the 0.5 tolerance; 60 s keeps it
+near 0.2. (Under pytest-xdist the minute overlaps other tests.)
 
 - GPU 0 has GPM, SM activity 25 %, and is held by job 81 alone; one GPM sample
   read fails part-way through;
