@@ -48,6 +48,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CLI_TIMEOUT_S = 5.0
+# What sacct says on a cluster without accounting (no slurmdbd).
+ACCOUNTING_DISABLED = "accounting storage is disabled"
 RETRY_AFTER_S = 60.0
 
 
@@ -86,7 +88,14 @@ class SlurmCli:
                 if info:
                     return info
             except RuntimeError as exc:
-                errors.append(str(exc))
+                if ACCOUNTING_DISABLED not in str(exc):
+                    errors.append(str(exc))
+                else:
+                    # A site without slurmdbd: sacct can never answer. Not a failure
+                    # that should pause every look-up (scontrol still works).
+                    log.info("sacct: %s; jobs the controller forgot are not looked up",
+                             ACCOUNTING_DISABLED)
+                    self._sacct = None
         if errors:
             raise RuntimeError("; ".join(errors))
         return None

@@ -235,3 +235,26 @@ def test_a_hung_pyslurm_call_fails_after_the_cli_timeout(
         assert time.monotonic() - started < 2
     finally:
         release.set()
+
+
+@pytest.mark.process
+def test_a_cluster_without_accounting_pauses_no_look_up(tmp_path: Path) -> None:
+    # A job the controller forgot goes to sacct, which on a cluster without slurmdbd
+    # fails for good. That must not pause the look-ups of running jobs for a minute.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    scontrol = bindir / "scontrol"
+    scontrol.write_text(
+        '#!/bin/sh\ncase "$5" in 77) echo "JobId=77 JobName=train UserId=alice(1001) '
+        'JobState=RUNNING Partition=gpu Nodes=node1" ;;\n'
+        '*) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1 ;; esac\n')
+    sacct = bindir / "sacct"
+    sacct.write_text('#!/bin/sh\necho "sacct: error: Slurm accounting storage is disabled" '
+                     '>&2\nexit 1\n')
+    for script in (scontrol, sacct):
+        script.chmod(0o755)
+    metadata = SlurmMetadata(SlurmCli("node1", str(bindir)))
+    assert metadata.refresh(["63", "77"]) == 0
+    info = metadata.get("77")
+    assert info is not None and info.name == "train"
+    assert metadata.get("63") is None and not metadata.unreachable
