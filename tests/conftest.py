@@ -7,8 +7,10 @@ lacks, so the fast tier stays free of processes and the marker stays true.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,7 +22,7 @@ PROCESS_FIXTURES = frozenset({"slurm_cluster", "stack", "senders"})
 
 # Node-wide resources (the one Slurm cluster, /etc, /opt): their tests run one at a
 # time, in one group on one worker when the suite runs in parallel (pytest-xdist).
-NODE_FIXTURES = frozenset({"slurm_cluster"})
+NODE_FIXTURES = frozenset({"slurm_cluster", "node_lock"})
 NODE_MODULES = ("tests/deploy/",)
 
 
@@ -44,6 +46,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         else:
             group = path  # a module's shared daemons start once, on one worker
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+# One per machine, whichever checkout the tests run from: the Slurm cluster (fixed
+# node name, ports, spool) and what the Ansible role writes (/opt, /etc/default).
+NODE_LOCK = "/var/tmp/sge-testcluster.lock"
+
+
+@pytest.fixture(scope="session")
+def node_lock() -> Iterator[None]:
+    """Held while a session uses the node-wide resources; another test run waits."""
+    with open(NODE_LOCK, "w") as lock:  # not inherited by the daemons tests start
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 from collections.abc import Iterator
 
 import pytest
@@ -10,11 +9,9 @@ import pytest
 from tests.integration.slurmcluster import SlurmCluster, unavailable_reason
 from tests.support import require
 
-CLUSTER_LOCK = "/var/tmp/sge-testcluster.lock"
-
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[SlurmCluster]:
+def slurm_cluster(node_lock: None) -> Iterator[SlurmCluster]:
     """The real one-node Slurm cluster, up for the whole session.
 
     Started by this fixture when it is not running yet, and then stopped at the end;
@@ -22,15 +19,11 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     """
     reason = unavailable_reason()
     require(reason is None, reason or "")
-    # One cluster per machine (fixed node name, ports, /etc/default file): a second test
-    # run, from another checkout, waits here until the first one is done with it.
-    with open(CLUSTER_LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        cluster = SlurmCluster()
-        started_here = not cluster.is_up()
-        cluster.up()
-        try:
-            yield cluster
-        finally:
-            if started_here:
-                cluster.down()
+    cluster = SlurmCluster()
+    started_here = not cluster.is_up()
+    cluster.up()
+    try:
+        yield cluster
+    finally:
+        if started_here:
+            cluster.down()

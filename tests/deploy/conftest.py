@@ -1,0 +1,10 @@
+"""The role's tests write /opt and /etc: one test run at a time on a machine."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _node_wide(node_lock: None) -> None:
+    """Every test here waits for the node lock (see tests/conftest.py)."""
