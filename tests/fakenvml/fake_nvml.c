@@ -1866,18 +1866,31 @@ nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device,
  * idle, as real drivers keep no samples while a GPU is idle.  A sample covers
  * the time since the previous grid sample (two back when that one is
  * missing), so the first one after an idle gap covers one period only. */
+static int idle_period(const fdev_t *d, unsigned long long k)
+{
+    return k > 0 && pct_round(mean_dev(d, NULL, (double)sample_us(g_state, k - 1) / 1e6,
+                                       (double)sample_us(g_state, k) / 1e6)) == 0;
+}
+
+/* With idle_samples 0 the first sample after an idle period is never a missing
+ * one (a driver resuming from idle takes it), so it covers its own period only. */
+static int device_missing(const fdev_t *d, unsigned long long k)
+{
+    return sample_missing(g_state, k) && !(g_state->idle_dry && idle_period(d, k - 1));
+}
+
 static int device_sample(const fdev_t *d, nvmlSamplingType_t type, unsigned long long k,
                          unsigned long long now, unsigned long long floor_us, unsigned *value)
 {
     unsigned long long ts = sample_us(g_state, k);
-    if (sample_missing(g_state, k) || ts > now || ts <= floor_us)
+    if (device_missing(d, k) || ts > now || ts <= floor_us)
         return 0;
     if (type == NVML_TOTAL_POWER_SAMPLES) {
         *value = (unsigned)llround(d->power_w * 1000.0);
         return 1;
     }
     unsigned long long prev = k ? k - 1 : 0;
-    if (prev && sample_missing(g_state, prev))
+    if (prev && device_missing(d, prev))
         prev--;
     double m = mean_dev(d, NULL, (double)sample_us(g_state, prev) / 1e6, (double)ts / 1e6);
     if (g_state->idle_dry && pct_round(m) == 0)
