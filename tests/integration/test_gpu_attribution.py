@@ -35,7 +35,7 @@ from tests.fakenvml import (
 )
 from tests.support import require
 
-pytestmark = [pytest.mark.process, pytest.mark.fakenvml]
+pytestmark = pytest.mark.fakenvml
 
 GIB = 1024**3
 SCALE = 10.0  # NVML seconds per real second where busy time is integrated
