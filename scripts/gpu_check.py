@@ -120,7 +120,10 @@ def run_load(duty: float, period: float, seconds: float, memory_mib: int,
              blocks: int = 1) -> None:
     """The GPU load: device 0 of CUDA_VISIBLE_DEVICES, busy ``duty`` of each period on
     ``blocks`` one-thread blocks. Prints the GPU's SM count first (one JSON line)."""
-    cuda = ctypes.CDLL("libcuda.so.1")
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise RuntimeError(f"no CUDA driver library here ({exc})") from None
     _cuda_check(cuda.cuInit(0), "cuInit")
     device = ctypes.c_int()
     _cuda_check(cuda.cuDeviceGet(ctypes.byref(device), 0), "cuDeviceGet")
@@ -210,10 +213,14 @@ def _start_load(args: argparse.Namespace, uuid: str, duty: float, blocks: int
     assert load.stdout is not None
     line = load.stdout.readline()
     try:
-        return load, int(json.loads(line)["sm_count"])
-    except (ValueError, KeyError):
+        said = json.loads(line)
+    except ValueError:
+        said = None
+    if not isinstance(said, dict) or not isinstance(said.get("sm_count"), int):
         load.kill()
-        raise RuntimeError(f"the GPU load did not start (it said {line!r})") from None
+        why = said.get("error", line) if isinstance(said, dict) else repr(line)
+        raise RuntimeError(f"the GPU load did not start: {why}")
+    return load, said["sm_count"]
 
 
 def _wait(probe: Callable[[], object], timeout: float, what: str) -> None:
@@ -410,7 +417,11 @@ def main() -> int:
     p.add_argument("--load", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.load:
-        run_load(args.duty, args.period, args.seconds, args.memory_mib, max(1, args.blocks))
+        try:
+            run_load(args.duty, args.period, args.seconds, args.memory_mib, max(1, args.blocks))
+        except RuntimeError as exc:  # to the parent, which says it in one line
+            print(json.dumps({"error": str(exc)}), flush=True)
+            return 1
         return 0
     if args.probe:
         return probe(args)
