@@ -3,6 +3,7 @@ driver's habits as the fake's real-driver defaults have them (tests/fakenvml/REA
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import subprocess
 import time
@@ -41,7 +42,8 @@ def test_probe_records_clocks_spacing_idle_samples_process_reads_energy_and_gpm(
     assert busy["driver"] == "550.54.15" and busy["probe_version"] == 1
 
     [gpu] = busy["gpus"]
-    assert gpu["load"].startswith("not run: ")  # no CUDA beside the fake
+    if ctypes.util.find_library("cuda") is None:  # no CUDA beside the fake: said why
+        assert gpu["load"].startswith("not run: ") and "libcuda.so.1" in gpu["load"]
     device = gpu["before_load"]["device_samples"]
     assert device["clock"] == "boottime"
     assert device["spacing_s"]["median"] == pytest.approx(0.167, abs=0.02)
