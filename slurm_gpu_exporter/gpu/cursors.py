@@ -41,6 +41,7 @@ class SampleCursor:
     continuous: bool = False
     seen_at: float | None = None  # host monotonic time when device_us was read
     live_pids: set[int] = field(default_factory=set)  # processes on the GPU at the last poll
+    dry_since: float | None = None  # host monotonic time of the last dry read before any sample
 
     def process_last_seen(self) -> int:
         """The ``lastSeenTimeStamp`` for process samples: the oldest of the newest per

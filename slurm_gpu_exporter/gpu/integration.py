@@ -181,6 +181,8 @@ class DeviceIntegrator:
                 return PollFigures(0.0, 0.0, procs, clock=c.device_clock)
             if "utilization samples" in reading.failed:
                 return PollFigures(0.0, 0.0, procs, clock=c.device_clock)  # not known dry
+            if not c.device_us:
+                return PollFigures(self._dry_from_the_start(c, host_now), 0.0, procs)
             return PollFigures(self._idle_credit(c, host_now), 0.0, procs, clock=c.device_clock)
         self.clamped[uuid] = self.clamped.get(uuid, 0) + sum(
             1 for s in samples if not 0.0 <= s.percent <= 100.0)
@@ -188,6 +190,7 @@ class DeviceIntegrator:
         clock = self._note_clock(reading, c, newest, at)
         if not c.device_us:
             # The first look: the buffer's history is nobody's to count.
+            c.dry_since = None
             c.device_us = c.counted_us = newest
             c.period_us = measured_period_us(samples, c.period_us)
             c.continuous, c.seen_at = True, host_now
@@ -217,6 +220,13 @@ class DeviceIntegrator:
         window = (end - c.counted_us) / 1e6
         c.counted_us = int(end)
         return window
+
+    @staticmethod
+    def _dry_from_the_start(c: SampleCursor, host_now: float) -> float:
+        """Seconds of idle time of a GPU whose buffer has held no sample since the agent
+        first read it (idle from the start): the host time between two dry reads."""
+        since, c.dry_since = c.dry_since, host_now
+        return max(0.0, host_now - since) if since is not None else 0.0
 
     def _process_samples(self, reading: DeviceReading, c: SampleCursor, at: HostClocks
                          ) -> tuple[ProcessUtilSample, ...]:
@@ -306,6 +316,7 @@ class DeviceIntegrator:
         hold samples nobody read, and is not idle time."""
         for c in self.cursors.values():
             c.continuous = False
+            c.dry_since = None
 
     def prune(self, present: set[str]) -> None:
         """Forget GPUs no longer present (a MIG layout changed, a GPU was removed)."""

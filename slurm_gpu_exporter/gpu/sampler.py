@@ -182,13 +182,14 @@ class GpuSampler:
             c = self._counter(job, parent)
             job_window, job_busy = window or 0.0, busy
             if c.fresh and figures.before is None:
-                job_window = 0.0  # idle time counted without samples: not known to be its
+                # Idle time counted without samples, up to now: the part since its start.
+                job_window = max(0.0, min(job_window, poll.now - (job.start_time or poll.now)))
             elif trim and c.fresh and job.start_time and reading.util_samples:
                 # Only a job's first window can reach back before its start.
                 start_us = wall_to_driver_us(job.start_time, trim, at)
                 if start_us is not None:
                     job_window, job_busy = since_start(reading.util_samples, figures, start_us)
-            if window and figures.before is not None:
+            if window and (figures.before is not None or job_window):
                 c.fresh = False
             if jobid in holders:
                 self._hold(c, job, poll.now, job_window)

@@ -170,3 +170,12 @@ def test_state_round_trip_and_pruning_of_gpus_no_longer_present() -> None:
     assert again.device_busy == dev.device_busy
     assert again.cursors["GPU-b"].device_clock == "boottime"
     assert not again.cursors["GPU-b"].continuous  # the gap to the next sample: unknown
+
+
+def test_a_gpu_dry_from_its_first_read_counts_the_time_between_reads_as_idle() -> None:
+    dev = DeviceIntegrator()
+    assert dev.integrate(reading(()), at(100.0)).window == 0.0
+    idle = dev.integrate(reading(()), at(102.0))
+    assert idle.window == pytest.approx(2.0) and idle.busy == 0.0
+    first = dev.integrate(reading(grid(102.5, 5, 100.0)), at(103.0))
+    assert first.window == 0.0  # the first samples only start the window

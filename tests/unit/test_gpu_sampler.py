@@ -133,6 +133,18 @@ def test_idle_gpu_whose_driver_has_no_samples_is_allocated_for_the_time_held(
     assert one(part).busy_seconds == 0.0
 
 
+def test_a_held_gpu_whose_buffer_is_dry_from_the_start_reads_zero_utilization(
+    sampler: GpuSampler, backend: FakeBackend,
+) -> None:
+    backend.no_samples = True  # an idle GPU: its driver takes no samples
+    jobs = [job()]
+    poll(sampler, backend, jobs)
+    for _ in range(2):
+        backend.advance(1.0)
+        got = one(poll(sampler, backend, jobs))
+    assert got.utilization == 0.0 and got.busy_seconds == 0.0
+
+
 def test_allocated_time_includes_a_gap_in_the_samples_busy_time_does_not(
     sampler: GpuSampler, backend: FakeBackend,
 ) -> None:
