@@ -14,6 +14,10 @@ Run through ``scripts/gpu-check`` on any machine with an NVIDIA GPU and driver
    near 100 % next to SM activity near blocks / SMs: what "busy" cannot tell.
 
 Both loads print the GPM figures (SM activity, occupancy, tensor, DRAM) next to busy.
+On a GPU whose architecture has GPM (Hopper and later) missing GPM figures fail the
+check. ``--probe`` instead records the raw driver facts into a JSON file
+(scripts/gpu_probe.py). The agent runs from this checkout (no installed entry point);
+on any failure its log is printed.
 """
 
 from __future__ import annotations
@@ -23,17 +27,22 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 JOBID = "990001"
+NVML_DEVICE_ARCH_HOPPER = 9  # nvml.h: Hopper and later have GPM
+# The agent from this checkout, without an installed entry point.
+AGENT_MAIN = "import sys; from slurm_gpu_exporter.cli import main; sys.exit(main())"
 
 # A one-thread kernel that spins until the GPU's global timer passes start + ns.
 SPIN_PTX = b"""
@@ -89,11 +98,32 @@ def window_ratios(first: dict, second: dict, labels: dict[str, str]  # type: ign
     return out
 
 
+def busy_tolerance(duty: float, period: float, window: float, spacing: float) -> float:
+    """How far a correct agent's busy ratio over ``window`` seconds may be from ``duty``:
+
+    - the window's two edges cut the load's period: at most period * duty * (1 - duty) of
+      busy time is in a partial period, over the window;
+    - busy time is counted up to the newest driver sample, allocated time up to the
+      poll: at each of the two scrapes they may differ by one sample ``spacing``;
+    - the driver rounds each sample to a whole percent: half a point.
+    """
+    return (0.005 + period * duty * (1 - duty) / window
+            + 2 * spacing * max(duty, 1 - duty) / window)
+
+
+def gpm_required(architecture: int | None) -> bool:
+    """Whether a GPU of this NVML architecture must give GPM figures (Hopper and later)."""
+    return architecture is not None and architecture >= NVML_DEVICE_ARCH_HOPPER
+
+
 def run_load(duty: float, period: float, seconds: float, memory_mib: int,
              blocks: int = 1) -> None:
     """The GPU load: device 0 of CUDA_VISIBLE_DEVICES, busy ``duty`` of each period on
     ``blocks`` one-thread blocks. Prints the GPU's SM count first (one JSON line)."""
-    cuda = ctypes.CDLL("libcuda.so.1")
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise RuntimeError(f"no CUDA driver library here ({exc})") from None
     _cuda_check(cuda.cuInit(0), "cuInit")
     device = ctypes.c_int()
     _cuda_check(cuda.cuDeviceGet(ctypes.byref(device), 0), "cuDeviceGet")
@@ -125,6 +155,12 @@ def run_load(duty: float, period: float, seconds: float, memory_mib: int,
         time.sleep(max(0.0, next_start - time.monotonic()))
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -144,7 +180,8 @@ def _value(metrics: dict, name: str, **labels: str) -> float | None:  # type: ig
     return None
 
 
-def _gpu_identity(index: int) -> tuple[str, int, str]:
+def _gpu_identity(index: int) -> tuple[str, int, str, int | None]:
+    """(UUID, minor, name, NVML architecture or None) of one GPU."""
     import pynvml
 
     pynvml.nvmlInit()
@@ -153,10 +190,14 @@ def _gpu_identity(index: int) -> tuple[str, int, str]:
         uuid = pynvml.nvmlDeviceGetUUID(handle)
         name = pynvml.nvmlDeviceGetName(handle)
         minor = pynvml.nvmlDeviceGetMinorNumber(handle)
+        try:
+            architecture: int | None = int(pynvml.nvmlDeviceGetArchitecture(handle))
+        except pynvml.NVMLError:
+            architecture = None
     finally:
         pynvml.nvmlShutdown()
     return (uuid.decode() if isinstance(uuid, bytes) else uuid, minor,
-            name.decode() if isinstance(name, bytes) else name)
+            name.decode() if isinstance(name, bytes) else name, architecture)
 
 
 def _start_load(args: argparse.Namespace, uuid: str, duty: float, blocks: int
@@ -172,16 +213,45 @@ def _start_load(args: argparse.Namespace, uuid: str, duty: float, blocks: int
     assert load.stdout is not None
     line = load.stdout.readline()
     try:
-        return load, int(json.loads(line)["sm_count"])
-    except (ValueError, KeyError):
+        said = json.loads(line)
+    except ValueError:
+        said = None
+    if not isinstance(said, dict) or not isinstance(said.get("sm_count"), int):
         load.kill()
-        raise RuntimeError(f"the GPU load did not start (it said {line!r})") from None
+        why = said.get("error", line) if isinstance(said, dict) else repr(line)
+        raise RuntimeError(f"the GPU load did not start: {why}")
+    return load, said["sm_count"]
 
 
-def _measure(args: argparse.Namespace, port: int, load: subprocess.Popen[str]
-             ) -> tuple[dict, dict, float]:  # type: ignore[type-arg]
-    """Two scrapes ``args.seconds`` apart, after a warm-up; raises if the load died."""
-    time.sleep(max(5.0, 3 * args.interval))  # warm-up: the job's first window
+def _wait(probe: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll ``probe`` until it is truthy; RuntimeError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _ready(port: int, agent: subprocess.Popen[bytes]) -> bool:
+    if agent.poll() is not None:
+        raise RuntimeError(f"the agent exited with {agent.returncode} before it was ready")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _measure(args: argparse.Namespace, port: int, load: subprocess.Popen[str],
+             labels: dict[str, str]) -> tuple[dict, dict, float]:  # type: ignore[type-arg]
+    """Two scrapes ``args.seconds`` apart, once the job's busy time has started to
+    grow (its first window is behind it); raises if the load died."""
+    def counting() -> bool:
+        if load.poll() is not None:
+            raise RuntimeError(f"the GPU load exited early ({load.returncode})")
+        busy = _value(_scrape(port), "slurm_job_gpu_busy_seconds_total", **labels)
+        return busy is not None and busy > 0
+    _wait(counting, 60, "the job's busy time to grow")
     first = _scrape(port)
     t0 = time.time()
     time.sleep(args.seconds)
@@ -221,12 +291,12 @@ def load_rows(title: str, ratios: dict[str, float | None], busy_truth: float,
 
 def check(args: argparse.Namespace) -> int:
     from slurm_gpu_exporter import spool
-    from tests.support import free_port
 
     try:
-        uuid, minor, name = _gpu_identity(args.gpu)
+        uuid, minor, name, architecture = _gpu_identity(args.gpu)
     except Exception as exc:
-        print(f"gpu-check: no usable NVIDIA GPU {args.gpu} here ({exc})", file=sys.stderr)
+        print(f"gpu-check: no usable NVIDIA GPU {args.gpu} here ({exc}); check the driver "
+              "with nvidia-smi", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="sge-gpu-check-"))
     (work / "cgroup").mkdir()
@@ -237,16 +307,19 @@ def check(args: argparse.Namespace) -> int:
     os.close(fd)
     port = free_port()
     agent = subprocess.Popen(
-        [str(Path(sys.executable).parent / "slurm-gpu-exporter"),
+        [sys.executable, "-c", AGENT_MAIN,
          "--web.listen-address", f"127.0.0.1:{port}", "--spool-dir", str(work / "spool"),
          "--state-dir", str(work / "state"), "--cgroup-root", str(work / "cgroup"),
          "--sample-interval", str(args.interval), "--slurm-lookup", "off"],
-        stdout=(work / "agent.log").open("wb"), stderr=subprocess.STDOUT)
+        stdout=(work / "agent.log").open("wb"), stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
     labels = {"jobid": JOBID, "gpu": str(args.gpu)}
     load = None
+    ok = False
     try:
+        _wait(lambda: _ready(port, agent), 30, "the agent to be ready")
         load, sm_count = _start_load(args, uuid, args.duty, 1)
-        first, second, elapsed = _measure(args, port, load)
+        first, second, elapsed = _measure(args, port, load, labels)
         _stop(load)
         spin = window_ratios(first, second, labels)
         energy = _delta(first, second, "slurm_job_gpu_energy_joules_total", labels)
@@ -264,13 +337,19 @@ def check(args: argparse.Namespace) -> int:
             ("energy J (job)", energy),
             ("mean power W (job)", f"{energy / elapsed:.1f}" if energy else None),
         ]
-        ok = spin["busy"] is not None and abs(spin["busy"] - args.duty) <= 0.01
-        if spin["sm_active"] is None:
-            rows.append(("blocks load", "skipped: no GPM figures (GPU without NVML GPM)"))
+        tolerance = busy_tolerance(args.duty, args.period, elapsed, args.spacing)
+        rows.append(("spin: busy tolerance, percentage points", f"±{100 * tolerance:.2f}"))
+        ok = spin["busy"] is not None and abs(spin["busy"] - args.duty) <= tolerance
+        if spin["sm_active"] is None and gpm_required(architecture):
+            rows.append(("GPM", f"FAILED: no GPM figures on a GPU of NVML architecture "
+                                f"{architecture} (Hopper or later has GPM)"))
+            ok = False
+        elif spin["sm_active"] is None:
+            rows.append(("blocks load", "not run: no GPM figures (a GPU before Hopper)"))
         else:
             blocks = args.blocks or max(1, sm_count // 4)
             load, _ = _start_load(args, uuid, 1.0, blocks)
-            first, second, _ = _measure(args, port, load)
+            first, second, _ = _measure(args, port, load, labels)
             full = window_ratios(first, second, labels)
             expected = expected_sm_active(1.0, blocks, sm_count)
             rows += load_rows(f"{blocks} blocks/{sm_count} SMs", full, 1.0, expected)
@@ -291,10 +370,12 @@ def check(args: argparse.Namespace) -> int:
             print(json.dumps(dict(rows), default=str))
         return 0 if ok else 1
     except RuntimeError as exc:
-        print(f"gpu-check: {exc}", file=sys.stderr)
+        print(f"gpu-check: {exc}; the agent's log follows", file=sys.stderr)
         return 1
     finally:
         _stop(*(p for p in (load, agent) if p is not None))
+        if not ok:
+            sys.stderr.write((work / "agent.log").read_text(errors="replace")[-20000:])
         print(f"(agent log: {work / 'agent.log'})")
 
 
@@ -319,13 +400,56 @@ def main() -> int:
     p.add_argument("--blocks", type=int, default=0,
                    help="blocks of the second (always busy) load, one per SM; 0: a quarter "
                         "of the GPU's SMs")
+    p.add_argument("--spacing", type=float, default=1 / 6,
+                   help="driver sample spacing, s, for the busy tolerance (a probe measures it)")
     p.add_argument("--json", action="store_true", help="also print the table as JSON")
+    p.add_argument("--probe", action="store_true",
+                   help="record the raw driver facts (sample clocks, spacing, buffer span, idle "
+                        "samples, process samples per read, energy steps, GPM return codes) "
+                        "into --out instead of checking")
+    p.add_argument("--out", type=Path, default=Path("gpu-probe.json"),
+                   help="where --probe writes its JSON (gpu-probe.json)")
+    p.add_argument("--probe-seconds", type=float, default=10.0,
+                   help="seconds --probe polls each call, before and again during the load")
+    p.add_argument("--wheels", metavar="DIR",
+                   help="(scripts/gpu-check) make .venv from the wheels in DIR, offline; see "
+                        "docs/gpu-check.md")
     p.add_argument("--load", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.load:
-        run_load(args.duty, args.period, args.seconds, args.memory_mib, max(1, args.blocks))
+        try:
+            run_load(args.duty, args.period, args.seconds, args.memory_mib, max(1, args.blocks))
+        except RuntimeError as exc:  # to the parent, which says it in one line
+            print(json.dumps({"error": str(exc)}), flush=True)
+            return 1
         return 0
+    if args.probe:
+        return probe(args)
     return check(args)
+
+
+def probe(args: argparse.Namespace) -> int:
+    """--probe: the driver facts into args.out, with the spin load running where CUDA is."""
+    import gpu_probe
+
+    def start_load(uuid: str) -> tuple[subprocess.Popen[str], str]:
+        load, sm_count = _start_load(args, uuid, args.duty, 1)
+        return load, f"spin load {args.duty:.0%} of {args.period:g} s on 1 of {sm_count} SMs"
+
+    try:
+        report = gpu_probe.run_probe(args.out, [args.gpu], args.probe_seconds, 0.5,
+                                     start_load)
+    except Exception as exc:  # pynvml's errors and any other: say what and where
+        print(f"gpu-check: the probe failed ({type(exc).__name__}: {exc}); is the NVIDIA "
+              "driver loaded (nvidia-smi)?", file=sys.stderr)
+        return 2
+    for gpu in report["gpus"]:
+        device = gpu["before_load"]["device_samples"]
+        print(f"GPU {gpu['index']} {gpu['name']}: device samples on {device['clock']}, "
+              f"process samples on {gpu['before_load']['process_samples']['clock']}; "
+              f"load: {gpu.get('load')}")
+    print(f"probe written to {args.out}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -184,6 +184,9 @@ def gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
                    [*GPU_LABELS, "type"])
     xid = _counter("slurm_gpu_xid_errors", "Xid errors seen by the agent, by Xid code.",
                    [*GPU_LABELS, "xid"])
+    clamped = _counter("slurm_gpu_driver_samples_clamped",
+                       "Driver utilization samples outside 0..100 % (drivers have reported "
+                       "130 %), clamped before they were counted.", GPU_LABELS)
     unattr_procs = _gauge("slurm_gpu_unattributed_processes",
                           "GPU processes that belong to no Slurm job, by user.",
                           [*GPU_LABELS, "user"])
@@ -209,12 +212,13 @@ def gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
         _maybe(ecc, [*key, "uncorrected"], g.ecc_uncorrected)
         for code, count in g.xid_errors:
             xid.add_metric([*key, str(code)], count)
+        _maybe(clamped, key, g.clamped_samples)
     for u in snapshot.unattributed:
         unattr_procs.add_metric([u.gpu, u.uuid, u.user], u.processes)
         unattr_mem.add_metric([u.gpu, u.uuid, u.user], u.memory_bytes)
         _maybe(unattr_busy, [u.gpu, u.uuid, u.user], u.busy_seconds)
     yield from (info, lost, util, busy, mem_used, mem_total, power, energy, temp, ecc, xid,
-                unattr_procs, unattr_mem, unattr_busy)
+                clamped, unattr_procs, unattr_mem, unattr_busy)
 
 
 def self_families(snapshot: Snapshot) -> Iterator[Metric]:

@@ -90,6 +90,7 @@ class GpuSample:
     ecc_corrected: int | None = None
     ecc_uncorrected: int | None = None
     xid_errors: tuple[tuple[int, int], ...] = ()  # (xid, count)
+    clamped_samples: int | None = None  # driver samples outside 0..100 %, clamped
     unattributed_processes: int = 0
     unattributed_memory_bytes: int = 0
     # GPM totals by name (GPUs with GPM only): activity seconds, PCIe/NVLink bytes.

@@ -78,3 +78,41 @@ class StateStore:
             raise
         self._saved = payload
         return True
+
+
+# -- driver sample cursors ----------------------------------------------------
+# A cursor is a driver timestamp, and drivers stamp on clocks that restart with the
+# boot (CLOCK_BOOTTIME) or with the driver: saved cursors carry the boot id and the
+# driver version they were read in, and are good for that boot and driver only.
+
+BOOT_ID_PATH = Path("sys/kernel/random/boot_id")
+
+
+def read_boot_id(proc_root: Path) -> str | None:
+    """This boot's id (``/proc/sys/kernel/random/boot_id`` under ``proc_root``); None
+    where it cannot be read."""
+    try:
+        text = (proc_root / BOOT_ID_PATH).read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    boot_id = text.strip()
+    return boot_id if 0 < len(boot_id) <= 64 else None
+
+
+def stamp_cursors(by_gpu: dict[str, Any], boot_id: str | None,
+                  driver: str | None) -> dict[str, Any]:
+    """The cursors as saved: per GPU, with the boot and the driver version they are of."""
+    return {"boot_id": boot_id, "driver": driver, "gpus": by_gpu}
+
+
+def cursors_of_this_boot(saved: Any, boot_id: str | None) -> tuple[dict[str, Any], str | None]:
+    """The saved cursors by GPU and the driver version they were read from; none where
+    they were saved in another boot, or in a form this version does not read."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("gpus"), dict):
+        return {}, None
+    if saved.get("boot_id") != boot_id:
+        log.info("the driver sample cursors in the state dir are from another boot; they are "
+                 "dropped and each GPU's first poll starts afresh")
+        return {}, None
+    driver = saved.get("driver")
+    return saved["gpus"], driver if isinstance(driver, str) else None

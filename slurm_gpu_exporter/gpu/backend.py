@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from slurm_gpu_exporter.gpu.clocks import HostClocks
+
 
 class GpuUnavailable(Exception):
     """No GPU library or driver (or it failed to initialise); the message says which."""
@@ -77,6 +79,11 @@ class DeviceReading:
 
     ``util_samples`` holds the device samples newer than the cursor passed in (empty
     when there are none yet; None when the GPU has no utilization samples, e.g. MIG).
+    Where a call found none newer than a cursor, ``util_buffer_newest_us`` /
+    ``process_buffer_newest_us`` hold the newest timestamp the driver still has (None:
+    its buffer is empty), so a cursor ahead of the driver's clock shows. ``clocks``
+    are the host's clocks read right after the sample calls (None: not read; the
+    sampler then takes its own wall time).
     ``gpm_supported`` says whether the GPU has NVML GPM (Hopper and later); ``gpm``
     holds the GPM means since the previous poll's GPM sample (None on the first
     poll, after a failed GPM read, or without GPM).
@@ -98,6 +105,9 @@ class DeviceReading:
     processes: tuple[GpuProcess, ...] = ()
     util_samples: tuple[UtilSample, ...] | None = None
     process_samples: tuple[ProcessUtilSample, ...] | None = None
+    util_buffer_newest_us: int | None = None
+    process_buffer_newest_us: int | None = None
+    clocks: HostClocks | None = None
     mig: tuple[MigInstance, ...] = ()
     gpm_supported: bool = False
     gpm: GpmFigures | None = None

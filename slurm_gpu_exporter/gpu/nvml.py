@@ -18,15 +18,15 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from slurm_gpu_exporter.gpu import nvml_samples
 from slurm_gpu_exporter.gpu.backend import (
     DeviceReading,
     GpuProcess,
     GpuUnavailable,
     MigInstance,
-    ProcessUtilSample,
-    UtilSample,
     XidEvent,
 )
+from slurm_gpu_exporter.gpu.clocks import HostClocks
 from slurm_gpu_exporter.gpu.gpm import GpmReader
 
 log = logging.getLogger(__name__)
@@ -141,6 +141,12 @@ class NvmlBackend:
         try:
             mig = self._mig_instances(d, errors)
             gpm_ok, gpm, mig = self._gpm.read(d.index, d.uuid, d.handle, mig, errors)
+            util = None if mig else self._samples(d, "samples", nvml_samples.util_samples,
+                                                  cursor[0], errors)
+            procs = None if mig else self._samples(d, "process_samples",
+                                                   nvml_samples.process_samples, cursor[1],
+                                                   errors)
+            clocks = HostClocks.now()  # right after the sample calls: what they compare with
             memory = self._memory(d.uuid, d.handle, errors)
             power = self._field(d.uuid, "power", pynvml.nvmlDeviceGetPowerUsage, errors,
                                 d.handle)
@@ -157,8 +163,11 @@ class NvmlBackend:
                 ecc_corrected=self._ecc(d, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, errors),
                 ecc_uncorrected=self._ecc(d, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, errors),
                 processes=self._processes(d, errors),
-                util_samples=None if mig else self._util_samples(d, cursor[0], errors),
-                process_samples=None if mig else self._process_samples(d, cursor[1], errors),
+                util_samples=util[0] if util else None,
+                process_samples=procs[0] if procs else None,
+                util_buffer_newest_us=util[1] if util else None,
+                process_buffer_newest_us=procs[1] if procs else None,
+                clocks=clocks,
                 mig=mig,
                 gpm_supported=gpm_ok,
                 gpm=gpm,
@@ -238,45 +247,16 @@ class NvmlBackend:
                 )
         return tuple(by_pid.values())
 
-    def _util_samples(self, d: _Device, since_us: int, errors: list[str]
-                      ) -> tuple[UtilSample, ...] | None:
-        if (d.uuid, "samples") in self._unsupported:
+    def _samples(self, d: _Device, what: str, read: Callable[..., T | None], since_us: int,
+                 errors: list[str]) -> T | None:
+        """A sample-buffer read (gpu/nvml_samples.py), None where the GPU has none (not
+        asked again)."""
+        if (d.uuid, what) in self._unsupported:
             return None
-        try:
-            _, samples = self._call(pynvml.nvmlDeviceGetSamples, d.handle,
-                                    pynvml.NVML_GPU_UTILIZATION_SAMPLES, since_us)
-        except pynvml.NVMLError_NotFound:
-            return ()  # no sample newer than the cursor yet
-        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
-            self._unsupported.add((d.uuid, "samples"))
-            return None
-        except pynvml.NVMLError as exc:
-            errors.append(f"utilization samples: {exc}")
-            return ()
-        return tuple(
-            UtilSample(int(s.timeStamp), float(s.sampleValue.uiVal))
-            for s in sorted(samples, key=lambda s: s.timeStamp)
-            if s.timeStamp > since_us
-        )
-
-    def _process_samples(self, d: _Device, since_us: int, errors: list[str]
-                         ) -> tuple[ProcessUtilSample, ...] | None:
-        if (d.uuid, "process_samples") in self._unsupported:
-            return None
-        try:
-            samples = self._call(pynvml.nvmlDeviceGetProcessUtilization, d.handle, since_us)
-        except pynvml.NVMLError_NotFound:
-            return ()
-        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
-            self._unsupported.add((d.uuid, "process_samples"))
-            return None
-        except pynvml.NVMLError as exc:
-            errors.append(f"process utilization samples: {exc}")
-            return ()
-        return tuple(
-            ProcessUtilSample(int(s.pid), int(s.timeStamp), float(s.smUtil))
-            for s in samples if s.timeStamp > since_us
-        )
+        result = read(d.handle, since_us, errors)
+        if result is None:
+            self._unsupported.add((d.uuid, what))
+        return result
 
     def _mig_instances(self, d: _Device, errors: list[str]) -> tuple[MigInstance, ...]:
         mode = self._field(d.uuid, "mig_mode", pynvml.nvmlDeviceGetMigMode, errors, d.handle)

@@ -122,6 +122,8 @@ class BackendLink:
         self._init_error_logged = False
         self._stop = threading.Event()
         self._xid_thread: threading.Thread | None = None
+        self.driver: str | None = None  # the driver version of the last init
+        self.generation = 0  # successful inits so far: a new one may be a reloaded driver
 
     def read(self, cursors: Cursors) -> list[DeviceReading] | None:
         """This poll's readings, or None (error counted) while the backend is down or stuck."""
@@ -160,6 +162,8 @@ class BackendLink:
             self.errors.count("nvml", str(exc), log_it=False)
             return False
         log.info("GPU backend ready (driver %s)", driver)
+        self.driver = driver
+        self.generation += 1
         self._initialised = True
         self._init_error_logged = False
         self._poller = Poller(self.backend, self._clock)

@@ -31,13 +31,15 @@ from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.activity import DeviceActivity, job_activity, sole_job
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpmFigures, GpuBackend
+from slurm_gpu_exporter.gpu.clocks import HostClocks, wall_to_driver_us
 from slurm_gpu_exporter.gpu.counters import CounterStore, JobGpuCounters
-from slurm_gpu_exporter.gpu.integration import DeviceIntegrator, integrate_samples
+from slurm_gpu_exporter.gpu.integration import DeviceIntegrator, since_start
 from slurm_gpu_exporter.gpu.polling import BackendLink
 from slurm_gpu_exporter.gpu.usage import UsageReader
 from slurm_gpu_exporter.procfs import PidJobMapper
 from slurm_gpu_exporter.registry import Job
 from slurm_gpu_exporter.snapshot import GpuSample, JobGpuSample, UnattributedSample
+from slurm_gpu_exporter.state import cursors_of_this_boot, read_boot_id, stamp_cursors
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,9 @@ class GpuSampler:
         self.activity = DeviceActivity()
         self._first_poll: float | None = None  # wall time of the first sample
         self._last_part = GpuPartResult(nvml_up=False)
+        # Driver timestamps restart with the boot and may with the driver: cursors are
+        # saved with both, and kept only for the same ones.
+        self.boot_id = read_boot_id(proc_root)
 
     @property
     def mapper(self) -> PidJobMapper:
@@ -104,8 +109,10 @@ class GpuSampler:
     def sample(self, jobs: list[Job], now: float) -> GpuPartResult:
         if self._first_poll is None:
             self._first_poll = now
-        readings = self.link.read(self.devices.cursors)
+        readings = self.link.read(self.devices.driver_cursors())
+        self.devices.driver_seen(self.link.generation, self.link.driver)
         if readings is None:
+            self.devices.interrupted()
             self._last_part = self._frozen(jobs, now)
             return self._last_part
         if self.cgroups is not None:
@@ -149,10 +156,11 @@ class GpuSampler:
         """A whole GPU: busy time, energy, memory and processes to the jobs using or
         holding it; the rest to the users outside every job."""
         parent = GpuTarget(str(reading.index), reading.uuid, reading.minor)
-        usage = self.users.usage(reading.processes, reading.process_samples or (),
+        at = reading.clocks or HostClocks(realtime=poll.now)
+        figures = self.devices.integrate(reading, at)
+        window, busy = figures.window, figures.busy
+        usage = self.users.usage(reading.processes, figures.process_samples,
                                  poll.key_to_job, poll.seen_pids)
-        cursor = self.devices.cursors.get(reading.uuid, (0, 0))[0]
-        window, busy = self.devices.integrate(reading)
         energy = self.devices.energy_delta(reading)
         if reading.mig:
             self._attribute_mig(reading, poll)
@@ -161,7 +169,7 @@ class GpuSampler:
             poll.devices.append(self._device_sample(
                 reading, busy, (busy / window) if busy is not None and window else None))
             return
-        trim = cursor if window and self.devices.driver_clock_ok(reading, poll.now) else 0
+        trim = figures.clock if window and figures.before is not None else None
         holders = self.users.holders(parent, poll.running)
         busy_shares = shares(usage.weight, holders) if busy else {}
         e_shares = energy_shares(busy_shares, busy or 0.0, holders)
@@ -173,11 +181,15 @@ class GpuSampler:
             poll.touched.add((job.jobid, parent.uuid))
             c = self._counter(job, parent)
             job_window, job_busy = window or 0.0, busy
-            if trim and c.fresh and job.start_time and reading.util_samples:
+            if c.fresh and figures.before is None:
+                # Idle time counted without samples, up to now: the part since its start.
+                job_window = max(0.0, min(job_window, poll.now - (job.start_time or poll.now)))
+            elif trim and c.fresh and job.start_time and reading.util_samples:
                 # Only a job's first window can reach back before its start.
-                job_window, job_busy = integrate_samples(
-                    reading.util_samples, trim, not_before_us=int(job.start_time * 1e6))
-            if window:
+                start_us = wall_to_driver_us(job.start_time, trim, at)
+                if start_us is not None:
+                    job_window, job_busy = since_start(reading.util_samples, figures, start_us)
+            if window and (figures.before is not None or job_window):
                 c.fresh = False
             if jobid in holders:
                 self._hold(c, job, poll.now, job_window)
@@ -270,25 +282,8 @@ class GpuSampler:
     def _device_sample(self, reading: DeviceReading, busy: float | None,
                        utilization: float | None,
                        unattributed: dict[str, tuple[int, int]] | None = None) -> GpuSample:
-        unattributed = unattributed or {}
-        energy_mj = self.devices.energy_mj(reading)
-        activity, traffic = self.activity.of(reading.uuid)
-        return GpuSample(
-            gpu=str(reading.index), uuid=reading.uuid, name=reading.name, minor=reading.minor,
-            pci_bus_id=reading.pci_bus_id, lost=reading.lost,
-            utilization=utilization,
-            busy_seconds=self.devices.device_busy.get(reading.uuid) if busy is not None
-            else None,
-            memory_used_bytes=reading.memory_used, memory_total_bytes=reading.memory_total,
-            power_watts=reading.power_watts,
-            energy_joules=energy_mj / 1000.0 if energy_mj is not None else None,
-            temperature_celsius=reading.temperature_c,
-            ecc_corrected=reading.ecc_corrected, ecc_uncorrected=reading.ecc_uncorrected,
-            xid_errors=self.link.xids.of(reading.uuid),
-            unattributed_processes=sum(n for n, _ in unattributed.values()),
-            unattributed_memory_bytes=sum(m for _, m in unattributed.values()),
-            activity_seconds=activity, traffic_bytes=traffic,
-        )
+        return device_sample(reading, busy, utilization, unattributed or {}, self.devices,
+                             self.link.xids.of(reading.uuid), self.activity)
 
     def _frozen(self, jobs: list[Job], now: float) -> GpuPartResult:
         """The last figures (NVML down or stuck): only the time held goes on."""
@@ -305,11 +300,15 @@ class GpuSampler:
     # -- state dir ----------------------------------------------------------
 
     def export_state(self) -> dict[str, Any]:
-        return {**self.devices.export_state(), **self.counters.export_state(),
+        devices = self.devices.export_state()
+        cursors = stamp_cursors(devices.pop("cursors_by_gpu"), self.boot_id,
+                                self.link.driver or self.devices.restored_driver)
+        return {"sample_cursors": cursors, **devices, **self.counters.export_state(),
                 **self.activity.export_state()}
 
     def import_state(self, data: dict[str, Any]) -> None:
-        self.devices.import_state(data)
+        by_gpu, driver = cursors_of_this_boot(data.get("sample_cursors"), self.boot_id)
+        self.devices.import_state(data, by_gpu, driver)
         self.counters.import_state(data)
         self.activity.import_state(data)
 
@@ -332,3 +331,27 @@ def job_gpu_samples(counters: CounterStore, jobs: list[Job],
                 activity_seconds=tuple(sorted(c.activity.items())),
             ))
     return tuple(out)
+
+
+def device_sample(reading: DeviceReading, busy: float | None, utilization: float | None,
+                  unattributed: dict[str, tuple[int, int]], devices: DeviceIntegrator,
+                  xid_errors: tuple[tuple[int, int], ...], activity: DeviceActivity
+                  ) -> GpuSample:
+    """A physical GPU's series: this poll's reading with the totals kept for it."""
+    energy_mj = devices.energy_mj(reading)
+    seconds, traffic = activity.of(reading.uuid)
+    return GpuSample(
+        gpu=str(reading.index), uuid=reading.uuid, name=reading.name, minor=reading.minor,
+        pci_bus_id=reading.pci_bus_id, lost=reading.lost,
+        utilization=utilization,
+        busy_seconds=devices.device_busy.get(reading.uuid) if busy is not None else None,
+        memory_used_bytes=reading.memory_used, memory_total_bytes=reading.memory_total,
+        power_watts=reading.power_watts,
+        energy_joules=energy_mj / 1000.0 if energy_mj is not None else None,
+        temperature_celsius=reading.temperature_c,
+        ecc_corrected=reading.ecc_corrected, ecc_uncorrected=reading.ecc_uncorrected,
+        xid_errors=xid_errors, clamped_samples=devices.clamped.get(reading.uuid),
+        unattributed_processes=sum(n for n, _ in unattributed.values()),
+        unattributed_memory_bytes=sum(m for _, m in unattributed.values()),
+        activity_seconds=seconds, traffic_bytes=traffic,
+    )

@@ -34,6 +34,7 @@ from typing import Literal
 __all__ = [
     "ERROR_NAMES",
     "GPM_METRICS",
+    "IDEAL_DRIVER",
     "Device",
     "FakeNvml",
     "FakeNvmlUnavailable",
@@ -200,6 +201,9 @@ class Process:
     compute_instance_id: int | None = None
     sm: Pattern | None = None
     start_time: float | None = None
+    # smUtil reported = sm_scale x the true mean, not capped at 100 (drivers have been
+    # seen reporting 130 %).
+    sm_scale: float = 1.0
 
 
 @dataclass
@@ -318,7 +322,7 @@ class NvmlState:
     init_error: str | None = None
     errors: dict[str, str] = field(default_factory=dict)
     sleeps: dict[str, float] = field(default_factory=dict)
-    process_util_mode: Literal["grid", "latest"] = "grid"
+    process_util_mode: Literal["grid", "latest"] = "latest"
     process_zero_samples: bool = False
     time_scale: float = 1.0
     time_origin: float | None = None  # real epoch s; None: the first write
@@ -328,6 +332,24 @@ class NvmlState:
     sample_jitter: float = 0.3
     sample_missing_every: int = 7
     clock_offset_s: float = 0.0  # added to every sample timestamp (a driver on another clock)
+    # What public reports say real drivers do (README.md, "Real-driver defaults"); each
+    # can be switched back: device_clock="epoch", idle_samples=True, process_stagger_s=0,
+    # process_util_mode="grid", energy_step_ms=0.
+    device_clock: Literal["boot", "epoch"] = "boot"  # device samples: CLOCK_BOOTTIME µs
+    process_clock: Literal["boot", "epoch"] = "epoch"  # process samples: epoch µs
+    boot_time: float | None = None  # NVML time of the boot (None: the host's boot)
+    idle_samples: bool = False  # False: no device samples while the GPU is idle
+    process_stagger_s: float = 4.5  # PID's samples come (PID % 10) / 9 of this late
+    energy_step_ms: float = 100.0  # the energy counter moves in steps this far apart
+
+
+#: NvmlState arguments that switch the real-driver defaults back to an idealised
+#: driver: epoch device timestamps, samples while idle, one process sample per period
+#: on the grid, a smooth energy counter.
+IDEAL_DRIVER: dict[str, object] = {
+    "device_clock": "epoch", "idle_samples": True, "process_stagger_s": 0.0,
+    "process_util_mode": "grid", "energy_step_ms": 0.0,
+}  # fmt: skip
 
 
 # ------------------------------------------------------------------- build
@@ -633,6 +655,22 @@ class FakeNvml:
                    f"{int(state.sample_missing_every)}")
         if state.clock_offset_s:
             out.append(f"clock_offset {float(state.clock_offset_s)!r}")
+        for key, clock in (("device_clock", state.device_clock),
+                           ("process_clock", state.process_clock)):
+            if clock not in ("boot", "epoch"):
+                raise ValueError(f"{key} must be 'boot' or 'epoch'")
+            out.append(f"{key} {clock}")
+        if state.boot_time is not None:
+            if not (math.isfinite(state.boot_time) and 0 <= state.boot_time < 1e11):
+                raise ValueError("boot_time must be an epoch time >= 0")
+            out.append(f"boot_time {float(state.boot_time)!r}")
+        if not 0 <= state.process_stagger_s <= 3600:
+            raise ValueError("process_stagger_s must be within 0..3600")
+        if not 0 <= state.energy_step_ms <= 3_600_000:
+            raise ValueError("energy_step_ms must be within 0..3600000")
+        out += [f"idle_samples {int(state.idle_samples)}",
+                f"process_stagger {float(state.process_stagger_s)!r}",
+                f"energy_step_ms {float(state.energy_step_ms)!r}"]
         out += _injections(state.errors, state.sleeps, state.errors_once)
 
         seen_idx: set[int] = set()
@@ -712,6 +750,10 @@ class FakeNvml:
                 self._psm.setdefault((uid, proc.pid), []), proc.sm, start, now, horizon
             )
             out += [_trace("psm", s, pat, "none") for s, pat in phist]
+            if proc.sm_scale != 1.0:
+                if not 0 < proc.sm_scale <= 10:
+                    raise ValueError(f"sm_scale of pid {proc.pid} must be within (0, 10]")
+                out.append(f"psm_scale {float(proc.sm_scale)!r}")
 
         if len(dev.mig) > 8:
             raise ValueError("at most 8 MIG instances per device")

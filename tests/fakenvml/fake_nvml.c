@@ -80,6 +80,7 @@ typedef struct {
     unsigned long long mem;
     unsigned gi, ci;
     tracelist_t sm;
+    double sm_scale; /* psm_scale: smUtil reported = this * the true mean (may pass 100) */
 } proc_t;
 
 typedef struct {
@@ -148,6 +149,12 @@ typedef struct {
     double jitter;       /* device samples: up to this fraction of a period late */
     unsigned miss_every; /* device samples: about one in N missing (0: none) */
     double clock_offset; /* seconds added to every sample timestamp reported */
+    int device_boot, process_boot; /* stamp device / process samples on the boot clock */
+    double boot_time;    /* fake epoch time at which the boot clock reads 0 */
+    int boot_time_set;   /* 0: the host's boot time (CLOCK_REALTIME - CLOCK_BOOTTIME) */
+    int idle_dry;        /* device samples of 0 % are not taken: the buffer runs dry */
+    double stagger_s;    /* process PID's samples come (PID % 10) / 9 of this late */
+    double energy_step_ms; /* the energy counter moves in steps this far apart (0: smooth) */
     nvmlReturn_t init_error;
     injlist_t errors, sleeps;
     int ndev;
@@ -637,9 +644,17 @@ static int parse_device_line(fdev_t *d, const char *key, char **p, perr_t *pe)
             parse_ull(next_tok(p), &pr.mem) || parse_id(next_tok(p), &pr.gi) ||
             parse_id(next_tok(p), &pr.ci))
             return fail(pe, "process needs PID KIND MEMORY GI CI", NULL);
+        pr.sm_scale = 1.0;
         if (grow((void **)&d->procs, &d->capproc, d->nproc, sizeof(proc_t)))
             return fail(pe, "out of memory", NULL);
         d->procs[d->nproc++] = pr;
+    } else if (strcmp(key, "psm_scale") == 0) {
+        double f;
+        if (!d->nproc)
+            return fail(pe, "psm_scale before any process line", NULL);
+        if (parse_dbl(next_tok(p), &f) || !(f > 0) || f > 10)
+            return fail(pe, "bad psm_scale (want 0 < FACTOR <= 10)", NULL);
+        d->procs[d->nproc - 1].sm_scale = f;
     } else if (strcmp(key, "psm") == 0) {
         if (!d->nproc)
             return fail(pe, "psm before any process line", NULL);
@@ -766,6 +781,35 @@ static int parse_global_line(state_t *st, const char *key, char **p, perr_t *pe)
     } else if (strcmp(key, "clock_offset") == 0) {
         if (parse_dbl(next_tok(p), &st->clock_offset) || fabs(st->clock_offset) > 1e10)
             return fail(pe, "bad clock_offset (seconds)", NULL);
+    } else if (strcmp(key, "device_clock") == 0 || strcmp(key, "process_clock") == 0) {
+        int *boot = key[0] == 'd' ? &st->device_boot : &st->process_boot;
+        v = next_tok(p);
+        if (v && strcmp(v, "epoch") == 0)
+            *boot = 0;
+        else if (v && strcmp(v, "boot") == 0)
+            *boot = 1;
+        else
+            return fail(pe, "%s must be epoch or boot", key);
+    } else if (strcmp(key, "boot_time") == 0) {
+        v = next_tok(p);
+        if (v && strcmp(v, "host") == 0)
+            st->boot_time_set = 0;
+        else if (v && !parse_dbl(v, &st->boot_time) && st->boot_time >= 0 && st->boot_time < 1e11)
+            st->boot_time_set = 1;
+        else
+            return fail(pe, "bad boot_time (epoch seconds or 'host')", NULL);
+    } else if (strcmp(key, "idle_samples") == 0) {
+        unsigned z;
+        if (parse_uint(next_tok(p), &z) || z > 1)
+            return fail(pe, "idle_samples must be 0 or 1", NULL);
+        st->idle_dry = !z;
+    } else if (strcmp(key, "process_stagger") == 0) {
+        if (parse_dbl(next_tok(p), &st->stagger_s) || st->stagger_s < 0 || st->stagger_s > 3600)
+            return fail(pe, "bad process_stagger (seconds, 0..3600)", NULL);
+    } else if (strcmp(key, "energy_step_ms") == 0) {
+        if (parse_dbl(next_tok(p), &st->energy_step_ms) || st->energy_step_ms < 0 ||
+            st->energy_step_ms > 3600000)
+            return fail(pe, "bad energy_step_ms (0..3600000)", NULL);
     } else {
         return fail(pe, "unknown key '%s'", key);
     }
@@ -1176,18 +1220,37 @@ static unsigned long long sample_us(const state_t *st, unsigned long long k)
     return k * per + late;
 }
 
-/* Driver timestamps: the fake clock plus clock_offset (never below 0). */
-static unsigned long long to_driver_us(unsigned long long us)
+/* Seconds to take off the fake clock for a sample stamped on the boot clock:
+ * the fake time of boot (boot_time), else the host's (realtime - boottime). */
+static double boot_epoch_s(void)
 {
-    double v = (double)us + g_state->clock_offset * 1e6;
+    if (g_state->boot_time_set)
+        return g_state->boot_time;
+    struct timespec rt, bt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    clock_gettime(CLOCK_BOOTTIME, &bt);
+    return (double)(rt.tv_sec - bt.tv_sec) + (double)(rt.tv_nsec - bt.tv_nsec) * 1e-9;
+}
+
+/* Driver timestamps: the fake clock (less the boot time for a call stamped on
+ * the boot clock) plus clock_offset, never below 0.  A call takes the shift
+ * once, so its conversions agree with each other. */
+static double driver_shift_us(int boot)
+{
+    return g_state->clock_offset * 1e6 - (boot ? boot_epoch_s() * 1e6 : 0.0);
+}
+
+static unsigned long long to_driver_us(unsigned long long us, double shift)
+{
+    double v = (double)us + shift;
     return v > 0 ? (unsigned long long)v : 0ull;
 }
 
-static unsigned long long from_driver_us(unsigned long long us)
+static unsigned long long from_driver_us(unsigned long long us, double shift)
 {
     if (us == 0)
         return 0; /* "everything in the buffer" */
-    double v = (double)us - g_state->clock_offset * 1e6;
+    double v = (double)us - shift;
     return v > 0 ? (unsigned long long)v : 1ull;
 }
 
@@ -1655,7 +1718,12 @@ nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned l
         return r;
     if (!energy)
         return done(NVML_ERROR_INVALID_ARGUMENT);
-    double dt = now_s() - t.dev->energy_origin;
+    double now = now_s();
+    if (g_state->energy_step_ms > 0) { /* real counters move in steps */
+        double step = g_state->energy_step_ms / 1000.0;
+        now = floor(now / step) * step;
+    }
+    double dt = now - t.dev->energy_origin;
     double mj = t.dev->energy_base_mj + (dt > 0 ? t.dev->power_w * 1000.0 * dt : 0);
     *energy = mj < 1.8e19 ? (unsigned long long)mj : ULLONG_MAX; /* no UB on odd input */
     return done(NVML_SUCCESS);
@@ -1793,6 +1861,44 @@ nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device,
 
 /* ------------------------------------------------------------ sample buffers */
 
+/* Device sample k (lock held): 1 and its value when the buffer holds it; 0
+ * when it is missing, not taken yet, older than floor_us, or (idle_samples 0)
+ * idle, as real drivers keep no samples while a GPU is idle.  A sample covers
+ * the time since the previous grid sample (two back when that one is
+ * missing), so the first one after an idle gap covers one period only. */
+static int idle_period(const fdev_t *d, unsigned long long k)
+{
+    return k > 0 && pct_round(mean_dev(d, NULL, (double)sample_us(g_state, k - 1) / 1e6,
+                                       (double)sample_us(g_state, k) / 1e6)) == 0;
+}
+
+/* With idle_samples 0 the first sample after an idle period is never a missing
+ * one (a driver resuming from idle takes it), so it covers its own period only. */
+static int device_missing(const fdev_t *d, unsigned long long k)
+{
+    return sample_missing(g_state, k) && !(g_state->idle_dry && idle_period(d, k - 1));
+}
+
+static int device_sample(const fdev_t *d, nvmlSamplingType_t type, unsigned long long k,
+                         unsigned long long now, unsigned long long floor_us, unsigned *value)
+{
+    unsigned long long ts = sample_us(g_state, k);
+    if (device_missing(d, k) || ts > now || ts <= floor_us)
+        return 0;
+    if (type == NVML_TOTAL_POWER_SAMPLES) {
+        *value = (unsigned)llround(d->power_w * 1000.0);
+        return 1;
+    }
+    unsigned long long prev = k ? k - 1 : 0;
+    if (prev && device_missing(d, prev))
+        prev--;
+    double m = mean_dev(d, NULL, (double)sample_us(g_state, prev) / 1e6, (double)ts / 1e6);
+    if (g_state->idle_dry && pct_round(m) == 0)
+        return 0;
+    *value = pct_round(type == NVML_GPU_UTILIZATION_SAMPLES ? m : m * 0.5);
+    return 1;
+}
+
 nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
                                   unsigned long long lastSeenTimeStamp,
                                   nvmlValueType_t *sampleValType, unsigned int *sampleCount,
@@ -1810,11 +1916,16 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
     if (t.dev->nmig && type != NVML_TOTAL_POWER_SAMPLES) /* documented for MIG */
         return done(NVML_ERROR_NOT_SUPPORTED);
     unsigned long long lo, hi, now = now_us();
-    if (!sample_range(g_state, from_driver_us(lastSeenTimeStamp), &lo, &hi))
+    int boot = g_state->device_boot;
+    double shift = driver_shift_us(boot);
+    if (!sample_range(g_state, from_driver_us(lastSeenTimeStamp, shift), &lo, &hi))
         return done(NVML_ERROR_NOT_FOUND);
+    /* On the boot clock nothing is older than the boot. */
+    unsigned long long floor_us = boot && shift < 0 ? (unsigned long long)-shift : 0;
     unsigned long long avail = 0;
+    unsigned v;
     for (unsigned long long k = lo; k <= hi; k++)
-        avail += !sample_missing(g_state, k) && sample_us(g_state, k) <= now;
+        avail += device_sample(t.dev, type, k, now, floor_us, &v);
     if (!avail)
         return done(NVML_ERROR_NOT_FOUND);
     *sampleValType = NVML_VALUE_TYPE_UNSIGNED_INT;
@@ -1826,21 +1937,9 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
      * continues from the newest timestamp it got loses nothing. */
     unsigned n = 0;
     for (unsigned long long k = lo; k <= hi && n < *sampleCount; k++) {
-        unsigned long long ts = sample_us(g_state, k);
-        if (sample_missing(g_state, k) || ts > now)
+        if (!device_sample(t.dev, type, k, now, floor_us, &v))
             continue;
-        unsigned long long prev = k ? k - 1 : 0;
-        if (prev && sample_missing(g_state, prev))
-            prev--;
-        samples[n].timeStamp = to_driver_us(ts);
-        unsigned v;
-        if (type == NVML_TOTAL_POWER_SAMPLES) {
-            v = (unsigned)llround(t.dev->power_w * 1000.0);
-        } else {
-            double m = mean_dev(t.dev, NULL, (double)sample_us(g_state, prev) / 1e6,
-                                (double)ts / 1e6);
-            v = pct_round(type == NVML_GPU_UTILIZATION_SAMPLES ? m : m * 0.5);
-        }
+        samples[n].timeStamp = to_driver_us(sample_us(g_state, k), shift);
         samples[n++].sampleValue.uiVal = v;
     }
     *sampleCount = n;
@@ -1853,13 +1952,22 @@ typedef struct {
     unsigned sm;
 } psample_t;
 
+/* Periods by which process p's samples come late: (PID % 10) / 9 of
+ * process_stagger, as drivers hand out samples of different ages per process. */
+static unsigned long long stagger_periods(const proc_t *p)
+{
+    double lag_s = g_state->stagger_s * (double)(p->pid % 10u) / 9.0;
+    return (unsigned long long)llround(lag_s * 1000.0 / (double)g_state->period_ms);
+}
+
 /* Collect process samples after last_seen (lock held).  Grid mode: one per
  * process and sample period, oldest period first; latest mode: only each
  * process's newest one.  Samples of 0 % are left out unless
  * process_zero_samples is set (the driver reports processes "that had some
- * non-zero utilization").  Returns the count, or -1 when out of memory. */
+ * non-zero utilization"); none is older than floor_us (the boot, on the boot
+ * clock).  Returns the count, or -1 when out of memory. */
 static long collect_psamples(const fdev_t *d, unsigned long long last_seen, psample_t **out,
-                             unsigned long long *first_k)
+                             unsigned long long *first_k, unsigned long long floor_us)
 {
     *out = NULL;
     unsigned long long lo, hi;
@@ -1872,11 +1980,14 @@ static long collect_psamples(const fdev_t *d, unsigned long long last_seen, psam
     for (unsigned long long k = lo; k <= hi; k++) {
         for (int i = 0; i < d->nproc; i++) {
             const proc_t *p = &d->procs[i];
-            if (!has_samples(&p->sm))
+            if (!has_samples(&p->sm) || k + stagger_periods(p) > hi || k * per_us <= floor_us)
                 continue;
-            unsigned sm = pct_round(mean_dev(NULL, &p->sm, k_time(g_state, k - 1), k_time(g_state, k)));
-            if (sm == 0 && !g_state->zero_samples)
+            double mean = mean_dev(NULL, &p->sm, k_time(g_state, k - 1), k_time(g_state, k));
+            if (pct_round(mean) == 0 && !g_state->zero_samples)
                 continue;
+            /* psm_scale: a driver that reports more than 100 % */
+            unsigned sm = p->sm_scale == 1.0 ? pct_round(mean)
+                                             : (unsigned)llround(mean * p->sm_scale);
             if (g_state->proc_latest) {
                 /* keep only the newest sample per pid: overwrite an older one */
                 size_t j;
@@ -1931,7 +2042,11 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         return done(NVML_ERROR_NOT_SUPPORTED);
     psample_t *v;
     unsigned long long first_k = 0;
-    long n = collect_psamples(t.dev, from_driver_us(lastSeenTimeStamp), &v, &first_k);
+    int boot = g_state->process_boot;
+    double shift = driver_shift_us(boot);
+    unsigned long long floor_us = boot && shift < 0 ? (unsigned long long)-shift : 0;
+    long n = collect_psamples(t.dev, from_driver_us(lastSeenTimeStamp, shift), &v, &first_k,
+                              floor_us);
     if (n < 0)
         return done(NVML_ERROR_MEMORY);
     if (n == 0) {
@@ -1960,7 +2075,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     }
     for (long i = 0; i < n; i++) {
         utilization[i].pid = v[i].pid;
-        utilization[i].timeStamp = to_driver_us(v[i].ts);
+        utilization[i].timeStamp = to_driver_us(v[i].ts, shift);
         utilization[i].smUtil = v[i].sm;
         utilization[i].memUtil = pct_round(v[i].sm * 0.5);
         utilization[i].encUtil = 0;

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.fakenvml import (
+    IDEAL_DRIVER,
     Device,
     FakeNvml,
     MigInstance,
@@ -279,7 +280,8 @@ def test_jittered_samples_with_gaps_each_cover_the_time_since_the_one_before(
 ) -> None:
     now = time.time()
     pattern = Pattern.square(3, 30, origin=now - 12.4)
-    fake.write(NvmlState(clock_offset_s=-1000.0, devices=[Device(0, util=pattern)]))
+    fake.write(NvmlState(clock_offset_s=-1000.0, device_clock="epoch", idle_samples=True,
+                         devices=[Device(0, util=pattern)]))
     got = run(
         fake,
         """
@@ -327,7 +329,7 @@ def test_samples_on_grid_once_and_exact(fake: FakeNvml) -> None:
     now = time.time()
     # 100 % for 3 s every 30 s, the busy part well inside the 20 s buffer.
     pattern = Pattern.square(3, 30, origin=now - 12.4)
-    fake.write(NvmlState(sample_jitter=0, sample_missing_every=0,
+    fake.write(NvmlState(sample_jitter=0, sample_missing_every=0, **IDEAL_DRIVER,
                          devices=[Device(0, util=pattern)]))
     got = run(
         fake,
@@ -373,7 +375,8 @@ def test_samples_on_grid_once_and_exact(fake: FakeNvml) -> None:
 def test_time_scale_speeds_up_samples_energy_and_process_traces(fake: FakeNvml) -> None:
     """With time_scale 10 the library's clock runs 10x: sample stamps, pattern values,
     process samples and energy all follow it; an event wait's timeout stays real."""
-    grid = {"sample_jitter": 0.0, "sample_missing_every": 0}  # full buffers, counted below
+    grid = {"sample_jitter": 0.0, "sample_missing_every": 0,  # full buffers, counted below
+            **IDEAL_DRIVER}
     fake.write(NvmlState(time_scale=10.0, **grid, devices=[Device(0)]))  # fixes the origin
     t0 = fake.now()
     # 100 % for 3 NVML-s every 30 NVML-s (0.3 s busy every 3 s of real time).
@@ -466,6 +469,7 @@ def test_utilization_rates_derived_from_processes(fake: FakeNvml) -> None:
 def test_process_utilization(fake: FakeNvml) -> None:
     now = time.time()
     state = NvmlState(
+        **IDEAL_DRIVER,
         devices=[
             Device(0, processes=[
                 Process(10, sm=Pattern.constant(40), start_time=now - 3),

@@ -604,7 +604,8 @@ def test_held_gpu_whose_driver_returns_no_samples_is_allocated_wall_time(rig: Ri
 
 def test_driver_timestamps_on_another_clock_still_count_busy_time(rig: Rig) -> None:
     real0 = time.time()
-    rig.fake.write(NvmlState(clock_offset_s=-365 * 86400.0, devices=[Device(0, processes=[
+    rig.fake.write(NvmlState(clock_offset_s=-365 * 86400.0, device_clock="epoch",
+                             devices=[Device(0, processes=[
         Process(7701, GIB, sm=Pattern.constant(50), start_time=real0 - 60)])]))  # fmt: skip
     rig.node.add_job(77, [7701], job_gpus="0", start_time=real0)
     name = "slurm_job_gpu_busy_seconds_total"

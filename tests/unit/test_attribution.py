@@ -96,11 +96,24 @@ def test_first_look_only_starts_the_window() -> None:
     assert window == pytest.approx(0.4) and busy == pytest.approx(0.4)
 
 
-def test_a_gap_of_lost_samples_is_left_out_of_window_and_busy() -> None:
-    samples = _grid(100.0, [100, 100]) + _grid(200.0, [0, 0])
+def test_a_gap_in_the_samples_is_idle_and_the_sample_after_it_covers_one_period() -> None:
+    # An idle GPU's driver takes no samples: 99.6 s without any, then a busy one.
+    samples = _grid(100.0, [100, 100, 100]) + _grid(200.0, [50, 0])
     window, busy = integrate_samples(samples, cursor_us=100_000_000)
-    assert window == pytest.approx(0.6)
-    assert busy == pytest.approx(0.4)
+    assert window == pytest.approx(100.4)
+    assert busy == pytest.approx(0.6 + 0.2 * 0.5)
+
+
+def test_a_gap_from_a_cursor_nobody_read_on_from_is_left_out_as_lost() -> None:
+    samples = _grid(200.0, [100, 100, 100])
+    window, busy = integrate_samples(samples, cursor_us=100_000_000, continuous=False)
+    assert window == pytest.approx(0.4) and busy == pytest.approx(0.4)
+
+
+def test_a_gap_longer_than_any_driver_clock_could_run_is_a_jump_not_idle_time() -> None:
+    samples = _grid(5000.0, [100, 100])
+    window, busy = integrate_samples(samples, cursor_us=100_000_000, max_gap_us=50e6)
+    assert window == pytest.approx(0.2) and busy == pytest.approx(0.2)
 
 
 def test_time_before_a_jobs_start_is_not_its() -> None:

@@ -6,16 +6,34 @@ import logging
 
 import pytest
 
-from slurm_gpu_exporter.gpu.backend import DeviceReading, ProcessUtilSample, UtilSample
+from slurm_gpu_exporter.gpu.backend import (
+    DeviceReading,
+    GpuProcess,
+    ProcessUtilSample,
+    UtilSample,
+)
+from slurm_gpu_exporter.gpu.clocks import HostClocks
 from slurm_gpu_exporter.gpu.integration import DeviceIntegrator, energy_delta_j
+
+AT = HostClocks(realtime=1_800_000_000.0, boottime=1_000.0, monotonic=1_000.0)
+
+
+def at(boottime: float) -> HostClocks:
+    return HostClocks(realtime=1_800_000_000.0 + boottime, boottime=boottime,
+                      monotonic=boottime)
 
 
 def reading(samples: tuple[UtilSample, ...] | None = (), energy_mj: int | None = None,
             failed: frozenset[str] = frozenset(), uuid: str = "GPU-a",
-            process_samples: tuple[ProcessUtilSample, ...] = ()) -> DeviceReading:
+            process_samples: tuple[ProcessUtilSample, ...] | None = (),
+            pids: tuple[int, ...] = (), util_newest: int | None = None,
+            process_newest: int | None = None) -> DeviceReading:
     return DeviceReading(index=0, uuid=uuid, name="fake", minor=0, pci_bus_id="",
                          energy_mj=energy_mj, util_samples=samples,
-                         process_samples=process_samples, failed=failed)
+                         process_samples=process_samples, failed=failed,
+                         processes=tuple(GpuProcess(p, 0) for p in pids),
+                         util_buffer_newest_us=util_newest,
+                         process_buffer_newest_us=process_newest)
 
 
 def grid(first_s: float, n: int, percent: float) -> tuple[UtilSample, ...]:
@@ -24,19 +42,88 @@ def grid(first_s: float, n: int, percent: float) -> tuple[UtilSample, ...]:
 
 def test_the_first_look_only_sets_the_cursor_then_each_sample_counts_once() -> None:
     dev = DeviceIntegrator()
-    assert dev.integrate(reading(grid(100.0, 5, 50.0))) == (0.0, 0.0)
-    assert dev.cursors["GPU-a"] == (100_400_000, 0)
-    window, busy = dev.integrate(reading(grid(100.5, 10, 50.0)))
-    assert window == pytest.approx(1.0) and busy == pytest.approx(0.5)
-    assert dev.integrate(reading(())) == (0.0, 0.0)  # nothing new
+    first = dev.integrate(reading(grid(100.0, 5, 50.0)), at(100.5))
+    assert (first.window, first.busy) == (0.0, 0.0)
+    assert dev.driver_cursors()["GPU-a"] == (100_400_000, 0)
+    got = dev.integrate(reading(grid(100.5, 10, 50.0)), at(101.5))
+    assert got.window == pytest.approx(1.0) and got.busy == pytest.approx(0.5)
+    assert got.clock == "boottime"
     assert dev.device_busy["GPU-a"] == pytest.approx(0.5)
 
 
 def test_a_gpu_without_samples_has_no_window_and_keeps_its_process_cursor() -> None:
     dev = DeviceIntegrator()
     procs = (ProcessUtilSample(9, 5_000_000, 10.0),)
-    assert dev.integrate(reading(None, process_samples=procs)) == (None, None)
-    assert dev.cursors["GPU-a"] == (0, 5_000_000)
+    got = dev.integrate(reading(None, process_samples=procs, pids=(9,)), AT)
+    assert (got.window, got.busy) == (None, None)
+    assert dev.driver_cursors()["GPU-a"] == (0, 5_000_000)
+
+
+def test_a_dry_buffer_counts_idle_time_and_the_next_sample_covers_one_period() -> None:
+    dev = DeviceIntegrator()
+    dev.integrate(reading(grid(100.0, 5, 100.0)), at(100.4))
+    idle = dev.integrate(reading(()), at(105.4))  # no samples for 5 s: the GPU is idle
+    assert idle.busy == 0.0 and idle.window == pytest.approx(5.0 - 0.25)
+    back = dev.integrate(reading(grid(106.0, 3, 100.0)), at(106.2))
+    assert back.busy == pytest.approx(0.1 + 0.2)  # one period, then two spacings
+    assert idle.window + back.window == pytest.approx(6.2 - 0.4)
+
+
+def test_a_failed_sample_read_is_not_taken_for_a_dry_buffer() -> None:
+    dev = DeviceIntegrator()
+    dev.integrate(reading(grid(100.0, 5, 100.0)), at(100.4))
+    failed = dev.integrate(reading((), failed=frozenset({"utilization samples"})), at(103.4))
+    assert failed.window == 0.0
+    back = dev.integrate(reading(grid(100.5, 30, 100.0)), at(103.4))
+    assert back.busy == pytest.approx(3.0)
+
+
+def test_a_device_cursor_ahead_of_every_sample_the_driver_holds_is_rebased_once_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    dev = DeviceIntegrator()
+    dev.integrate(reading(grid(5000.0, 5, 100.0)), at(5000.4))
+    with caplog.at_level(logging.WARNING):
+        # The driver's clock went back an hour: nothing is newer than the cursor.
+        dev.integrate(reading((), util_newest=1_400_400_000), at(5001.4))
+    assert dev.driver_cursors()["GPU-a"][0] == 1_400_400_000
+    assert "clock went back 3600 s" in caplog.text
+    got = dev.integrate(reading(grid(1400.5, 10, 100.0)), at(5002.4))
+    assert got.busy == pytest.approx(1.0)  # counting resumes at the next poll
+
+
+def test_process_samples_of_different_ages_each_count_once_against_their_own_cursor() -> None:
+    dev = DeviceIntegrator()
+    pids = (1, 2)
+    first = dev.integrate(reading(None, process_samples=(
+        ProcessUtilSample(1, 100_000_000, 30.0), ProcessUtilSample(2, 96_000_000, 50.0)),
+        pids=pids), AT)
+    assert {s.pid for s in first.process_samples} == {1, 2}
+    # The lagging process holds lastSeenTimeStamp back to its own newest sample ...
+    assert dev.driver_cursors()["GPU-a"][1] == 96_000_000
+    second = dev.integrate(reading(None, process_samples=(
+        ProcessUtilSample(1, 100_000_000, 30.0), ProcessUtilSample(1, 101_000_000, 30.0),
+        ProcessUtilSample(2, 97_000_000, 50.0)), pids=pids), AT)
+    # ... so its next sample, older than the other's newest, is not skipped.
+    assert [(s.pid, s.timestamp_us) for s in second.process_samples] == [
+        (1, 101_000_000), (2, 97_000_000)]
+
+
+def test_process_samples_above_100_percent_are_clamped_and_counted() -> None:
+    dev = DeviceIntegrator()
+    got = dev.integrate(reading(None, process_samples=(
+        ProcessUtilSample(1, 100_000_000, 130.0), ProcessUtilSample(2, 100_000_000, 50.0)),
+        pids=(1, 2)), AT)
+    assert [s.sm_percent for s in got.process_samples] == [100.0, 50.0]
+    assert dev.clamped["GPU-a"] == 1
+
+
+def test_a_process_cursor_ahead_of_the_drivers_samples_is_rebased() -> None:
+    dev = DeviceIntegrator()
+    dev.integrate(reading(None, process_samples=(ProcessUtilSample(1, 9_000_000_000, 30.0),),
+                          pids=(1,)), AT)
+    dev.integrate(reading(None, process_samples=(), pids=(1,), process_newest=5_000_000), AT)
+    assert dev.driver_cursors()["GPU-a"][1] == 5_000_000
 
 
 def test_energy_counts_deltas_and_a_failed_read_keeps_the_last_good_value() -> None:
@@ -56,27 +143,39 @@ def test_an_energy_counter_that_goes_back_counts_nothing() -> None:
     assert energy_delta_j(5_000, 9_500) == pytest.approx(4.5)
 
 
-def test_a_driver_on_another_clock_is_logged_once_per_gpu(
+def test_a_driver_on_no_host_clock_is_logged_once_per_gpu(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     dev = DeviceIntegrator()
-    now = 1_800_000_000.0
-    assert dev.driver_clock_ok(reading(grid(now - 30, 3, 0.0)), now)
     with caplog.at_level(logging.WARNING):
-        for _ in range(3):
-            assert not dev.driver_clock_ok(reading(grid(1000.0, 3, 0.0)), now)
+        for i in range(3):
+            got = dev.integrate(reading(grid(50_000.0 + i, 3, 0.0)), AT)
+            assert got.clock is None
     assert len(caplog.records) == 1
 
 
 def test_state_round_trip_and_pruning_of_gpus_no_longer_present() -> None:
     dev = DeviceIntegrator()
     for uuid in ("GPU-a", "GPU-b"):
-        dev.integrate(reading(grid(100.0, 3, 100.0), uuid=uuid))
-        dev.integrate(reading(grid(100.3, 3, 100.0), uuid=uuid))
+        dev.integrate(reading(grid(100.0, 3, 100.0), uuid=uuid), at(100.2))
+        dev.integrate(reading(grid(100.3, 3, 100.0), uuid=uuid, pids=(4,), process_samples=(
+            ProcessUtilSample(4, 100_300_000, 10.0),)), at(100.5))
         dev.energy_delta(reading(energy_mj=1, uuid=uuid))
     dev.prune({"GPU-b"})
     assert set(dev.cursors) == set(dev.device_busy) == set(dev.last_energy) == {"GPU-b"}
+    saved = dev.export_state()
     again = DeviceIntegrator()
-    again.import_state({**dev.export_state(), "cursors": {**dev.export_state()["cursors"],
-                                                          "GPU-bad": [1]}})
-    assert again.cursors == dev.cursors and again.device_busy == dev.device_busy
+    again.import_state(saved, {**saved["cursors_by_gpu"], "GPU-bad": [1]})
+    assert again.driver_cursors() == dev.driver_cursors()
+    assert again.device_busy == dev.device_busy
+    assert again.cursors["GPU-b"].device_clock == "boottime"
+    assert not again.cursors["GPU-b"].continuous  # the gap to the next sample: unknown
+
+
+def test_a_gpu_dry_from_its_first_read_counts_the_time_between_reads_as_idle() -> None:
+    dev = DeviceIntegrator()
+    assert dev.integrate(reading(()), at(100.0)).window == 0.0
+    idle = dev.integrate(reading(()), at(102.0))
+    assert idle.window == pytest.approx(2.0) and idle.busy == 0.0
+    first = dev.integrate(reading(grid(102.5, 5, 100.0)), at(103.0))
+    assert first.window == 0.0  # the first samples only start the window

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.errors import SourceErrors
-from slurm_gpu_exporter.gpu.backend import GpuProcess, GpuUnavailable, UtilSample
+from slurm_gpu_exporter.gpu.backend import GpuProcess, GpuUnavailable
 from slurm_gpu_exporter.gpu.counters import load_job_counters
-from slurm_gpu_exporter.gpu.integration import clock_offset_s, held_seconds
+from slurm_gpu_exporter.gpu.integration import held_seconds
 from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
 from slurm_gpu_exporter.registry import Job
 from slurm_gpu_exporter.snapshot import JobGpuSample
@@ -57,12 +57,6 @@ def test_held_seconds_count_from_the_last_count_or_the_start_not_before_the_firs
     assert held_seconds(None, 10.0, 50.0, 130.0) == 80.0  # not before the agent's first poll
     assert held_seconds(120.0, 10.0, 50.0, 130.0) == 10.0  # since the last count
     assert held_seconds(None, 200.0, 50.0, 130.0) == 0.0  # never negative
-
-
-def test_clock_offset_is_the_newest_sample_against_the_wall_clock() -> None:
-    samples = [UtilSample(2_000_000, 0.0), UtilSample(5_000_000, 0.0)]
-    assert clock_offset_s(samples, 3.0) == pytest.approx(2.0)
-    assert clock_offset_s([], 3.0) == 0.0
 
 
 @pytest.mark.parametrize("data", [
@@ -139,6 +133,18 @@ def test_idle_gpu_whose_driver_has_no_samples_is_allocated_for_the_time_held(
     assert one(part).busy_seconds == 0.0
 
 
+def test_a_held_gpu_whose_buffer_is_dry_from_the_start_reads_zero_utilization(
+    sampler: GpuSampler, backend: FakeBackend,
+) -> None:
+    backend.no_samples = True  # an idle GPU: its driver takes no samples
+    jobs = [job()]
+    poll(sampler, backend, jobs)
+    for _ in range(2):
+        backend.advance(1.0)
+        got = one(poll(sampler, backend, jobs))
+    assert got.utilization == 0.0 and got.busy_seconds == 0.0
+
+
 def test_allocated_time_includes_a_gap_in_the_samples_busy_time_does_not(
     sampler: GpuSampler, backend: FakeBackend,
 ) -> None:
@@ -152,8 +158,9 @@ def test_allocated_time_includes_a_gap_in_the_samples_busy_time_does_not(
     backend.lost_before = backend.t - 1.0  # the driver lost 4 s of samples
     got = one(poll(sampler, backend, jobs))
     assert got.allocated_seconds == pytest.approx(8.0)
-    # 3 s before the gap, then the 0.9 s after the first sample past it.
-    assert got.busy_seconds == pytest.approx(3.9)
+    # 3 s before the gap; the gap is idle (no samples), the first sample past it
+    # covers one period, then 0.9 s after it.
+    assert got.busy_seconds == pytest.approx(4.0)
 
 
 def test_allocated_time_goes_on_while_the_driver_is_stuck(
@@ -275,7 +282,7 @@ def test_caches_of_a_gpu_never_seen_again_are_dropped(sampler: GpuSampler,
         backend.advance(1.0)
         poll(sampler, backend, [job()])
     state = sampler.export_state()
-    assert list(state["cursors"]) == ["GPU-bbbb"]
+    assert list(state["sample_cursors"]["gpus"]) == ["GPU-bbbb"]
     assert list(state["device_busy"]) == ["GPU-bbbb"]
     assert old not in sampler.devices.last_energy
     # The job's counters on the old GPU stay with it while the job runs ...

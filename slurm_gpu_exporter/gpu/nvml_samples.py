@@ -1,0 +1,80 @@
+"""Reading one GPU's driver sample buffers through nvidia-ml-py.
+
+``nvmlDeviceGetSamples`` and ``nvmlDeviceGetProcessUtilization`` return the
+samples newer than a ``lastSeenTimeStamp``. Where they return none, the buffer is
+read once more from 0 for its newest timestamp: a cursor ahead of it means the
+driver's clock went back (a clock step, a driver reload), which the integrator
+then corrects instead of waiting for the clock to catch up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pynvml
+
+from slurm_gpu_exporter.gpu.backend import ProcessUtilSample, UtilSample
+
+Unsupported = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
+
+
+def util_samples(handle: Any, since_us: int, errors: list[str]
+                 ) -> tuple[tuple[UtilSample, ...], int | None] | None:
+    """(device samples newer than ``since_us``, oldest first; where there are none, the
+    newest the driver holds), or None where the GPU has no utilization samples."""
+    samples = _device_samples_after(handle, since_us, errors)
+    if samples is None:
+        return None
+    found = tuple(UtilSample(int(s.timeStamp), float(s.sampleValue.uiVal))
+                  for s in sorted(samples, key=lambda s: s.timeStamp)
+                  if s.timeStamp > since_us)
+    if found or not since_us:
+        return found, None
+    everything = _device_samples_after(handle, 0, errors) or ()
+    return (), max((int(s.timeStamp) for s in everything), default=None)
+
+
+def process_samples(handle: Any, since_us: int, errors: list[str]
+                    ) -> tuple[tuple[ProcessUtilSample, ...], int | None] | None:
+    """As util_samples, for the per-process SM samples."""
+    samples = _process_samples_after(handle, since_us, errors)
+    if samples is None:
+        return None
+    found = tuple(ProcessUtilSample(int(s.pid), int(s.timeStamp), float(s.smUtil))
+                  for s in samples if s.timeStamp > since_us)
+    if found or not since_us:
+        return found, None
+    everything = _process_samples_after(handle, 0, errors) or ()
+    return (), max((int(s.timeStamp) for s in everything), default=None)
+
+
+def _device_samples_after(handle: Any, since_us: int, errors: list[str]) -> list[Any] | None:
+    """The raw samples; [] for none (or a failed read, noted in ``errors``); None where
+    the GPU has none at all. A lost GPU's error goes up to the caller."""
+    try:
+        _, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+                                                 since_us)
+    except pynvml.NVMLError_NotFound:
+        return []  # no sample newer than the cursor
+    except Unsupported:
+        return None
+    except pynvml.NVMLError_GpuIsLost:
+        raise
+    except pynvml.NVMLError as exc:
+        errors.append(f"utilization samples: {exc}")
+        return []
+    return list(samples)
+
+
+def _process_samples_after(handle: Any, since_us: int, errors: list[str]) -> list[Any] | None:
+    try:
+        return list(pynvml.nvmlDeviceGetProcessUtilization(handle, since_us))
+    except pynvml.NVMLError_NotFound:
+        return []
+    except Unsupported:
+        return None
+    except pynvml.NVMLError_GpuIsLost:
+        raise
+    except pynvml.NVMLError as exc:
+        errors.append(f"process utilization samples: {exc}")
+        return []

@@ -1,0 +1,65 @@
+"""``scripts/gpu-check --probe`` against the fake NVML: the JSON it writes tells the
+driver's habits as the fake's real-driver defaults have them (tests/fakenvml/README.md)."""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
+
+pytestmark = [pytest.mark.process, pytest.mark.fakenvml]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_probe_records_clocks_spacing_idle_samples_process_reads_energy_and_gpm(
+    tmp_path: Path,
+) -> None:
+    fake = fake_nvml_or_skip(tmp_path / "nvml")
+    now = time.time()
+    fake.write(NvmlState(devices=[
+        # pid 100's samples are current, pid 109's 4.5 s late (the default stagger).
+        Device(0, power_w=60.0, gpm={"sm_util": 40.0}, processes=[
+            Process(100, sm=Pattern.constant(30), start_time=now - 30),
+            Process(109, sm=Pattern.constant(20), start_time=now - 30)]),
+        Device(1),  # idle: its buffer runs dry
+    ]))  # fmt: skip
+    out = tmp_path / "probe.json"
+    for gpu in ("0", "1"):
+        run = subprocess.run(
+            [str(REPO / "scripts" / "gpu-check"), "--probe", "--gpu", gpu, "--out",
+             str(out.with_suffix(f".{gpu}.json")), "--probe-seconds", "1"],
+            env=fake.env(), capture_output=True, text=True, timeout=90, check=False)
+        assert run.returncode == 0, run.stdout + run.stderr
+    busy = json.loads(out.with_suffix(".0.json").read_text())
+    idle = json.loads(out.with_suffix(".1.json").read_text())
+    assert busy["driver"] == "550.54.15" and busy["probe_version"] == 1
+
+    [gpu] = busy["gpus"]
+    if ctypes.util.find_library("cuda") is None:  # no CUDA beside the fake: said why
+        assert gpu["load"].startswith("not run: ") and "libcuda.so.1" in gpu["load"]
+    device = gpu["before_load"]["device_samples"]
+    assert device["clock"] == "boottime"
+    assert device["spacing_s"]["median"] == pytest.approx(0.167, abs=0.02)
+    assert device["buffer_span_s"] == pytest.approx(20.0, abs=0.5)  # 120 samples of 167 ms
+    process = gpu["before_load"]["process_samples"]
+    assert process["clock"] == "realtime"
+    assert process["samples_per_process_per_read"]["max"] == 1
+    assert process["age_s"]["max"] >= 4.0  # pid 109's, 4.5 s late
+    energy = gpu["energy_before_load"]
+    assert energy["seconds_between_changes"]["median"] == pytest.approx(0.1, abs=0.03)
+    assert energy["step_mj"]["median"] == pytest.approx(6000, rel=0.05)  # 60 W x 100 ms
+    assert gpu["gpm"]["supported"] is True and gpu["gpm"]["call"] == "NVML_SUCCESS"
+    assert gpu["gpm"]["metrics"]["sm_util"] == {"return": "NVML_SUCCESS", "value": 40.0}
+
+    [dry] = idle["gpus"]
+    assert dry["before_load"]["device_samples"]["samples"] == 0
+    assert dry["before_load"]["device_samples"]["errors"] == {
+        "NVML_ERROR_NOT_FOUND": dry["before_load"]["device_samples"]["reads"]}
+    assert dry["gpm"] == {"supported": False}
