@@ -1,0 +1,311 @@
+"""slurm-gpu-proxy in front of a real Prometheus scraping an agent on a simulated node
+whose jobs belong to several users: the dashboards' queries as a user and as an admin,
+and an attacker's list, end to end."""
+
+from __future__ import annotations
+
+import http.client
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import promql_parser as pp
+import pytest
+
+from tests.daemons import DEPLOY
+from tests.observe import grafana
+from tests.proxy.stack import (
+    CLUSTER,
+    PUBLIC,
+    SECRET_HEADER,
+    USER_HEADER,
+    Client,
+    ProxyStack,
+    basic,
+    request,
+    start,
+)
+from tests.support import wait_until
+
+pytestmark = [pytest.mark.process, pytest.mark.prometheus]
+
+DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
+# Families whose every series carries `user`: a user's query over them alone must give
+# exactly what Prometheus gives for that user.
+PER_USER = ("slurm_job_", "jobid_user:", "user:")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyStack]:
+    running = start(tmp_path_factory.mktemp("proxy"))
+    try:
+        # The answers are compared at a time a few seconds back (see `at`): wait until
+        # the recorded series the dashboards read have values there.
+        for expr in ('user:slurm_job_gpu_busy:ratio_rate5m{user="alice"}',
+                     "cluster:slurm_job_gpu_allocated_seconds:rate5m",
+                     "jobid_user:slurm_job_gpus_held_idle:count_rate5m"):
+            wait_until(lambda e=expr: running.prometheus.query(
+                e, at=at())["data"]["result"], 60, expr, log=running.prometheus.log)
+        yield running
+    finally:
+        running.stop()
+
+
+def at() -> float:
+    """An evaluation time in the past, so samples still arriving cannot change answers
+    between the direct and the proxied query."""
+    return time.time() - 3
+
+
+def normal(answer: dict) -> list:
+    assert answer["status"] == "success", answer
+    data = answer["data"]
+    if isinstance(data, dict) and "result" in data:
+        result = data["result"]
+        if data["resultType"] in ("scalar", "string"):
+            return [result]
+        return sorted((sorted(s["metric"].items()), s.get("value"), s.get("values"))
+                      for s in result)
+    return sorted(data, key=repr)
+
+
+def jobids(stack: ProxyStack, user: str) -> list[str]:
+    return sorted({s["metric"]["jobid"] for s in stack.prometheus.vector(
+        f'slurm_job_info{{user="{user}"}}')})
+
+
+def selector_names(expr: str) -> set[str]:
+    names: set[str] = set()
+
+    def visit(node: pp.Expr) -> None:
+        if isinstance(node, pp.VectorSelector):
+            names.add(node.name or "")
+
+    pp.walk(pp.parse(expr), pre_visit=visit)
+    return names
+
+
+def run_board(client: Client, board: dict, values: dict[str, str], end: float) -> dict:
+    """Every target's answer (training panels left out: the simulated node has none)."""
+    out = {}
+    for target in grafana.targets(board):
+        if grafana.TRAINING not in target.expr:
+            out[target.where()] = (target, normal({"status": "success", "data": {
+                "resultType": "matrix", "result": grafana.run(client, target, values,
+                                                              end - 120, end)}}))
+    return out
+
+
+def user_labels(result: list) -> set[str]:
+    return {dict(labels).get("user", "") for labels, *_ in result} - {""}
+
+
+# -- the dashboards --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
+def test_dashboard_queries_as_a_user_show_only_their_own_jobs(stack: ProxyStack,
+                                                              path: Path) -> None:
+    board = grafana.load(path)
+    alice = stack.as_user("alice")
+    queries = grafana.variable_queries(board)
+    assert grafana.resolve_variable(alice, queries["cluster"], {}) == [CLUSTER]
+    base = {"cluster": CLUSTER}
+    end = at()
+    if "user" in queries:  # the user variable offers alice alone: preset, in effect
+        assert grafana.resolve_variable(alice, queries["user"], base) == ["alice"]
+    if "jobid" in queries:
+        offered = grafana.resolve_variable(alice, queries["jobid"], base)
+        assert offered and set(offered) <= set(jobids(stack, "alice")), offered
+    own = {"user": {"user": "alice"}, "jobid": {"jobid": jobids(stack, "alice")[0]},
+           "node": {"node": f"{stack.agent.url.removeprefix('http://')}"}}
+    foreign = {"user": {"user": "bob"}, "jobid": {"jobid": jobids(stack, "bob")[0]}}
+    nobody = {"user": {"user": "nobody"}, "jobid": {"jobid": "999999"}}
+    swept = next((name for name in ("user", "jobid", "node") if name in queries), None)
+    mine = run_board(alice, board, {**base, **own.get(swept, {})}, end)
+    assert any(result for _, result in mine.values()), "alice sees nothing at all"
+    for where, (_, result) in mine.items():
+        assert user_labels(result) <= {"alice"}, (where, result)
+    if swept in ("user", "jobid"):
+        # A dashboard of alice's own: the families that carry `user`, and the public
+        # ones, answer exactly as Prometheus does.
+        direct = run_board(stack.direct, board, {**base, **own[swept]}, end)
+        for where, (target, result) in mine.items():
+            names = selector_names(grafana.fill(target.expr, {**base, **own[swept]}, 120))
+            if all(n.startswith(PER_USER) or n in PUBLIC for n in names):
+                assert result == direct[where][1], where
+        # Someone else's job or user page: alice learns no more than from one that
+        # does not exist.
+        theirs = run_board(alice, board, {**base, **foreign[swept]}, end)
+        none = run_board(alice, board, {**base, **nobody[swept]}, end)
+        assert theirs == none
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
+def test_dashboard_queries_as_an_admin_answer_as_prometheus_does(stack: ProxyStack,
+                                                                 path: Path) -> None:
+    board = grafana.load(path)
+    values = {"cluster": CLUSTER, "user": "bob", "jobid": jobids(stack, "bob")[0],
+              "node": stack.agent.url.removeprefix("http://")}
+    end = at()
+    admin = run_board(stack.as_user("root"), board, values, end)
+    assert admin == run_board(stack.direct, board, values, end)
+    assert any(result for _, result in admin.values())
+
+
+# -- an attacker's list ---------------------------------------------------------------
+
+# (alice's attack, the honest query for alice's own data it must answer like)
+ATTACKS = [
+    ('slurm_job_gpus{user=~".+"}', 'slurm_job_gpus{user="alice"}'),
+    ('slurm_job_gpus{user!="alice"}', "vector(1) unless vector(1)"),
+    ('slurm_job_gpus{user=~"bob|carol"}', "vector(1) unless vector(1)"),
+    ('slurm_job_gpus{user="alice"} or slurm_job_gpus{user="bob"}',
+     'slurm_job_gpus{user="alice"}'),
+    ("slurm_job_gpus unless slurm_job_gpus{user=\"alice\"}", "vector(1) unless vector(1)"),
+    ('slurm_job_gpus{user="alice"} + on() group_left sum(slurm_job_gpus)',
+     'slurm_job_gpus{user="alice"} + on() group_left sum(slurm_job_gpus{user="alice"})'),
+    ('label_replace(slurm_job_gpus, "user", "alice", "", "")',
+     'slurm_job_gpus{user="alice"}'),
+    ('label_join(slurm_job_gpus, "user", ",", "jobid")',
+     'label_join(slurm_job_gpus{user="alice"}, "user", ",", "jobid")'),
+    ("max_over_time(slurm_job_gpus[1m:1s])", 'max_over_time(slurm_job_gpus{user="alice"}[1m:1s])'),
+    ("slurm_job_gpus offset 10s", 'slurm_job_gpus{user="alice"} offset 10s'),
+    ("count(slurm_job_info @ end())", 'count(slurm_job_info{user="alice"})'),
+    ('count({__name__=~".+"})', 'count({__name__=~".+", user="alice"})'),
+    ("count by (user) (slurm_job_info)", 'count by (user) (slurm_job_info{user="alice"})'),
+    ("topk(scalar(count(slurm_job_info)), slurm_job_gpus)",
+     'topk(scalar(count(slurm_job_info{user="alice"})), slurm_job_gpus{user="alice"})'),
+    ('slurm_job_gpus{jobid="1\\"} or {__name__=~\\".+"}', "vector(1) unless vector(1)"),
+    ("sum(cluster:slurm_gpus:count)", "sum(cluster:slurm_gpus:count)"),
+    ("count(slurm_gpu_power_watts)", "count(vector(1) unless vector(1))"),
+]
+
+
+@pytest.mark.parametrize(("attack", "honest"), ATTACKS, ids=[a for a, _ in ATTACKS])
+def test_an_attack_answers_like_a_query_of_the_attackers_own_data(
+        stack: ProxyStack, attack: str, honest: str) -> None:
+    when = at()
+    got = stack.as_user("alice").query(attack, at=when)
+    assert normal(got) == normal(stack.prometheus.query(honest, at=when)), (attack, got)
+
+
+def test_absent_tells_no_more_about_another_user_than_about_nobody(
+        stack: ProxyStack) -> None:
+    when, alice = at(), stack.as_user("alice")
+    bob = alice.query('absent(slurm_job_info{user="bob"})', at=when)
+    nobody = alice.query('absent(slurm_job_info{user="nobody"})', at=when)
+    assert normal(bob) == normal(nobody) and bob["data"]["result"][0]["value"][1] == "1"
+
+
+def test_a_coordinator_sees_the_users_of_their_accounts(stack: ProxyStack) -> None:
+    answer = stack.as_user("carol").query("count by (user) (slurm_job_info)")
+    assert {s["metric"]["user"] for s in answer["data"]["result"]} == {"carol", "dave"}
+
+
+def test_series_and_label_endpoints_are_restricted(stack: ProxyStack) -> None:
+    alice = stack.as_user("alice")
+    series = alice.get("/api/v1/series", [("match[]", "slurm_job_info"),
+                                          ("match[]", '{__name__=~".+"}')])
+    assert series.status == 200 and series.body["data"]
+    assert {s.get("user") for s in series.body["data"]} == {"alice"}
+    assert alice.label_values("user") == ["alice"]
+    assert alice.label_values("user", '{__name__=~".+"}') == ["alice"]
+    assert alice.label_values("jobid") == jobids(stack, "alice")
+    names = set(alice.label_values("__name__"))
+    assert set(PUBLIC) <= names and "slurm_gpu_power_watts" not in names
+    labels = alice.post("/api/v1/labels", [("match[]", "slurm_job_info")])
+    assert labels.status == 200 and "user" in labels.body["data"]
+    # The encoded label name is decoded before it is checked, and restricted the same.
+    assert request(f"{stack.proxy.url}/api/v1/label/us%65r/values",
+                   basic("alice")).body["data"] == ["alice"]
+    for endpoint in ("/api/v1/metadata", "/api/v1/status/buildinfo"):
+        assert alice.get(endpoint).status == 200, endpoint
+
+
+def test_repeated_and_mixed_parameters_are_refused(stack: ProxyStack) -> None:
+    url = f"{stack.proxy.url}/api/v1/query"
+    own, theirs = 'slurm_job_info{user="alice"}', "slurm_job_info"
+    twice = urllib.parse.urlencode([("query", own), ("query", theirs)])
+    assert request(f"{url}?{twice}", basic("alice")).status == 400
+    mixed = request(f"{url}?{urllib.parse.urlencode({'query': own})}", basic("alice"),
+                    urllib.parse.urlencode({"query": theirs}).encode())
+    assert mixed.status == 400 and "given 2 times" in mixed.body["error"]
+    multipart = request(url, basic("alice"), b"--x\r\n", content_type="multipart/form-data")
+    assert multipart.status == 400
+
+
+def test_encoded_paths_reach_only_what_their_decoded_path_allows(stack: ProxyStack) -> None:
+    answer = request(f"{stack.proxy.url}/api/v1/%71uery?query=slurm_job_info", basic("alice"))
+    assert {s["metric"]["user"] for s in answer.body["data"]["result"]} == {"alice"}
+    conn = http.client.HTTPConnection("127.0.0.1", stack.proxy.port, timeout=10)
+    try:
+        for raw in ("/api/v1/query/../admin/tsdb/delete_series", "/api/v1//query",
+                    "/api/v1/query%2f..%2f..%2ffederate",
+                    "/api/v1/label/..%2f..%2ffederate/values"):
+            conn.request("POST", raw, headers=basic("alice"))
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == 403, raw
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("GET", '/federate?match[]={__name__=~".%2B"}'),
+    ("POST", '/api/v1/admin/tsdb/delete_series?match[]={__name__=~".%2B"}'),
+    ("GET", "/api/v1/targets"), ("GET", "/api/v1/rules"), ("POST", "/api/v1/write"),
+    ("POST", "/api/v1/read"), ("GET", "/api/v1/query_exemplars?query=slurm_job_info"),
+    ("GET", "/graph"),
+])
+def test_other_endpoints_are_for_admins_only(stack: ProxyStack, method: str, path: str) -> None:
+    answer = request(stack.proxy.url + path, basic("alice"),
+                     b"" if method == "POST" else None, method=method)
+    assert answer.status == 403 and answer.body["errorType"] == "endpoint"
+
+
+def test_an_admin_reaches_federate(stack: ProxyStack) -> None:
+    answer = request(stack.proxy.url + '/federate?match[]={job="slurm-gpu-exporter"}',
+                     basic("root"))
+    assert answer.status == 200 and 'user="bob"' in answer.text
+
+
+def test_a_query_that_does_not_parse_gets_400_from_the_proxy(stack: ProxyStack) -> None:
+    answer = stack.as_user("alice").post("/api/v1/query", [("query", "sum(slurm_job_gpus")])
+    assert answer.status == 400 and answer.body["errorType"] == "bad_query"
+    assert "does not parse" in answer.body["error"]
+
+
+# -- who is asking --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("headers", "reason"), [
+    ({}, "unauthenticated"),
+    (basic("alice", "wrong"), "bad_credentials"),
+    (basic("mallory"), "bad_credentials"),
+    ({USER_HEADER: "bob"}, "forged_user_header"),
+    ({**basic("alice"), USER_HEADER: "bob"}, "forged_user_header"),
+    ({USER_HEADER: "bob", SECRET_HEADER: "not-the-secret-at-all"}, "forged_user_header"),
+])
+def test_no_wrong_or_forged_credentials_get_401(stack: ProxyStack, headers: dict[str, str],
+                                                reason: str) -> None:
+    answer = request(f"{stack.proxy.url}/api/v1/query?query=slurm_job_info", headers)
+    assert answer.status == 401 and answer.body["errorType"] == reason
+
+
+def test_grafana_proven_by_its_secret_names_the_user(stack: ProxyStack) -> None:
+    answer = stack.via_grafana("bob").query("slurm_job_info")
+    assert {s["metric"]["user"] for s in answer["data"]["result"]} == {"bob"}
+
+
+def test_refusals_are_counted_and_logged_with_user_and_reason(stack: ProxyStack) -> None:
+    request(f"{stack.proxy.url}/federate", basic("bob"))
+    wait_until(lambda: "refused GET '/federate' for user 'bob': endpoint" in stack.proxy.log(),
+               10, "the refusal's log line", log=stack.proxy.log)
+    own = request(f"{stack.proxy.url}/metrics", basic("bob"))
+    assert own.status == 200
+    assert 'slurm_gpu_proxy_refusals_total{reason="endpoint"}' in own.text
+    assert 'slurm_gpu_proxy_upstream_duration_seconds_count{endpoint="query"}' in own.text
+    assert request(f"{stack.proxy.url}/metrics").status == 401
+    assert request(f"{stack.proxy.url}/-/ready").status == 200
