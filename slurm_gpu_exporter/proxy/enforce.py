@@ -39,7 +39,12 @@ _NO_UNWIND = (KeyboardInterrupt, SystemExit, asyncio.CancelledError)
 
 
 class QueryRefused(ValueError):
-    """The query cannot be run for this caller; the message says why and is for them."""
+    """The query cannot be run for this caller; the message says why and is for them.
+    ``reason`` names the kind, for the proxy's refusal counts."""
+
+    def __init__(self, message: str, reason: str = "bad_query") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,7 @@ def _check_supported(root: pp.Expr) -> None:
     for node in nodes(root):
         if isinstance(node, pp.Call) and node.func.name in IMPLICIT_SELECTION:
             raise QueryRefused(f"{node.func.name}() reads series the query does not name; "
-                               "only admins may use it")
+                               "only admins may use it", reason="function")
         if isinstance(node, pp.VectorSelector) and node.matchers.or_matchers:
             raise QueryRefused("`or` between matchers in one selector is not supported")
 

@@ -127,11 +127,11 @@ def prometheus_config(agent: Agent) -> dict:
     }
 
 
-def write_configs(base: Path) -> tuple[Path, Path, str]:
+def write_configs(base: Path, users: tuple[str, ...] = USERS) -> tuple[Path, Path, str]:
     """(web config, proxy config, shared secret) in ``base``."""
-    users = {u: bcrypt.hashpw(password(u).encode(), bcrypt.gensalt(4)).decode() for u in USERS}
+    hashes = {u: bcrypt.hashpw(password(u).encode(), bcrypt.gensalt(4)).decode() for u in users}
     web = base / "web.yml"
-    web.write_text(yaml.safe_dump({"basic_auth_users": users}))
+    web.write_text(yaml.safe_dump({"basic_auth_users": hashes}))
     secret = secrets.token_hex(24)
     (base / "grafana.secret").write_text(secret + "\n")
     proxy = base / "proxy.yml"
@@ -145,11 +145,11 @@ def write_configs(base: Path) -> tuple[Path, Path, str]:
     return web, proxy, secret
 
 
-def start(base: Path) -> ProxyStack:
+def start(base: Path, users: tuple[str, ...] = USERS) -> ProxyStack:
     """Start everything (ended by PID through ``stop``); wait until each is ready."""
     tool("prometheus", package="prometheus")
     base.mkdir(parents=True, exist_ok=True)
-    web, proxy_config, secret = write_configs(base)
+    web, proxy_config, secret = write_configs(base, users)
     started: list[Any] = []
     try:
         agent = Agent(["--simulate", "--sample-interval", "1"], log_path=base / "agent.log")
