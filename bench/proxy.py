@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import http.client
+import os
 import sys
 import tempfile
 import time
@@ -175,10 +176,13 @@ def main() -> int:
             end = time.time()
             jobid = stack.prometheus.vector('slurm_job_info{user="alice"}')[0]["metric"]["jobid"]
             queries = dashboard_queries("alice", jobid, end)
-            figures = {"budget_added_ms_p50": 2, **enforcement_cost(queries, args.rounds),
+            figures = {"budget_added_ms_p50": 2,
+                       "load_average_1m_before": round(os.getloadavg()[0], 2),
+                       **enforcement_cost(queries, args.rounds),
                        **added_latency(stack, queries, args.rounds),
                        **asyncio.run(concurrent_users(stack, args.users, args.seconds, jobid,
-                                                      end))}
+                                                      end)),
+                       "load_average_1m_after": round(os.getloadavg()[0], 2)}
         finally:
             stack.stop()
     record("proxy", figures)

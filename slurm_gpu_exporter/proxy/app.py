@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from urllib.parse import quote, urlencode
 
 import aiohttp
 from aiohttp import web
@@ -30,7 +31,7 @@ from slurm_gpu_exporter.proxy.enforce import (
 )
 from slurm_gpu_exporter.proxy.identity import Refusal, identify
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
-from slurm_gpu_exporter.proxy.params import BadRequest, pick, read_params, single
+from slurm_gpu_exporter.proxy.params import FORM, BadRequest, pick, read_params, single
 from slurm_gpu_exporter.proxy.printer import LABEL_NAME
 from slurm_gpu_exporter.webconfig import WebConfig
 
@@ -41,6 +42,9 @@ MAX_BODY_BYTES = 1024 * 1024
 # the main thread's stack, and it parses in well under a millisecond. Longer ones go
 # to the parser threads.
 INLINE_QUERY_BYTES = 2048
+# Upstream requests go as GET (one write on the socket, where a POST takes two) while
+# the URL stays short enough for any proxy on the way; longer ones as a POST form.
+UPSTREAM_GET_BYTES = 4096
 OPEN_PATHS = {"/-/healthy", "/-/ready"}
 # Keys of what the authentication middleware leaves on a request.
 CALLER = "slurm_gpu_proxy.caller"
@@ -57,7 +61,7 @@ class Endpoint:
     matches: bool = False  # takes match[] series selectors
     matches_required: bool = False
     others: tuple[str, ...] = ()
-    post: bool = True  # forwarded as a POST form (else GET with a query string)
+    post: bool = True  # the store takes a POST form too (else GET only)
 
 
 ENDPOINTS = {
@@ -66,6 +70,9 @@ ENDPOINTS = {
     "/api/v1/query_range": Endpoint("query_range", "query", True,
                                     others=("start", "end", "step", "timeout", "limit",
                                             "lookback_delta")),
+    # Exemplars of the series the (restricted) query selects: Grafana asks for them.
+    "/api/v1/query_exemplars": Endpoint("query_exemplars", "query", True,
+                                        others=("start", "end")),
     "/api/v1/series": Endpoint("series", matches=True, matches_required=True,
                                others=("start", "end", "limit")),
     "/api/v1/labels": Endpoint("labels", matches=True, others=("start", "end", "limit")),
@@ -187,9 +194,11 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
         except BadRequest as exc:
             raise Refused(400, "bad_request", str(exc)) from None
         url = upstream.with_path(upstream.path.rstrip("/") + path, encoded=False)
-        if endpoint.post:
-            return await call_upstream(endpoint.name, "POST", url, data=form)
-        return await call_upstream(endpoint.name, "GET", url, params=form)
+        encoded = urlencode(form, quote_via=quote)
+        if endpoint.post and len(encoded) > UPSTREAM_GET_BYTES:
+            return await call_upstream(endpoint.name, "POST", url, data=encoded,
+                                       headers={"Content-Type": FORM})
+        return await call_upstream(endpoint.name, "GET", URL(f"{url}?{encoded}", encoded=True))
 
     async def api(request: web.Request) -> web.StreamResponse:
         path = request.path
