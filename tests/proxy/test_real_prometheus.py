@@ -37,7 +37,7 @@ PER_USER = ("slurm_job_", "jobid_user:", "user:")
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyStack]:
+def proxy_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyStack]:
     running = start(tmp_path_factory.mktemp("proxy"))
     try:
         # The answers are compared at a time a few seconds back (see `at`): wait until
@@ -70,8 +70,8 @@ def normal(answer: dict) -> list:
     return sorted(data, key=repr)
 
 
-def jobids(stack: ProxyStack, user: str) -> list[str]:
-    return sorted({s["metric"]["jobid"] for s in stack.prometheus.vector(
+def jobids(proxy_stack: ProxyStack, user: str) -> list[str]:
+    return sorted({s["metric"]["jobid"] for s in proxy_stack.prometheus.vector(
         f'slurm_job_info{{user="{user}"}}')})
 
 
@@ -105,10 +105,10 @@ def user_labels(result: list) -> set[str]:
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
-def test_dashboard_queries_as_a_user_show_only_their_own_jobs(stack: ProxyStack,
+def test_dashboard_queries_as_a_user_show_only_their_own_jobs(proxy_stack: ProxyStack,
                                                               path: Path) -> None:
     board = grafana.load(path)
-    alice = stack.as_user("alice")
+    alice = proxy_stack.as_user("alice")
     queries = grafana.variable_queries(board)
     assert grafana.resolve_variable(alice, queries["cluster"], {}) == [CLUSTER]
     base = {"cluster": CLUSTER}
@@ -117,10 +117,10 @@ def test_dashboard_queries_as_a_user_show_only_their_own_jobs(stack: ProxyStack,
         assert grafana.resolve_variable(alice, queries["user"], base) == ["alice"]
     if "jobid" in queries:
         offered = grafana.resolve_variable(alice, queries["jobid"], base)
-        assert offered and set(offered) <= set(jobids(stack, "alice")), offered
-    own = {"user": {"user": "alice"}, "jobid": {"jobid": jobids(stack, "alice")[0]},
-           "node": {"node": f"{stack.agent.url.removeprefix('http://')}"}}
-    foreign = {"user": {"user": "bob"}, "jobid": {"jobid": jobids(stack, "bob")[0]}}
+        assert offered and set(offered) <= set(jobids(proxy_stack, "alice")), offered
+    own = {"user": {"user": "alice"}, "jobid": {"jobid": jobids(proxy_stack, "alice")[0]},
+           "node": {"node": f"{proxy_stack.agent.url.removeprefix('http://')}"}}
+    foreign = {"user": {"user": "bob"}, "jobid": {"jobid": jobids(proxy_stack, "bob")[0]}}
     nobody = {"user": {"user": "nobody"}, "jobid": {"jobid": "999999"}}
     swept = next((name for name in ("user", "jobid", "node") if name in queries), None)
     mine = run_board(alice, board, {**base, **own.get(swept, {})}, end)
@@ -130,7 +130,7 @@ def test_dashboard_queries_as_a_user_show_only_their_own_jobs(stack: ProxyStack,
     if swept in ("user", "jobid"):
         # A dashboard of alice's own: the families that carry `user`, and the public
         # ones, answer exactly as Prometheus does.
-        direct = run_board(stack.direct, board, {**base, **own[swept]}, end)
+        direct = run_board(proxy_stack.direct, board, {**base, **own[swept]}, end)
         for where, (target, result) in mine.items():
             names = selector_names(grafana.fill(target.expr, {**base, **own[swept]}, 120))
             if all(n.startswith(PER_USER) or n in PUBLIC for n in names):
@@ -143,14 +143,14 @@ def test_dashboard_queries_as_a_user_show_only_their_own_jobs(stack: ProxyStack,
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
-def test_dashboard_queries_as_an_admin_answer_as_prometheus_does(stack: ProxyStack,
+def test_dashboard_queries_as_an_admin_answer_as_prometheus_does(proxy_stack: ProxyStack,
                                                                  path: Path) -> None:
     board = grafana.load(path)
-    values = {"cluster": CLUSTER, "user": "bob", "jobid": jobids(stack, "bob")[0],
-              "node": stack.agent.url.removeprefix("http://")}
+    values = {"cluster": CLUSTER, "user": "bob", "jobid": jobids(proxy_stack, "bob")[0],
+              "node": proxy_stack.agent.url.removeprefix("http://")}
     end = at()
-    admin = run_board(stack.as_user("root"), board, values, end)
-    assert admin == run_board(stack.direct, board, values, end)
+    admin = run_board(proxy_stack.as_user("root"), board, values, end)
+    assert admin == run_board(proxy_stack.direct, board, values, end)
     assert any(result for _, result in admin.values())
 
 
@@ -185,50 +185,50 @@ ATTACKS = [
 
 @pytest.mark.parametrize(("attack", "honest"), ATTACKS, ids=[a for a, _ in ATTACKS])
 def test_an_attack_answers_like_a_query_of_the_attackers_own_data(
-        stack: ProxyStack, attack: str, honest: str) -> None:
+        proxy_stack: ProxyStack, attack: str, honest: str) -> None:
     when = at()
-    got = stack.as_user("alice").query(attack, at=when)
-    assert normal(got) == normal(stack.prometheus.query(honest, at=when)), (attack, got)
+    got = proxy_stack.as_user("alice").query(attack, at=when)
+    assert normal(got) == normal(proxy_stack.prometheus.query(honest, at=when)), (attack, got)
 
 
 def test_absent_tells_no_more_about_another_user_than_about_nobody(
-        stack: ProxyStack) -> None:
-    when, alice = at(), stack.as_user("alice")
+        proxy_stack: ProxyStack) -> None:
+    when, alice = at(), proxy_stack.as_user("alice")
     bob = alice.query('absent(slurm_job_info{user="bob"})', at=when)
     nobody = alice.query('absent(slurm_job_info{user="nobody"})', at=when)
     assert normal(bob) == normal(nobody) and bob["data"]["result"][0]["value"][1] == "1"
 
 
-def test_a_long_query_is_restricted_too(stack: ProxyStack) -> None:
+def test_a_long_query_is_restricted_too(proxy_stack: ProxyStack) -> None:
     # Past 2 KiB the query is parsed in the parser threads; past 4 KiB encoded it goes
     # upstream as a POST form.
     others = "|".join(str(n) for n in range(1000, 2200))
     long = f'count by (user) (slurm_job_info{{jobid!~"{others}"}})'
     assert len(long) > 4096
-    answer = stack.as_user("alice").query(long)
+    answer = proxy_stack.as_user("alice").query(long)
     assert {s["metric"]["user"] for s in answer["data"]["result"]} == {"alice"}
 
 
-def test_a_coordinator_sees_the_users_of_their_accounts(stack: ProxyStack) -> None:
-    answer = stack.as_user("carol").query("count by (user) (slurm_job_info)")
+def test_a_coordinator_sees_the_users_of_their_accounts(proxy_stack: ProxyStack) -> None:
+    answer = proxy_stack.as_user("carol").query("count by (user) (slurm_job_info)")
     assert {s["metric"]["user"] for s in answer["data"]["result"]} == {"carol", "dave"}
 
 
-def test_series_and_label_endpoints_are_restricted(stack: ProxyStack) -> None:
-    alice = stack.as_user("alice")
+def test_series_and_label_endpoints_are_restricted(proxy_stack: ProxyStack) -> None:
+    alice = proxy_stack.as_user("alice")
     series = alice.get("/api/v1/series", [("match[]", "slurm_job_info"),
                                           ("match[]", '{__name__=~".+"}')])
     assert series.status == 200 and series.body["data"]
     assert {s.get("user") for s in series.body["data"]} == {"alice"}
     assert alice.label_values("user") == ["alice"]
     assert alice.label_values("user", '{__name__=~".+"}') == ["alice"]
-    assert alice.label_values("jobid") == jobids(stack, "alice")
+    assert alice.label_values("jobid") == jobids(proxy_stack, "alice")
     names = set(alice.label_values("__name__"))
     assert set(PUBLIC) <= names and "slurm_gpu_power_watts" not in names
     labels = alice.post("/api/v1/labels", [("match[]", "slurm_job_info")])
     assert labels.status == 200 and "user" in labels.body["data"]
     # The encoded label name is decoded before it is checked, and restricted the same.
-    assert request(f"{stack.proxy.url}/api/v1/label/us%65r/values",
+    assert request(f"{proxy_stack.proxy.url}/api/v1/label/us%65r/values",
                    basic("alice")).body["data"] == ["alice"]
     for endpoint in ("/api/v1/metadata", "/api/v1/status/buildinfo"):
         assert alice.get(endpoint).status == 200, endpoint
@@ -236,8 +236,8 @@ def test_series_and_label_endpoints_are_restricted(stack: ProxyStack) -> None:
     assert exemplars.status == 200 and exemplars.body["status"] == "success"
 
 
-def test_repeated_and_mixed_parameters_are_refused(stack: ProxyStack) -> None:
-    url = f"{stack.proxy.url}/api/v1/query"
+def test_repeated_and_mixed_parameters_are_refused(proxy_stack: ProxyStack) -> None:
+    url = f"{proxy_stack.proxy.url}/api/v1/query"
     own, theirs = 'slurm_job_info{user="alice"}', "slurm_job_info"
     twice = urllib.parse.urlencode([("query", own), ("query", theirs)])
     assert request(f"{url}?{twice}", basic("alice")).status == 400
@@ -248,10 +248,10 @@ def test_repeated_and_mixed_parameters_are_refused(stack: ProxyStack) -> None:
     assert multipart.status == 400
 
 
-def test_encoded_paths_reach_only_what_their_decoded_path_allows(stack: ProxyStack) -> None:
-    answer = request(f"{stack.proxy.url}/api/v1/%71uery?query=slurm_job_info", basic("alice"))
+def test_encoded_paths_reach_only_what_their_decoded_path_allows(proxy_stack: ProxyStack) -> None:
+    answer = request(f"{proxy_stack.proxy.url}/api/v1/%71uery?query=slurm_job_info", basic("alice"))
     assert {s["metric"]["user"] for s in answer.body["data"]["result"]} == {"alice"}
-    conn = http.client.HTTPConnection("127.0.0.1", stack.proxy.port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", proxy_stack.proxy.port, timeout=10)
     try:
         for raw in ("/api/v1/query/../admin/tsdb/delete_series", "/api/v1//query",
                     "/api/v1/query%2f..%2f..%2ffederate",
@@ -271,20 +271,21 @@ def test_encoded_paths_reach_only_what_their_decoded_path_allows(stack: ProxySta
     ("POST", "/api/v1/read"),
     ("GET", "/graph"),
 ])
-def test_other_endpoints_are_for_admins_only(stack: ProxyStack, method: str, path: str) -> None:
-    answer = request(stack.proxy.url + path, basic("alice"),
+def test_other_endpoints_are_for_admins_only(proxy_stack: ProxyStack, method: str,
+                                             path: str) -> None:
+    answer = request(proxy_stack.proxy.url + path, basic("alice"),
                      b"" if method == "POST" else None, method=method)
     assert answer.status == 403 and answer.body["errorType"] == "endpoint"
 
 
-def test_an_admin_reaches_federate(stack: ProxyStack) -> None:
-    answer = request(stack.proxy.url + '/federate?match[]={job="slurm-gpu-exporter"}',
+def test_an_admin_reaches_federate(proxy_stack: ProxyStack) -> None:
+    answer = request(proxy_stack.proxy.url + '/federate?match[]={job="slurm-gpu-exporter"}',
                      basic("root"))
     assert answer.status == 200 and 'user="bob"' in answer.text
 
 
-def test_a_query_that_does_not_parse_gets_400_from_the_proxy(stack: ProxyStack) -> None:
-    answer = stack.as_user("alice").post("/api/v1/query", [("query", "sum(slurm_job_gpus")])
+def test_a_query_that_does_not_parse_gets_400_from_the_proxy(proxy_stack: ProxyStack) -> None:
+    answer = proxy_stack.as_user("alice").post("/api/v1/query", [("query", "sum(slurm_job_gpus")])
     assert answer.status == 400 and answer.body["errorType"] == "bad_query"
     assert "does not parse" in answer.body["error"]
 
@@ -300,24 +301,25 @@ def test_a_query_that_does_not_parse_gets_400_from_the_proxy(stack: ProxyStack) 
     ({**basic("alice"), USER_HEADER: "bob"}, "forged_user_header"),
     ({USER_HEADER: "bob", SECRET_HEADER: "not-the-secret-at-all"}, "forged_user_header"),
 ])
-def test_no_wrong_or_forged_credentials_get_401(stack: ProxyStack, headers: dict[str, str],
+def test_no_wrong_or_forged_credentials_get_401(proxy_stack: ProxyStack, headers: dict[str, str],
                                                 reason: str) -> None:
-    answer = request(f"{stack.proxy.url}/api/v1/query?query=slurm_job_info", headers)
+    answer = request(f"{proxy_stack.proxy.url}/api/v1/query?query=slurm_job_info", headers)
     assert answer.status == 401 and answer.body["errorType"] == reason
 
 
-def test_grafana_proven_by_its_secret_names_the_user(stack: ProxyStack) -> None:
-    answer = stack.via_grafana("bob").query("slurm_job_info")
+def test_grafana_proven_by_its_secret_names_the_user(proxy_stack: ProxyStack) -> None:
+    answer = proxy_stack.via_grafana("bob").query("slurm_job_info")
     assert {s["metric"]["user"] for s in answer["data"]["result"]} == {"bob"}
 
 
-def test_refusals_are_counted_and_logged_with_user_and_reason(stack: ProxyStack) -> None:
-    request(f"{stack.proxy.url}/federate", basic("bob"))
-    wait_until(lambda: "refused GET '/federate' for user 'bob': endpoint" in stack.proxy.log(),
-               10, "the refusal's log line", log=stack.proxy.log)
-    own = request(f"{stack.proxy.url}/metrics", basic("bob"))
+def test_refusals_are_counted_and_logged_with_user_and_reason(proxy_stack: ProxyStack) -> None:
+    request(f"{proxy_stack.proxy.url}/federate", basic("bob"))
+    line = "refused GET '/federate' for user 'bob': endpoint"
+    wait_until(lambda: line in proxy_stack.proxy.log(), 10, "the refusal's log line",
+               log=proxy_stack.proxy.log)
+    own = request(f"{proxy_stack.proxy.url}/metrics", basic("bob"))
     assert own.status == 200
     assert 'slurm_gpu_proxy_refusals_total{reason="endpoint"}' in own.text
     assert 'slurm_gpu_proxy_upstream_duration_seconds_count{endpoint="query"}' in own.text
-    assert request(f"{stack.proxy.url}/metrics").status == 401
-    assert request(f"{stack.proxy.url}/-/ready").status == 200
+    assert request(f"{proxy_stack.proxy.url}/metrics").status == 401
+    assert request(f"{proxy_stack.proxy.url}/-/ready").status == 200
