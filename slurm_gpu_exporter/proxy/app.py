@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote, urlencode
 
 import aiohttp
@@ -29,7 +30,7 @@ from slurm_gpu_exporter.proxy.enforce import (
     enforce_query,
     enforce_series_selector,
 )
-from slurm_gpu_exporter.proxy.identity import Refusal, identify
+from slurm_gpu_exporter.proxy.identity import Caller, Refusal, identify
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
 from slurm_gpu_exporter.proxy.params import FORM, BadRequest, pick, read_params, single
 from slurm_gpu_exporter.proxy.printer import LABEL_NAME
@@ -38,6 +39,7 @@ from slurm_gpu_exporter.webconfig import WebConfig
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1024 * 1024
+REQUEST_READ_TIMEOUT_S = 30.0
 # A query this short is parsed on the event loop: it cannot nest deep enough to strain
 # the main thread's stack, and it parses in well under a millisecond. Longer ones go
 # to the parser threads.
@@ -46,9 +48,11 @@ INLINE_QUERY_BYTES = 2048
 # the URL stays short enough for any proxy on the way; longer ones as a POST form.
 UPSTREAM_GET_BYTES = 4096
 OPEN_PATHS = {"/-/healthy", "/-/ready"}
-# Keys of what the authentication middleware leaves on a request.
-CALLER = "slurm_gpu_proxy.caller"
-SCOPE = "slurm_gpu_proxy.scope"
+# Keys of what the authentication middleware leaves on a request (typed keys where
+# aiohttp has them, 3.13 on).
+_RequestKey = getattr(web, "RequestKey", None)
+CALLER: Any = _RequestKey("caller", Caller) if _RequestKey else "slurm_gpu_proxy.caller"
+SCOPE: Any = _RequestKey("scope", Scope) if _RequestKey else "slurm_gpu_proxy.scope"
 
 
 @dataclass(frozen=True)
@@ -91,8 +95,10 @@ class Refused(Exception):
 
 
 def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
-             metrics: ProxyMetrics | None = None) -> web.Application:
-    """The proxy application (tests start it on a random port)."""
+             metrics: ProxyMetrics | None = None,
+             read_timeout: float = REQUEST_READ_TIMEOUT_S) -> web.Application:
+    """The proxy application (tests start it on a random port). A request body must
+    arrive within ``read_timeout`` seconds."""
     web_config = web_config or WebConfig()
     metrics = metrics or ProxyMetrics()
     upstream = URL(config.prometheus_url)
@@ -174,7 +180,12 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
                             ) -> web.Response:
         scope: Scope = request[SCOPE]
         try:
-            params = await read_params(request)
+            try:
+                async with asyncio.timeout(read_timeout):
+                    params = await read_params(request)
+            except TimeoutError:
+                raise Refused(408, "slow_request", f"the request body did not arrive within "
+                              f"{read_timeout:g} s; send it at once") from None
             form = pick(params, endpoint.others)
             if endpoint.query is not None:
                 query = single(params, endpoint.query, endpoint.query_required)

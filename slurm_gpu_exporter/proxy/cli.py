@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 import threading
@@ -16,6 +15,8 @@ from aiohttp import web
 from slurm_gpu_exporter import __version__
 from slurm_gpu_exporter.proxy.app import make_app
 from slurm_gpu_exporter.proxy.config import ConfigError, ProxyConfig, load_config
+from slurm_gpu_exporter.proxy.listener import ListenError, listen, parse_listen_address
+from slurm_gpu_exporter.proxy.observe import ProxyMetrics
 from slurm_gpu_exporter.webconfig import WebConfig, WebConfigError, load_web_config
 
 log = logging.getLogger("slurm_gpu_exporter.proxy")
@@ -24,6 +25,9 @@ DEFAULT_LISTEN = ":9818"
 # The PromQL parser recurses per level of a query; the largest query it is given
 # (enforce.MAX_QUERY_BYTES) needs well under this.
 PARSER_STACK_BYTES = 64 * 1024 * 1024
+KEEPALIVE_TIMEOUT_S = 75.0
+# How long the rest of a refused request's body is read so the client sees the answer.
+LINGERING_TIME_S = 2.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,37 +55,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _listen_address(address: str) -> tuple[str | None, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"listen address {address!r} is not [host]:port")
-    return (host.strip("[]") or None), int(port)
-
-
 async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str]) -> int:
-    runner = web.AppRunner(make_app(config, web_config), access_log=None,
-                           handle_signals=False, keepalive_timeout=75)
+    metrics = ProxyMetrics()
+    runner = web.AppRunner(make_app(config, web_config, metrics), access_log=None,
+                           handle_signals=False, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+                           lingering_time=LINGERING_TIME_S)
     await runner.setup()
     ssl_context = web_config.ssl_context()
+    try:
+        servers = await listen(runner, addresses, ssl_context,
+                               on_refused=metrics.connections_refused.inc)
+    except ListenError as exc:
+        await runner.cleanup()
+        log.error("%s; pick a free address", exc)
+        return 1
     for address in addresses:
-        host, port = _listen_address(address)
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
-        try:
-            await site.start()
-        except OSError as exc:
-            await runner.cleanup()
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
-            log.error("cannot listen on %s: %s; pick a free address", address, reason)
-            return 1
-        log.info("listening on %s://%s:%d, forwarding to %s",
-                 "https" if ssl_context else "http", host or "0.0.0.0", port,
-                 config.prometheus_url)
+        log.info("listening on %s (%s), forwarding to %s", address,
+                 "https" if ssl_context else "http", config.prometheus_url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await runner.cleanup()
+    for server in servers:
+        server.close()
+    await runner.cleanup()  # closes the open connections, so the servers can finish
+    for server in servers:
+        await server.wait_closed()
     return 0
 
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         web_config = load_web_config(args.web_config) if args.web_config else WebConfig()
         addresses = args.listen or [DEFAULT_LISTEN]
         for address in addresses:
-            _listen_address(address)
+            parse_listen_address(address)
     except (ConfigError, WebConfigError, ValueError) as exc:
         print(f"slurm-gpu-proxy: {exc}", file=sys.stderr)
         return 2

@@ -26,5 +26,9 @@ class ProxyMetrics:
             "slurm_gpu_proxy_upstream_errors", "Upstream requests that got no answer "
             "(refused connection, timeout).", ["endpoint"], registry=self.registry)
 
+        self.connections_refused = Counter(
+            "slurm_gpu_proxy_connections_refused", "Connections closed at once because "
+            "the proxy had its maximum open.", registry=self.registry)
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
