@@ -8,8 +8,9 @@ Enforcement works on promql-parser's AST, never on the query's text:
    parameters, subqueries, both sides of every binary operator), unless the selector
    can only select a family the site made public. Prometheus ANDs a selector's
    matchers, so no matcher of the query can widen it;
-3. print the tree (printer.py), parse that text again and check that every selector in
-   it is restricted: what goes upstream is what was checked.
+3. print the tree with the matchers added (printer.py), parse that text again and
+   check that it has as many selectors as the query, each restricted: what goes
+   upstream is what was checked.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import promql_parser as pp
 
-from slurm_gpu_exporter.proxy.printer import Unprintable, matchers, modifiers, quote, to_promql
+from slurm_gpu_exporter.proxy.printer import Unprintable, quote, to_promql
 
 USER_LABEL = "user"
 # Bounds on what the parser is given: its cost grows with the square of the nesting
@@ -131,48 +132,41 @@ def is_restricted(selector: pp.VectorSelector, scope: Scope) -> bool:
         for m in selector.matchers.matchers)
 
 
-def _check_supported(root: pp.Expr) -> None:
+def _check_supported(root: pp.Expr) -> int:
+    """Refuse what cannot be restricted; the number of selectors in the tree."""
+    selectors = 0
     for node in nodes(root):
         if isinstance(node, pp.Call) and node.func.name in IMPLICIT_SELECTION:
             raise QueryRefused(f"{node.func.name}() reads series the query does not name; "
                                "only admins may use it", reason="function")
-        if isinstance(node, pp.VectorSelector) and node.matchers.or_matchers:
-            raise QueryRefused("`or` between matchers in one selector is not supported")
+        if isinstance(node, pp.VectorSelector):
+            selectors += 1
+            if node.matchers.or_matchers:
+                raise QueryRefused("`or` between matchers in one selector is not supported")
+    return selectors
 
 
 def restrict(root: pp.Expr, scope: Scope) -> str:
     """The PromQL text of ``root`` with every non-public selector restricted to ``scope``."""
-    _check_supported(root)
-    wanted = scope.user_matcher()
+    selectors = _check_supported(root)
+    wanted = (scope.user_matcher(),)
 
-    def visit(node: pp.Expr) -> pp.Expr | None:
-        if not isinstance(node, pp.VectorSelector) or is_public(node, scope):
-            return None
-        # The library cannot build a selector, so the restricted one is printed and
-        # parsed; its text is checked again below with the rest of the query.
-        return pp.parse(to_promql_with(node, wanted))
+    def extra(selector: pp.VectorSelector) -> tuple[pp.Matcher, ...]:
+        return () if is_public(selector, scope) else wanted
 
     try:
-        text = to_promql(pp.transform(root, pre_visit=visit))
+        text = to_promql(root, extra)
         check = pp.parse(text)
     except Unprintable as exc:
         raise QueryRefused(f"query cannot be passed on: {exc}") from None
-    except QueryRefused:
-        raise
     except _NO_UNWIND:
         raise
     except BaseException as exc:
         raise QueryRefused(f"query could not be restricted ({exc}); simplify it") from None
-    before = sum(isinstance(n, pp.VectorSelector) for n in nodes(root))
     after = [n for n in nodes(check) if isinstance(n, pp.VectorSelector)]
-    if len(after) != before or not all(is_restricted(s, scope) for s in after):
+    if len(after) != selectors or not all(is_restricted(s, scope) for s in after):
         raise QueryRefused("query could not be restricted to your series; simplify it")
     return text
-
-
-def to_promql_with(selector: pp.VectorSelector, extra: pp.Matcher) -> str:
-    """A selector's text with one more matcher."""
-    return matchers(selector, (extra,)) + modifiers(selector)
 
 
 def enforce_query(query: str, scope: Scope) -> str:

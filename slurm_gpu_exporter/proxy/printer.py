@@ -1,9 +1,11 @@
-"""Print a promql-parser AST back to PromQL, one line, every string escaped.
+"""Print a promql-parser AST back to PromQL, one line, every string escaped, with
+matchers added to selectors on the way (the proxy's restriction).
 
-promql-parser's own ``str()`` does not escape quotes in label values and its
-``prettify()`` does not reflect edits to the tree, so the proxy prints the tree
-itself. Every node type is handled explicitly; anything else is refused, so a
-parser upgrade with a new node cannot slip through unprinted.
+promql-parser's own ``str()`` does not escape quotes in label values, its
+``prettify()`` does not reflect edits to the tree, and the library cannot build a
+selector, so the proxy prints the tree itself. Every node type is handled
+explicitly; anything else is refused, so a parser upgrade with a new node cannot
+slip through unprinted.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from datetime import timedelta
 
 import promql_parser as pp
@@ -19,6 +22,10 @@ LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # The library's enums are not hashable: a list of pairs, compared with ==.
 _MATCH_OPS = ((pp.MatchOp.Equal, "="), (pp.MatchOp.NotEqual, "!="), (pp.MatchOp.Re, "=~"),
               (pp.MatchOp.NotRe, "!~"))
+
+
+# What to add to a selector's matchers as it is printed.
+Extra = Callable[[pp.VectorSelector], tuple[pp.Matcher, ...]]
 
 
 class Unprintable(ValueError):
@@ -109,35 +116,43 @@ def _binary_modifier(mod: pp.BinModifier | None) -> str:
     return out
 
 
-def to_promql(node: pp.Expr) -> str:
-    """PromQL text for ``node``; raises Unprintable for what it cannot write."""
+def _no_extra(selector: pp.VectorSelector) -> tuple[pp.Matcher, ...]:
+    return ()
+
+
+def to_promql(node: pp.Expr, extra: Extra = _no_extra) -> str:
+    """PromQL text for ``node``, with ``extra(selector)`` added to each selector's
+    matchers; raises Unprintable for what it cannot write."""
+
+    def sub(child: pp.Expr) -> str:
+        return to_promql(child, extra)
+
     if isinstance(node, pp.VectorSelector):
-        return matchers(node) + modifiers(node)
+        return matchers(node, extra(node)) + modifiers(node)
     if isinstance(node, pp.MatrixSelector):
         inner = node.vector_selector
-        return f"{matchers(inner)}[{duration(node.range)}]{modifiers(inner)}"
+        return f"{matchers(inner, extra(inner))}[{duration(node.range)}]{modifiers(inner)}"
     if isinstance(node, pp.SubqueryExpr):
         step = duration(node.step) if node.step is not None else ""
-        return f"{to_promql(node.expr)}[{duration(node.range)}:{step}]{modifiers(node)}"
+        return f"{sub(node.expr)}[{duration(node.range)}:{step}]{modifiers(node)}"
     if isinstance(node, pp.NumberLiteral):
         return number(node.val)
     if isinstance(node, pp.StringLiteral):
         return quote(node.val)
     if isinstance(node, pp.ParenExpr):
-        return f"({to_promql(node.expr)})"
+        return f"({sub(node.expr)})"
     if isinstance(node, pp.UnaryExpr):
-        return f"-{to_promql(node.expr)}"
+        return f"-{sub(node.expr)}"
     if isinstance(node, pp.BinaryExpr):
-        return (f"{to_promql(node.lhs)} {node.op}{_binary_modifier(node.modifier)} "
-                f"{to_promql(node.rhs)}")
+        return f"{sub(node.lhs)} {node.op}{_binary_modifier(node.modifier)} {sub(node.rhs)}"
     if isinstance(node, pp.AggregateExpr):
         grouping = ""
         if node.modifier is not None:
             keyword = "by" if node.modifier.type == pp.AggModifierType.By else "without"
             grouping = f" {keyword} {_labels(node.modifier.labels)}"
-        args = [to_promql(node.param)] if node.param is not None else []
-        args.append(to_promql(node.expr))
+        args = [sub(node.param)] if node.param is not None else []
+        args.append(sub(node.expr))
         return f"{node.op}{grouping} ({', '.join(args)})"
     if isinstance(node, pp.Call):
-        return f"{node.func.name}({', '.join(to_promql(a) for a in node.args)})"
+        return f"{node.func.name}({', '.join(sub(a) for a in node.args)})"
     raise Unprintable(f"unknown expression type {type(node).__name__}")
