@@ -5,15 +5,24 @@ and an attacker's list, end to end."""
 from __future__ import annotations
 
 import http.client
+import json
+import shutil
+import ssl
+import subprocess
+import sys
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import bcrypt
 import promql_parser as pp
 import pytest
+import yaml
 
-from tests.daemons import DEPLOY
+from tests.daemons import DEPLOY, Daemon
 from tests.observe import grafana
 from tests.proxy.stack import (
     CLUSTER,
@@ -23,10 +32,11 @@ from tests.proxy.stack import (
     Client,
     ProxyStack,
     basic,
+    password,
     request,
     start,
 )
-from tests.support import wait_until
+from tests.support import free_port, require, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.prometheus]
 
@@ -323,3 +333,85 @@ def test_refusals_are_counted_and_logged_with_user_and_reason(proxy_stack: Proxy
     assert 'slurm_gpu_proxy_upstream_duration_seconds_count{endpoint="query"}' in own.text
     assert request(f"{proxy_stack.proxy.url}/metrics").status == 401
     assert request(f"{proxy_stack.proxy.url}/-/ready").status == 200
+
+
+# -- TLS, and Grafana proven by its client certificate ---------------------------------
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_pki(d: Path) -> Path:
+    """A CA, the proxy's server certificate and two client certificates (EC keys)."""
+    key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl("req", "-x509", *key, "-days", "2", "-subj", "/CN=test-ca", "-keyout", "ca.key",
+             "-out", "ca.crt", cwd=d)
+    for name, san in (("server", "IP:127.0.0.1"), ("grafana", "DNS:grafana.example"),
+                      ("other", "DNS:other.example")):
+        _openssl("req", *key, "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+                 "-out", f"{name}.csr", cwd=d)
+        (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
+                 "-out", f"{name}.crt", cwd=d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tls_proxy(proxy_stack: ProxyStack, tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[tuple[Daemon, Path]]:
+    require(shutil.which("openssl") is not None, "openssl (Debian package openssl) is missing")
+    d = make_pki(tmp_path_factory.mktemp("pki"))
+    hashed = bcrypt.hashpw(password("alice").encode(), bcrypt.gensalt(4)).decode()
+    (d / "web.yml").write_text(yaml.safe_dump({
+        "tls_server_config": {"cert_file": "server.crt", "key_file": "server.key",
+                              "client_auth_type": "VerifyClientCertIfGiven",
+                              "client_ca_file": "ca.crt"},
+        "basic_auth_users": {"alice": hashed}}))
+    (d / "proxy.yml").write_text(yaml.safe_dump({"user_header": {
+        "name": USER_HEADER, "client_cert_sans": ["grafana.example"]}}))
+    port = free_port()
+    proxy = Daemon("tls-proxy", [
+        str(Path(sys.executable).parent / "slurm-gpu-proxy"),
+        "--prometheus-url", proxy_stack.prometheus.url,
+        "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(d / "web.yml"),
+        "--config", str(d / "proxy.yml")], port, d)
+    try:
+        wait_until(lambda: _tls_status(proxy, d, None, "/-/ready", {}) == 200, 20,
+                   "the proxy to be ready over TLS", log=proxy.log)
+        yield proxy, d
+    finally:
+        proxy.stop()
+
+
+def _tls_status(proxy: Daemon, pki: Path, cert: str | None, path: str,
+                headers: dict[str, str]) -> int | str:
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    if cert:
+        ctx.load_cert_chain(pki / f"{cert}.crt", pki / f"{cert}.key")
+    req = urllib.request.Request(f"https://127.0.0.1:{proxy.port}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+            return resp.read().decode() if path.startswith("/api") else resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, ConnectionError):
+        return 0
+
+
+def test_over_tls_a_client_certificate_proves_grafana_and_passwords_still_work(
+        tls_proxy: tuple[Daemon, Path]) -> None:
+    proxy, pki = tls_proxy
+    path = "/api/v1/query?query=count+by+(user)+(slurm_job_info)"
+
+    def users(answer: int | str) -> set[str]:
+        assert isinstance(answer, str), answer
+        return {s["metric"]["user"] for s in json.loads(answer)["data"]["result"]}
+
+    assert users(_tls_status(proxy, pki, "grafana", path, {USER_HEADER: "bob"})) == {"bob"}
+    assert users(_tls_status(proxy, pki, None, path, basic("alice"))) == {"alice"}
+    # The header from a client without the right certificate is forged.
+    assert _tls_status(proxy, pki, None, path, {USER_HEADER: "bob"}) == 401
+    assert _tls_status(proxy, pki, "other", path, {USER_HEADER: "bob"}) == 401
+    assert _tls_status(proxy, pki, "other", path, basic("alice", "wrong")) == 401
