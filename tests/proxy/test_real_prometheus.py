@@ -415,3 +415,41 @@ def test_over_tls_a_client_certificate_proves_grafana_and_passwords_still_work(
     assert _tls_status(proxy, pki, None, path, {USER_HEADER: "bob"}) == 401
     assert _tls_status(proxy, pki, "other", path, {USER_HEADER: "bob"}) == 401
     assert _tls_status(proxy, pki, "other", path, basic("alice", "wrong")) == 401
+
+
+# -- slurm-gpu-report through the proxy -----------------------------------------------
+
+
+def _report(proxy_stack: ProxyStack, tmp_path: Path, user: str,
+            *args: str) -> subprocess.CompletedProcess:
+    secret = tmp_path / f"{user}.password"
+    secret.write_text(password(user) + "\n")
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "slurm-gpu-report"), *args, "--format", "json",
+         "--prometheus-url", proxy_stack.proxy.url, "--username", user,
+         "--password-file", str(secret)], capture_output=True, text=True, timeout=60,
+        check=False)
+
+
+def _users(value: object) -> set[str]:
+    if isinstance(value, dict):
+        own = {value["user"]} if isinstance(value.get("user"), str) else set()
+        return own.union(*(_users(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(_users(v) for v in value))
+    return set()
+
+
+def test_the_report_through_the_proxy_shows_a_user_their_jobs_alone(
+        proxy_stack: ProxyStack, tmp_path: Path) -> None:
+    # alice's one job is busy, so it is not low-util; carol's is idle.
+    alice = _report(proxy_stack, tmp_path, "alice", "low-util", "--since", "2m")
+    assert alice.returncode == 0 and _users(json.loads(alice.stdout)) <= {"alice"}
+    carol = _report(proxy_stack, tmp_path, "carol", "low-util", "--since", "2m")
+    assert carol.returncode == 0, carol.stderr
+    seen = _users(json.loads(carol.stdout))
+    assert "carol" in seen and seen <= {"carol", "dave"}
+    own = _report(proxy_stack, tmp_path, "alice", "job", jobids(proxy_stack, "alice")[0])
+    assert own.returncode == 0 and _users(json.loads(own.stdout)) == {"alice"}
+    theirs = _report(proxy_stack, tmp_path, "alice", "job", jobids(proxy_stack, "bob")[0])
+    assert theirs.returncode != 0 and "no metrics for job" in theirs.stderr
