@@ -74,12 +74,12 @@ async def identify(request: web.Request, web_config: WebConfig,
     if not web_config.users or not authorization:
         return Refusal(401, "unauthenticated", "authentication required: basic auth with a "
                        "user of the web config")
-    if not await web_config.check_basic_auth_async(authorization):
-        return Refusal(401, "bad_credentials", "wrong user name or password")
     try:
-        name = basic_auth_user(authorization)
-    except (binascii.Error, UnicodeDecodeError):  # verified above: cannot happen
-        return Refusal(401, "bad_credentials", "malformed Authorization header")
+        name = basic_auth_user(authorization) if authorization.startswith("Basic ") else ""
+    except (binascii.Error, UnicodeDecodeError):
+        name = ""
+    if not await web_config.check_basic_auth_async(authorization):
+        return Refusal(401, "bad_credentials", "wrong user name or password", name)
     if not USER_NAME.fullmatch(name):
         return Refusal(401, "bad_credentials", "basic-auth user names must be letters, "
                        "digits and ._@+-", name)

@@ -324,9 +324,12 @@ def test_grafana_proven_by_its_secret_names_the_user(proxy_stack: ProxyStack) ->
 
 def test_refusals_are_counted_and_logged_with_user_and_reason(proxy_stack: ProxyStack) -> None:
     request(f"{proxy_stack.proxy.url}/federate", basic("bob"))
-    line = "refused GET '/federate' for user 'bob': endpoint"
-    wait_until(lambda: line in proxy_stack.proxy.log(), 10, "the refusal's log line",
-               log=proxy_stack.proxy.log)
+    request(f"{proxy_stack.proxy.url}/api/v1/query?query=up", basic("carol", "guess"))
+    assert request(f"{proxy_stack.proxy.url}/api/v1/query?query=up", basic("bob")).status == 200
+    for line in ("refused GET '/federate' for user 'bob': endpoint",
+                 "refused GET '/api/v1/query' for user 'carol': bad_credentials"):
+        wait_until(lambda line=line: line in proxy_stack.proxy.log(), 10,
+                   f"the log line {line!r}", log=proxy_stack.proxy.log)
     own = request(f"{proxy_stack.proxy.url}/metrics", basic("bob"))
     assert own.status == 200
     assert 'slurm_gpu_proxy_refusals_total{reason="endpoint"}' in own.text
