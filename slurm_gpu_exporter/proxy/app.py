@@ -1,0 +1,280 @@
+"""The proxy's HTTP side: authenticate, restrict, forward, answer.
+
+The read endpoints of the Prometheus HTTP API that Grafana and slurm-gpu-report use
+are open to every authenticated caller, with their queries and ``match[]`` selectors
+restricted (enforce.py). Everything else is forwarded for admins only. What goes
+upstream is built by the proxy: a fixed path and a fresh form of checked parameters,
+never the client's own path, query string or headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from slurm_gpu_exporter.proxy.config import ProxyConfig
+from slurm_gpu_exporter.proxy.enforce import (
+    QueryRefused,
+    Scope,
+    default_series_selectors,
+    enforce_query,
+    enforce_series_selector,
+)
+from slurm_gpu_exporter.proxy.identity import Caller, Refusal, identify
+from slurm_gpu_exporter.proxy.observe import ProxyMetrics
+from slurm_gpu_exporter.proxy.params import FORM, BadRequest, pick, read_params, single
+from slurm_gpu_exporter.proxy.printer import LABEL_NAME
+from slurm_gpu_exporter.webconfig import WebConfig
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 1024 * 1024
+REQUEST_READ_TIMEOUT_S = 30.0
+# A query this short is parsed on the event loop: it cannot nest deep enough to strain
+# the main thread's stack, and it parses in well under a millisecond. Longer ones go
+# to the parser threads.
+INLINE_QUERY_BYTES = 2048
+# Upstream requests go as GET (one write on the socket, where a POST takes two) while
+# the URL stays short enough for any proxy on the way; longer ones as a POST form.
+UPSTREAM_GET_BYTES = 4096
+OPEN_PATHS = {"/-/healthy", "/-/ready"}
+# Keys of what the authentication middleware leaves on a request (typed keys where
+# aiohttp has them, 3.13 on).
+_RequestKey = getattr(web, "RequestKey", None)
+CALLER: Any = _RequestKey("caller", Caller) if _RequestKey else "slurm_gpu_proxy.caller"
+SCOPE: Any = _RequestKey("scope", Scope) if _RequestKey else "slurm_gpu_proxy.scope"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A read endpoint: which parameters it takes and how they are restricted."""
+
+    name: str
+    query: str | None = None  # the parameter holding PromQL
+    query_required: bool = False
+    matches: bool = False  # takes match[] series selectors
+    matches_required: bool = False
+    others: tuple[str, ...] = ()
+    post: bool = True  # the store takes a POST form too (else GET only)
+
+
+ENDPOINTS = {
+    "/api/v1/query": Endpoint("query", "query", True,
+                              others=("time", "timeout", "limit", "lookback_delta")),
+    "/api/v1/query_range": Endpoint("query_range", "query", True,
+                                    others=("start", "end", "step", "timeout", "limit",
+                                            "lookback_delta")),
+    # Exemplars of the series the (restricted) query selects: Grafana asks for them.
+    "/api/v1/query_exemplars": Endpoint("query_exemplars", "query", True,
+                                        others=("start", "end")),
+    "/api/v1/series": Endpoint("series", matches=True, matches_required=True,
+                               others=("start", "end", "limit")),
+    "/api/v1/labels": Endpoint("labels", matches=True, others=("start", "end", "limit")),
+    "/api/v1/metadata": Endpoint("metadata", others=("metric", "limit", "limit_per_metric"),
+                                 post=False),
+    "/api/v1/status/buildinfo": Endpoint("buildinfo", post=False),
+}
+LABEL_VALUES = Endpoint("label_values", matches=True, others=("start", "end", "limit"),
+                        post=False)
+
+
+class Refused(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+
+def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
+             metrics: ProxyMetrics | None = None,
+             read_timeout: float = REQUEST_READ_TIMEOUT_S) -> web.Application:
+    """The proxy application (tests start it on a random port). A request body must
+    arrive within ``read_timeout`` seconds."""
+    web_config = web_config or WebConfig()
+    metrics = metrics or ProxyMetrics()
+    upstream = URL(config.prometheus_url)
+    # Parsing runs in these threads: off the event loop, and on the large stacks the
+    # command line gives new threads (the parser recurses).
+    parsers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promql")
+    state: dict[str, aiohttp.ClientSession] = {}
+
+    async def session_context(app: web.Application):  # type: ignore[no-untyped-def]
+        state["session"] = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=64),
+            timeout=aiohttp.ClientTimeout(total=config.upstream_timeout),
+            auto_decompress=True)
+        yield
+        await state["session"].close()
+        parsers.shutdown(wait=False, cancel_futures=True)
+
+    def refuse(request: web.Request, status: int, reason: str, message: str,
+               user: str, endpoint: str) -> web.Response:
+        metrics.refusals.labels(reason).inc()
+        metrics.requests.labels(endpoint, str(status)).inc()
+        log.warning("refused %s %r for user %r: %s (%s)", request.method, request.path,
+                    user or "-", reason, message)
+        headers = {"WWW-Authenticate": 'Basic realm="slurm-gpu-proxy"'} if status == 401 else {}
+        return web.json_response({"status": "error", "errorType": reason, "error": message},
+                                 status=status, headers=headers)
+
+    @web.middleware
+    async def authenticate(request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                           ) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:
+            response = await handler(request)
+        else:
+            who = await identify(request, web_config, config.user_header)
+            if isinstance(who, Refusal):
+                return refuse(request, who.status, who.reason, who.message, who.claimed,
+                              "auth")
+            request[CALLER] = who
+            request[SCOPE] = config.scope_for(who.name)
+            try:
+                response = await handler(request)
+            except Refused as exc:
+                return refuse(request, exc.status, exc.reason, exc.message, who.name,
+                              _endpoint_name(request.path))
+        response.headers.update(web_config.headers)
+        return response
+
+    async def call_upstream(endpoint: str, method: str, url: URL,
+                            **kwargs: object) -> web.Response:
+        started = time.perf_counter()
+        try:
+            async with state["session"].request(method, url, **kwargs) as resp:
+                body = await resp.read()
+                status, content_type = resp.status, resp.content_type
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            metrics.upstream_errors.labels(endpoint).inc()
+            metrics.requests.labels(endpoint, "502").inc()
+            log.warning("upstream %s did not answer %s: %s", config.prometheus_url, endpoint,
+                        exc or type(exc).__name__)
+            return web.json_response(
+                {"status": "error", "errorType": "unavailable",
+                 "error": f"the Prometheus behind this proxy did not answer "
+                          f"({type(exc).__name__}); try again, or tell its admins"},
+                status=502)
+        metrics.upstream_seconds.labels(endpoint).observe(time.perf_counter() - started)
+        metrics.requests.labels(endpoint, str(status)).inc()
+        return web.Response(status=status, body=body, content_type=content_type)
+
+    async def restricted(run: Callable[[str, Scope], str], text: str, scope: Scope) -> str:
+        try:
+            if len(text) <= INLINE_QUERY_BYTES:
+                return run(text, scope)
+            return await asyncio.get_running_loop().run_in_executor(parsers, run, text, scope)
+        except QueryRefused as exc:
+            raise Refused(400, exc.reason, str(exc)) from None
+
+    async def read_endpoint(request: web.Request, path: str, endpoint: Endpoint
+                            ) -> web.Response:
+        scope: Scope = request[SCOPE]
+        try:
+            try:
+                async with asyncio.timeout(read_timeout):
+                    params = await read_params(request)
+            except TimeoutError:
+                raise Refused(408, "slow_request", f"the request body did not arrive within "
+                              f"{read_timeout:g} s; send it at once") from None
+            form = pick(params, endpoint.others)
+            if endpoint.query is not None:
+                query = single(params, endpoint.query, endpoint.query_required)
+                if query is not None:
+                    form.append((endpoint.query, await restricted(enforce_query, query,
+                                                                  scope)))
+            if endpoint.matches:
+                selectors = params.getall("match[]", [])
+                if endpoint.matches_required and not selectors:
+                    raise BadRequest("at least one match[] series selector is needed")
+                for selector in selectors:
+                    form.append(("match[]", await restricted(enforce_series_selector,
+                                                             selector, scope)))
+                if not selectors and not scope.admin:
+                    # Without match[], label names and values would come from every series.
+                    form += [("match[]", s) for s in default_series_selectors(scope)]
+        except BadRequest as exc:
+            raise Refused(400, "bad_request", str(exc)) from None
+        url = upstream.with_path(upstream.path.rstrip("/") + path, encoded=False)
+        encoded = urlencode(form, quote_via=quote)
+        if endpoint.post and len(encoded) > UPSTREAM_GET_BYTES:
+            return await call_upstream(endpoint.name, "POST", url, data=encoded,
+                                       headers={"Content-Type": FORM})
+        return await call_upstream(endpoint.name, "GET", URL(f"{url}?{encoded}", encoded=True))
+
+    async def api(request: web.Request) -> web.StreamResponse:
+        path = request.path
+        endpoint = ENDPOINTS.get(path)
+        if endpoint is not None and request.method in ("GET", "POST"):
+            if request.method == "POST" and not endpoint.post:
+                raise Refused(405, "method", f"{path} takes GET only")
+            return await read_endpoint(request, path, endpoint)
+        label = _label_values_name(path)
+        if label is not None and request.method == "GET":
+            return await read_endpoint(request, f"/api/v1/label/{label}/values", LABEL_VALUES)
+        if request[SCOPE].admin:
+            return await passthrough(request)
+        raise Refused(403, "endpoint", f"{request.method} {path} is for admins only; users "
+                      "may query, query_range, series, labels, label values and metadata")
+
+    async def passthrough(request: web.Request) -> web.Response:
+        """An admin's request as it came (path, query string, body), to the same store."""
+        body = await request.read()
+        url = URL(str(upstream).rstrip("/") + request.raw_path, encoded=True)
+        headers = {"Content-Type": request.headers["Content-Type"]} if (
+            "Content-Type" in request.headers) else {}
+        return await call_upstream("admin_passthrough", request.method, url, data=body,
+                                   headers=headers)
+
+    async def own_metrics(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.exposition(),
+                            content_type="text/plain", charset="utf-8")
+
+    async def healthy(request: web.Request) -> web.Response:
+        return web.Response(text="Healthy\n")
+
+    async def ready(request: web.Request) -> web.Response:
+        url = upstream.with_path(upstream.path.rstrip("/") + "/api/v1/query")
+        try:
+            async with state["session"].get(url, params={"query": "1"},
+                                            timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                if resp.status == 200:
+                    return web.Response(text="Ready\n")
+                problem = f"HTTP {resp.status}"
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            problem = type(exc).__name__
+        return web.Response(status=503, text=f"upstream {config.prometheus_url} not "
+                            f"reachable ({problem}); check --prometheus-url\n")
+
+    app = web.Application(middlewares=[authenticate], client_max_size=MAX_BODY_BYTES)
+    app.cleanup_ctx.append(session_context)
+    app.router.add_get("/-/healthy", healthy)
+    app.router.add_get("/-/ready", ready)
+    app.router.add_get("/metrics", own_metrics)
+    app.router.add_route("*", "/{tail:.*}", api)
+    return app
+
+
+def _label_values_name(path: str) -> str | None:
+    """``name`` of ``/api/v1/label/<name>/values`` when it is a valid label name."""
+    prefix, suffix = "/api/v1/label/", "/values"
+    if not (path.startswith(prefix) and path.endswith(suffix)):
+        return None
+    name = path[len(prefix):-len(suffix)]
+    return name if LABEL_NAME.fullmatch(name) else None
+
+
+def _endpoint_name(path: str) -> str:
+    if path in ENDPOINTS:
+        return ENDPOINTS[path].name
+    return "label_values" if _label_values_name(path) else "other"
+

@@ -1,0 +1,111 @@
+"""``slurm-gpu-proxy``: flags and wiring."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from aiohttp import web
+
+from slurm_gpu_exporter import __version__
+from slurm_gpu_exporter.proxy.app import make_app
+from slurm_gpu_exporter.proxy.config import ConfigError, ProxyConfig, load_config
+from slurm_gpu_exporter.proxy.listener import ListenError, listen, parse_listen_address
+from slurm_gpu_exporter.proxy.observe import ProxyMetrics
+from slurm_gpu_exporter.webconfig import WebConfig, WebConfigError, load_web_config
+
+log = logging.getLogger("slurm_gpu_exporter.proxy")
+
+DEFAULT_LISTEN = ":9818"
+# The PromQL parser recurses per level of a query; the largest query it is given
+# (enforce.MAX_QUERY_BYTES) needs well under this.
+PARSER_STACK_BYTES = 64 * 1024 * 1024
+KEEPALIVE_TIMEOUT_S = 75.0
+# How long the rest of a refused request's body is read so the client sees the answer.
+LINGERING_TIME_S = 2.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="slurm-gpu-proxy",
+        description="PromQL-enforcing access proxy: each user sees only the series of "
+                    "their own Slurm jobs; admins see everything (docs/proxy.md).")
+    p.add_argument("--prometheus-url", help="base URL of the Prometheus HTTP API to guard "
+                   "(Prometheus, Thanos, VictoriaMetrics, Mimir)")
+    p.add_argument("--web.listen-address", dest="listen", action="append",
+                   help=f"address to listen on (repeatable; default {DEFAULT_LISTEN})")
+    p.add_argument("--web.config.file", dest="web_config", type=Path,
+                   help="exporter-toolkit web config: TLS, client certificates, bcrypt "
+                        "basic-auth users")
+    p.add_argument("--admin", nargs="+", action="extend", default=[], metavar="NAME",
+                   help="users who see every series and every endpoint")
+    p.add_argument("--public-metric", nargs="+", action="extend", default=[],
+                   metavar="NAME", help="metric families every user sees whole "
+                   "(cluster-wide aggregates)")
+    p.add_argument("--config", type=Path, help="YAML file with the same settings, plus "
+                   "coordinators and the trusted user header")
+    p.add_argument("--log.level", dest="log_level", default="info",
+                   choices=["debug", "info", "warn", "error"])
+    p.add_argument("--version", action="version", version=f"slurm-gpu-proxy {__version__}")
+    return p
+
+
+async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str]) -> int:
+    metrics = ProxyMetrics()
+    runner = web.AppRunner(make_app(config, web_config, metrics), access_log=None,
+                           handle_signals=False, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+                           lingering_time=LINGERING_TIME_S)
+    await runner.setup()
+    ssl_context = web_config.ssl_context()
+    try:
+        servers = await listen(runner, addresses, ssl_context,
+                               on_refused=metrics.connections_refused.inc)
+    except ListenError as exc:
+        await runner.cleanup()
+        log.error("%s; pick a free address", exc)
+        return 1
+    for address in addresses:
+        log.info("listening on %s (%s), forwarding to %s", address,
+                 "https" if ssl_context else "http", config.prometheus_url)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    for server in servers:
+        server.close()
+    await runner.cleanup()  # closes the open connections, so the servers can finish
+    for server in servers:
+        await server.wait_closed()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = {"warn": "WARNING"}.get(args.log_level, args.log_level.upper())
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        config = load_config(args.config, args.prometheus_url, args.admin, args.public_metric)
+        web_config = load_web_config(args.web_config) if args.web_config else WebConfig()
+        addresses = args.listen or [DEFAULT_LISTEN]
+        for address in addresses:
+            parse_listen_address(address)
+    except (ConfigError, WebConfigError, ValueError) as exc:
+        print(f"slurm-gpu-proxy: {exc}", file=sys.stderr)
+        return 2
+    if not web_config.users and config.user_header is None:
+        print("slurm-gpu-proxy: nobody could sign in: add basic_auth_users to "
+              "--web.config.file or a user_header to --config", file=sys.stderr)
+        return 2
+    threading.stack_size(PARSER_STACK_BYTES)
+    return asyncio.run(serve(config, web_config, addresses))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

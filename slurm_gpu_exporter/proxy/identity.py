@@ -1,0 +1,86 @@
+"""Who is asking: a basic-auth user of the web config, or a user named in a header by
+a client that proved itself (Grafana's ``send_user_header``)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from slurm_gpu_exporter.proxy.config import USER_NAME, UserHeader
+from slurm_gpu_exporter.webconfig import WebConfig
+
+
+@dataclass(frozen=True)
+class Caller:
+    name: str
+    via: str  # "basic" or "header"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int
+    reason: str
+    message: str
+    claimed: str = ""  # the name the request claimed, for the log line
+
+
+def _peer_sans(request: web.Request) -> set[str]:
+    transport = request.transport
+    cert: dict[str, Any] | None = transport.get_extra_info("peercert") if transport else None
+    return {value for _, value in (cert or {}).get("subjectAltName", ())}
+
+
+def _proven(request: web.Request, header: UserHeader) -> bool:
+    """True when the client showed the shared secret or a certificate with an allowed SAN."""
+    if header.secret is not None and header.secret_header is not None:
+        given = request.headers.getall(header.secret_header, [])
+        if len(given) == 1 and hmac.compare_digest(given[0].encode(), header.secret):
+            return True
+    sans = _peer_sans(request)
+    return any(hmac.compare_digest(a, b) for a in header.client_cert_sans for b in sans)
+
+
+def basic_auth_user(authorization: str) -> str:
+    """The user name of a ``Basic`` Authorization header the web config has verified."""
+    decoded = base64.b64decode(authorization[6:], validate=True).decode()
+    return decoded.partition(":")[0]
+
+
+async def identify(request: web.Request, web_config: WebConfig,
+                   user_header: UserHeader | None) -> Caller | Refusal:
+    """The caller, or why the request is refused (401; 403 for a disallowed certificate)."""
+    transport = request.transport
+    if not web_config.client_cert_allowed(
+            transport.get_extra_info("peercert") if transport else None):
+        return Refusal(403, "client_cert", "client certificate not allowed; use one with an "
+                       "allowed subjectAltName")
+    if user_header is not None and user_header.name in request.headers:
+        values = request.headers.getall(user_header.name)
+        claimed = values[0] if len(values) == 1 else ""
+        if not _proven(request, user_header):
+            return Refusal(401, "forged_user_header", f"{user_header.name} is accepted only "
+                           "from a client that proves itself (shared secret or client "
+                           "certificate)", claimed)
+        if len(values) != 1 or not USER_NAME.fullmatch(claimed):
+            return Refusal(401, "bad_user_header", f"{user_header.name} must hold one user "
+                           "name (letters, digits, ._@+-)", claimed)
+        return Caller(claimed, "header")
+    authorization = request.headers.get("Authorization")
+    if not web_config.users or not authorization:
+        return Refusal(401, "unauthenticated", "authentication required: basic auth with a "
+                       "user of the web config")
+    try:
+        name = basic_auth_user(authorization) if authorization.startswith("Basic ") else ""
+    except (binascii.Error, UnicodeDecodeError):
+        name = ""
+    if not await web_config.check_basic_auth_async(authorization):
+        return Refusal(401, "bad_credentials", "wrong user name or password", name)
+    if not USER_NAME.fullmatch(name):
+        return Refusal(401, "bad_credentials", "basic-auth user names must be letters, "
+                       "digits and ._@+-", name)
+    return Caller(name, "basic")
