@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                          poll_timeout=max(1.0, 0.8 * args.sample_interval))
         training = None
         if args.training_relay:
-            training = _start_training_relay(args.spool_dir, args.proc_root,
+            training = _start_training_relay(args.spool_dir, args.proc_root, cgroups,
                                              args.sample_interval, errors)
         if training is not None:
             stack.callback(training.stop)
@@ -204,10 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _start_training_relay(spool_dir: str, proc_root: Path, sample_interval: float,
-                          errors: SourceErrors) -> TrainingSource | None:
+def _start_training_relay(spool_dir: str, proc_root: Path, cgroups: CgroupFS,
+                          sample_interval: float, errors: SourceErrors
+                          ) -> TrainingSource | None:
     """Serve training.sock, or say in one line why not (the agent then runs without it)."""
-    jobs = RelayJobs(proc_root)
+    jobs = RelayJobs(proc_root, cgroups)
     # A job is known to the relay from the first sample after it starts: its first
     # connections wait that long, with room for a slow sample.
     limits = RelayLimits(pending_seconds=max(30.0, 3 * sample_interval))

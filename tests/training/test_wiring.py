@@ -52,7 +52,7 @@ def _rig(base: Path, limits: RelayLimits) -> Rig:
     registry = Registry(str(node.spool_dir), cgroups, SlurmMetadata(None), errors,
                         proc_root=node.proc_root, job_linger=0, cgroup_grace=0,
                         trusted_uids=frozenset({0, os.geteuid()}))
-    jobs = RelayJobs(node.proc_root)
+    jobs = RelayJobs(node.proc_root, cgroups)
     relay = TrainingRelay(node.spool_dir, jobs.job_of_pid, job_of_key=jobs.job_of_key,
                           limits=limits)
     relay.start()
