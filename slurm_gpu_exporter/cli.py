@@ -22,10 +22,12 @@ from aiohttp import web
 
 from slurm_gpu_exporter import __version__, spool
 from slurm_gpu_exporter.cgroups import CgroupFS
+from slurm_gpu_exporter.connections import ConnectionLimits, connection_cap
 from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.backend import GpuBackend
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.jobstats import JobStatsCollector
+from slurm_gpu_exporter.logthrottle import throttle_client_driven_logs
 from slurm_gpu_exporter.registry import Registry
 from slurm_gpu_exporter.sampler import Sampler
 from slurm_gpu_exporter.server import (
@@ -77,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--web.config.reload-interval", dest="web_config_reload", type=float,
                    default=DEFAULT_RELOAD_INTERVAL, metavar="SECONDS",
                    help="seconds between checks of the web config file for changes")
+    p.add_argument("--web.max-connections", dest="max_connections", type=int, default=256,
+                   metavar="N",
+                   help="most HTTP connections open at once (fewer where the file limit "
+                        "leaves no room); over it, the connection idle longest is closed")
+    p.add_argument("--web.header-timeout", dest="header_timeout", type=float, default=10.0,
+                   metavar="SECONDS",
+                   help="seconds a connection may take to send a request, and may then idle "
+                        "(kept alive) between requests")
     p.add_argument("--spool-dir", default=DEFAULT_SPOOL_DIR, metavar="DIR",
                    help="where the prolog/epilog write job records")
     p.add_argument("--state-dir", type=Path, metavar="DIR",
@@ -118,6 +128,7 @@ def _setup_logging(level: str) -> None:
         format="%(asctime)s level=%(levelname)s source=%(name)s msg=%(message)s",
         stream=sys.stderr,
     )
+    throttle_client_driven_logs()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +148,15 @@ def main(argv: list[str] | None = None) -> int:
         log.error("--sample-interval and --web.config.reload-interval must be > 0 and "
                   "--job-linger >= 0")
         return 2
+    if args.max_connections < 1 or args.header_timeout <= 0:
+        log.error("--web.max-connections must be >= 1 and --web.header-timeout > 0")
+        return 2
+    cap = connection_cap(args.max_connections)
+    if cap < args.max_connections:
+        log.warning("serving at most %d HTTP connections, not %d: the file limit leaves no "
+                    "more room; raise LimitNOFILE (ulimit -n)", cap, args.max_connections)
+    limits = ConnectionLimits(max_connections=cap, header_timeout=args.header_timeout,
+                              keepalive_timeout=args.header_timeout)
 
     with contextlib.ExitStack() as stack:
         simulation = None
@@ -196,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             publish=lambda snapshot, exposition: holder.publish(exposition),
         )
         try:
-            asyncio.run(_serve(make_app(holder, web_config), listen, web_config, sampler,
+            asyncio.run(_serve(make_app(holder, web_config, limits), listen, web_config, sampler,
                                args.web_config_reload))
         except ListenError as exc:
             log.error("%s; stop what uses it or pass another --web.listen-address", exc)
