@@ -24,7 +24,7 @@ from aiohttp import web
 from slurm_gpu_exporter import __version__
 from slurm_gpu_exporter.connections import ACCEPT_BATCH, ConnectionGuard, ConnectionLimits
 from slurm_gpu_exporter.metrics import Exposition
-from slurm_gpu_exporter.webconfig import WebConfig
+from slurm_gpu_exporter.webconfig import AuthBusy, WebConfig
 from slurm_gpu_exporter.webreload import LiveWebConfig
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,12 @@ def make_app(holder: ExpositionHolder,
         peercert = transport.get_extra_info("peercert") if transport else None
         if not config.client_cert_allowed(peercert):
             return web.Response(status=403, text="client certificate not allowed\n")
-        if not await config.check_basic_auth_async(request.headers.get("Authorization")):
+        try:
+            allowed = await config.check_basic_auth_async(request.headers.get("Authorization"))
+        except AuthBusy:
+            return web.Response(status=503, text="too many password checks in progress; "
+                                "retry in a second\n", headers={"Retry-After": "1"})
+        if not allowed:
             return web.Response(status=401, text="Unauthorized\n",
                                 headers={"WWW-Authenticate": 'Basic realm="slurm-gpu-exporter"'})
         response = await handler(request)

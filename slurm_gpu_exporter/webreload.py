@@ -81,6 +81,7 @@ class LiveWebConfig:
                 log.warning("web config %s not re-read, the last good one stays in force: %s",
                             self.path, exc)
                 return False
+            config.adopt_verified(self.current)  # no new bcrypt check for known scrapers
             self.current, self._ssl = config, context
             self._seen = self._fingerprint(config)
             self.reloads += 1
