@@ -53,9 +53,32 @@ JobOfKey = Callable[[str], "tuple[str, str] | None"]
 class _Connection:
     sock: socket.socket
     pid: int
+    uid: int
     job: JobIdentity | None  # None while pending
     key: str  # the job's id, or while pending the cgroup key it waits for
     closed: bool = field(default=False)
+
+
+class _Refusals:
+    """Refusals of processes in no job, counted per uid and in all, per second."""
+
+    def __init__(self) -> None:
+        self.second = -1
+        self.total = 0
+        self.by_uid: dict[int, int] = {}
+
+    def _roll(self, now: float) -> None:
+        if int(now) != self.second:
+            self.second, self.total, self.by_uid = int(now), 0, {}
+
+    def note(self, uid: int, now: float) -> None:
+        self._roll(now)
+        self.total += 1
+        self.by_uid[uid] = self.by_uid.get(uid, 0) + 1
+
+    def of(self, uid: int, now: float) -> int:
+        self._roll(now)
+        return self.by_uid.get(uid, 0)
 
 
 class _Aside:
@@ -85,10 +108,12 @@ class _Aside:
         return iter(list(self._until))
 
 
-def _peer_pid(sock: socket.socket) -> int:
-    """The connecting process's pid, from the kernel (0: in a pid namespace we cannot see)."""
-    return _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                            _PEERCRED.size))[0]
+def _peer_cred(sock: socket.socket) -> tuple[int, int]:
+    """The connecting process's pid and uid, from the kernel (pid 0: in a pid namespace
+    we cannot see)."""
+    pid, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                   _PEERCRED.size))
+    return pid, uid
 
 
 class TrainingRelay:
@@ -124,6 +149,8 @@ class TrainingRelay:
         self._connections: set[_Connection] = set()
         self._muted = _Aside()  # their job is over its rate
         self._pending = _Aside()  # their job is not known yet
+        self._refusals = _Refusals()
+        self._accepting_from: float | None = None  # paused until then (a refusal flood)
 
     # -- life -----------------------------------------------------------------------
 
@@ -208,6 +235,7 @@ class TrainingRelay:
                     else:
                         self._read(key.data)
                 self._close_forgotten()
+                self._resume_accepting()
                 self._unmute()
                 self._resolve_pending()
             except Exception:  # one bad turn must not end the relay
@@ -215,7 +243,8 @@ class TrainingRelay:
                 time.sleep(0.1)
 
     def _next_timeout(self) -> float | None:
-        due = [t for t in (self._muted.next_due(), self._pending.next_due()) if t is not None]
+        due = [t for t in (self._muted.next_due(), self._pending.next_due(),
+                           self._accepting_from) if t is not None]
         return max(0.0, min(due) - self._clock()) if due else None
 
     def _drain_wake(self) -> None:
@@ -226,6 +255,8 @@ class TrainingRelay:
     def _accept(self) -> None:
         assert self._listener is not None
         for _ in range(_ACCEPTS_PER_TURN):
+            if self._accepting_from is not None:
+                return
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -237,28 +268,56 @@ class TrainingRelay:
 
     def _admit(self, sock: socket.socket) -> None:
         sock.setblocking(False)
+        now = self._clock()
         try:
-            pid = _peer_pid(sock)
+            pid, uid = _peer_cred(sock)
+        except OSError:
+            sock.close()
+            return
+        if self._refusals.of(uid, now) >= self.limits.refusals_per_user_per_second:
+            self._refuse(sock, uid, now)  # churning: no look-up for the rest of the second
+            return
+        try:
             found = self._job_of_pid(pid) if pid > 0 else None
         except Exception:  # the mapper failing is the same as "in no job"
             found = None
         if found is None:
-            self.store.count("refused")
-            sock.close()
+            self._refuse(sock, uid, now)
             return
         key = found.key if isinstance(found, PendingJob) else str(found[0])
-        same_job = sum(1 for c in self._connections if c.key == key)
+        same_job = same_user = 0
+        for c in self._connections:
+            same_job += c.key == key
+            same_user += c.uid == uid
         if (len(self._connections) >= self.limits.max_connections
-                or same_job >= self.limits.max_connections_per_job):
+                or same_job >= self.limits.max_connections_per_job
+                or same_user >= self.limits.max_connections_per_user):
             self.store.count("connections")
             sock.close()
             return
-        conn = _Connection(sock, pid, None, key)
+        conn = _Connection(sock, pid, uid, None, key)
         self._connections.add(conn)
         if isinstance(found, PendingJob):
             self._pending.add(conn, self._clock() + self.limits.pending_seconds)
         else:
             self._attach(conn, JobIdentity(str(found[0]), str(found[1])))
+
+    def _refuse(self, sock: socket.socket, uid: int, now: float) -> None:
+        """Refuse a process in no job; past the refusals a second allows, pause accepting
+        for the rest of the second (the kernel holds the queue meanwhile)."""
+        sock.close()
+        self.store.count("refused")
+        self._refusals.note(uid, now)
+        if self._refusals.total >= self.limits.max_refusals_per_second:
+            assert self._selector is not None and self._listener is not None
+            self._selector.unregister(self._listener)
+            self._accepting_from = float(int(now) + 1)
+
+    def _resume_accepting(self) -> None:
+        if self._accepting_from is not None and self._clock() >= self._accepting_from:
+            assert self._selector is not None and self._listener is not None
+            self._accepting_from = None
+            self._selector.register(self._listener, selectors.EVENT_READ, "accept")
 
     def _attach(self, conn: _Connection, job: JobIdentity) -> None:
         """Start reading the connection: its sender is proven to run in ``job``."""
