@@ -247,11 +247,12 @@ def _check_keys(section: str, data: dict[str, Any], allowed: set[str], ignored: 
                     section, key)
 
 
-def parse_web_config(data: Any, base: Path, user_lines: dict[str, int] | None = None
-                     ) -> WebConfig:
+def parse_web_config(data: Any, base: Path,
+                     user_lines: Callable[[], dict[str, int]] | None = None) -> WebConfig:
     """Validate a loaded YAML document; relative paths are resolved against ``base``.
 
-    ``user_lines`` (user -> line of the file) lets an error name the line."""
+    ``user_lines`` (asked only for an error: user -> line of the file) lets a bad
+    hash's error name its line."""
     if data is None:
         return WebConfig()
     if not isinstance(data, dict):
@@ -313,7 +314,7 @@ def parse_web_config(data: Any, base: Path, user_lines: dict[str, int] | None = 
         raise WebConfigError("basic_auth_users must be a mapping of user: bcrypt hash")
     for user, hashed in users.items():
         if not isinstance(hashed, str) or not _BCRYPT_RE.fullmatch(hashed):
-            line = (user_lines or {}).get(str(user))
+            line = user_lines().get(str(user)) if user_lines else None
             where = f" (line {line})" if line else ""
             raise WebConfigError(f"basic_auth_users.{user}{where}: not a bcrypt hash, or a cut "
                                  "one "
@@ -339,7 +340,7 @@ def load_web_config(path: Path) -> WebConfig:
     except RecursionError:  # the YAML parser recurses once per level of nesting
         raise WebConfigError(f"web config {path} is nested too deeply to be a web config"
                              ) from None
-    config = parse_web_config(data, path.parent, _user_lines(text))
+    config = parse_web_config(data, path.parent, lambda: _user_lines(text))
     config.ssl_context()  # fail at start-up, not at the first scrape
     return config
 
