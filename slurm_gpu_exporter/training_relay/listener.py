@@ -108,6 +108,62 @@ class _Aside:
         return iter(list(self._until))
 
 
+class _Admission:
+    """Who may connect: a process in a job (by its pid's cgroup), within the caps per
+    job, per user and in all; a uid refused too often is refused without a look-up."""
+
+    def __init__(self, limits: RelayLimits, store: TrainingStore, job_of_pid: JobOfPid
+                 ) -> None:
+        self.limits = limits
+        self.store = store
+        self.job_of_pid = job_of_pid
+        self.refusals = _Refusals()
+        # Past the refusals a second allows, no connection is accepted until then.
+        self.paused_until: float | None = None
+
+    def admit(self, sock: socket.socket, connections: set[_Connection], now: float
+              ) -> tuple[_Connection, tuple[str, str] | PendingJob] | None:
+        """The new connection and what its job look-up said; None when refused (the
+        socket is closed and the refusal counted)."""
+        try:
+            pid, uid = _peer_cred(sock)
+        except OSError:
+            sock.close()
+            return None
+        found = None
+        if self.refusals.of(uid, now) < self.limits.refusals_per_user_per_second:
+            try:
+                found = self.job_of_pid(pid) if pid > 0 else None
+            except Exception:  # the mapper failing is the same as "in no job"
+                found = None
+        if found is None:  # in no job, or churning: no look-up for the rest of the second
+            sock.close()
+            self.store.count("refused")
+            self.refusals.note(uid, now)
+            if self.refusals.total >= self.limits.max_refusals_per_second:
+                self.paused_until = float(int(now) + 1)
+            return None
+        key = found.key if isinstance(found, PendingJob) else str(found[0])
+        same_job = same_user = 0
+        for c in connections:
+            same_job += c.key == key
+            same_user += c.uid == uid
+        if (len(connections) >= self.limits.max_connections
+                or same_job >= self.limits.max_connections_per_job
+                or same_user >= self.limits.max_connections_per_user):
+            self.store.count("connections")
+            sock.close()
+            return None
+        return _Connection(sock, pid, uid, None, key), found
+
+    def resume(self, now: float) -> bool:
+        """True once, when a pause of accepting is over."""
+        if self.paused_until is None or now < self.paused_until:
+            return False
+        self.paused_until = None
+        return True
+
+
 def _peer_cred(sock: socket.socket) -> tuple[int, int]:
     """The connecting process's pid and uid, from the kernel (pid 0: in a pid namespace
     we cannot see)."""
@@ -149,8 +205,7 @@ class TrainingRelay:
         self._connections: set[_Connection] = set()
         self._muted = _Aside()  # their job is over its rate
         self._pending = _Aside()  # their job is not known yet
-        self._refusals = _Refusals()
-        self._accepting_from: float | None = None  # paused until then (a refusal flood)
+        self._admission = _Admission(self.limits, self.store, job_of_pid)
 
     # -- life -----------------------------------------------------------------------
 
@@ -244,7 +299,7 @@ class TrainingRelay:
 
     def _next_timeout(self) -> float | None:
         due = [t for t in (self._muted.next_due(), self._pending.next_due(),
-                           self._accepting_from) if t is not None]
+                           self._admission.paused_until) if t is not None]
         return max(0.0, min(due) - self._clock()) if due else None
 
     def _drain_wake(self) -> None:
@@ -253,10 +308,8 @@ class TrainingRelay:
                 pass
 
     def _accept(self) -> None:
-        assert self._listener is not None
+        assert self._listener is not None and self._selector is not None
         for _ in range(_ACCEPTS_PER_TURN):
-            if self._accepting_from is not None:
-                return
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -264,59 +317,24 @@ class TrainingRelay:
             except OSError as exc:  # out of file descriptors: try again next turn
                 log.warning("training relay: cannot accept a connection: %s", exc)
                 return
-            self._admit(sock)
+            sock.setblocking(False)
+            admitted = self._admission.admit(sock, self._connections, self._clock())
+            if admitted is not None:
+                self._take_in(*admitted)
+            elif self._admission.paused_until is not None:
+                self._selector.unregister(self._listener)  # the kernel holds the queue
+                return
 
-    def _admit(self, sock: socket.socket) -> None:
-        sock.setblocking(False)
-        now = self._clock()
-        try:
-            pid, uid = _peer_cred(sock)
-        except OSError:
-            sock.close()
-            return
-        if self._refusals.of(uid, now) >= self.limits.refusals_per_user_per_second:
-            self._refuse(sock, uid, now)  # churning: no look-up for the rest of the second
-            return
-        try:
-            found = self._job_of_pid(pid) if pid > 0 else None
-        except Exception:  # the mapper failing is the same as "in no job"
-            found = None
-        if found is None:
-            self._refuse(sock, uid, now)
-            return
-        key = found.key if isinstance(found, PendingJob) else str(found[0])
-        same_job = same_user = 0
-        for c in self._connections:
-            same_job += c.key == key
-            same_user += c.uid == uid
-        if (len(self._connections) >= self.limits.max_connections
-                or same_job >= self.limits.max_connections_per_job
-                or same_user >= self.limits.max_connections_per_user):
-            self.store.count("connections")
-            sock.close()
-            return
-        conn = _Connection(sock, pid, uid, None, key)
+    def _take_in(self, conn: _Connection, found: tuple[str, str] | PendingJob) -> None:
         self._connections.add(conn)
         if isinstance(found, PendingJob):
             self._pending.add(conn, self._clock() + self.limits.pending_seconds)
         else:
             self._attach(conn, JobIdentity(str(found[0]), str(found[1])))
 
-    def _refuse(self, sock: socket.socket, uid: int, now: float) -> None:
-        """Refuse a process in no job; past the refusals a second allows, pause accepting
-        for the rest of the second (the kernel holds the queue meanwhile)."""
-        sock.close()
-        self.store.count("refused")
-        self._refusals.note(uid, now)
-        if self._refusals.total >= self.limits.max_refusals_per_second:
-            assert self._selector is not None and self._listener is not None
-            self._selector.unregister(self._listener)
-            self._accepting_from = float(int(now) + 1)
-
     def _resume_accepting(self) -> None:
-        if self._accepting_from is not None and self._clock() >= self._accepting_from:
+        if self._admission.resume(self._clock()):
             assert self._selector is not None and self._listener is not None
-            self._accepting_from = None
             self._selector.register(self._listener, selectors.EVENT_READ, "accept")
 
     def _attach(self, conn: _Connection, job: JobIdentity) -> None:

@@ -245,5 +245,5 @@ def test_a_sender_in_another_pid_namespace_is_refused(spool):
 
     relay = TrainingRelay(spool, anyone)
     peer = _PeerInAnotherPidNamespace()
-    relay._admit(peer)  # type: ignore[arg-type]
+    assert relay._admission.admit(peer, set(), 0.0) is None  # type: ignore[arg-type]
     assert peer.closed and asked == [] and relay.error_counts()["refused"] == 1
