@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from slurm_gpu_exporter.base import SLURM_ID, SLURM_NUM
 
-__all__ = ["CgroupJobRef", "job_dir_key", "parse_cgroup_path"]
+__all__ = ["CgroupJobRef", "SlurmRoot", "job_dir_key", "job_under_roots", "parse_cgroup_path"]
 
 V1_TOP_RE = re.compile(r"slurm(?:_.+)?")
 UID_RE = re.compile(rf"uid_({SLURM_NUM})")  # root's jobs run as uid_0
@@ -38,12 +38,49 @@ class CgroupJobRef:
     is_sluid: bool
 
 
+@dataclass(frozen=True)
+class SlurmRoot:
+    """One Slurm tree root the cgroup layer found, as /proc/<pid>/cgroup names it.
+
+    ``path`` is relative to its hierarchy (``/slurm_node1``,
+    ``/system.slice/slurmstepd.scope``); ``controllers`` are the v1 controllers of
+    the hierarchy it is in, or empty for the v2 unified tree.
+    """
+
+    controllers: frozenset[str]
+    path: str
+
+
+def job_under_roots(controllers: str, path: str, roots: tuple[SlurmRoot, ...]
+                    ) -> CgroupJobRef | None:
+    """The job of one /proc/<pid>/cgroup line (``controllers``, ``path``), or None.
+
+    Only a path below one of ``roots`` in the same hierarchy names a job: a user
+    with a delegated subtree (``user@UID.service``, the ``name=systemd`` tree) can
+    make a look-alike ``slurmstepd.scope/job_<id>`` anywhere else, and that is no job.
+    """
+    line_controllers = frozenset(c for c in controllers.split(",") if c)
+    for root in roots:
+        if line_controllers != root.controllers and not (line_controllers & root.controllers):
+            continue  # another hierarchy (an empty set only matches the v2 tree)
+        if not path.startswith(root.path + "/"):
+            continue
+        raw = path[len(root.path) + 1 :].split("/")
+        if "." in raw or ".." in raw:
+            return None
+        parts = [p for p in raw if p]
+        return _parse_v1_tail(parts) if root.controllers else _parse_v2_tail(parts)
+    return None
+
+
 def parse_cgroup_path(path: str) -> CgroupJobRef | None:
     """Map a cgroup path, as written in /proc/<pid>/cgroup, to the Slurm job it is in.
 
-    Returns None for any cgroup outside a Slurm job (system services, the
-    ``system`` leaves, user sessions) and for look-alikes such as ``job_12abc``,
-    ``step_foo`` or paths with ``.``/``..`` components.
+    Grammar only: it does not know where Slurm's roots are, so it is no proof that a
+    process is in a job (``job_under_roots`` is). Returns None for any cgroup outside
+    a Slurm job (system services, the ``system`` leaves, user sessions) and for
+    look-alikes such as ``job_12abc``, ``step_foo`` or paths with ``.``/``..``
+    components.
     """
     raw = path.split("/")
     if "." in raw or ".." in raw:

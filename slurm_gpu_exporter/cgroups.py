@@ -46,6 +46,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from slurm_gpu_exporter.cgroup_files import UNIFIED, SteadyFiles, StepLeaves
+from slurm_gpu_exporter.cgroup_paths import SlurmRoot
 from slurm_gpu_exporter.cgroup_v1 import jobs_under_v1, read_v1, scan_v1_roots, slurm_tops
 from slurm_gpu_exporter.cgroup_v2 import V2Reader, jobs_under_v2, scan_v2_roots
 
@@ -165,6 +166,18 @@ class CgroupFS:
         Empty where Slurm does not use cgroups (or no slurmd has started yet).
         """
         return tuple(Path(path) for _, path in self._current_roots(self._clock()))
+
+    def proc_roots(self) -> tuple[SlurmRoot, ...]:
+        """Slurm's tree roots as /proc/<pid>/cgroup names them, per hierarchy: the only
+        places where a process's cgroup path may name its job (``job_under_roots``)."""
+        roots = self._current_roots(self._clock())
+        if self._roots_version == 2:
+            base = os.fspath(self.root).rstrip("/")
+            return tuple(SlurmRoot(frozenset(), "/" + os.path.relpath(path, base))
+                         for _, path in roots)
+        # A v1 root sits right under its hierarchy's mount: "/<ctrl>/slurm_<node>".
+        return tuple(SlurmRoot(controllers, "/" + os.path.basename(path))
+                     for controllers, path in roots)
 
     def find_jobs(self, expected: Iterable[str] = ()) -> dict[str, JobCgroup]:
         """Every job with a cgroup on this node, keyed by job key (job id or SLUID).

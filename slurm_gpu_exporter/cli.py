@@ -24,10 +24,12 @@ from aiohttp import web
 
 from slurm_gpu_exporter import __version__, spool
 from slurm_gpu_exporter.cgroups import CgroupFS
+from slurm_gpu_exporter.connections import ConnectionLimits, connection_cap
 from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.backend import GpuBackend
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.jobstats import JobStatsCollector
+from slurm_gpu_exporter.logthrottle import throttle_client_driven_logs
 from slurm_gpu_exporter.registry import Registry
 from slurm_gpu_exporter.sampler import Sampler
 from slurm_gpu_exporter.server import (
@@ -95,6 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--web.config.reload-interval", dest="web_config_reload",
                    type=_seconds(positive=True), default=DEFAULT_RELOAD_INTERVAL, metavar="SECONDS",
                    help="seconds between checks of the web config file for changes")
+    p.add_argument("--web.max-connections", dest="max_connections", type=int, default=256,
+                   metavar="N",
+                   help="most HTTP connections open at once (fewer where the file limit "
+                        "leaves no room); over it, the connection idle longest is closed")
+    p.add_argument("--web.header-timeout", dest="header_timeout", type=float, default=10.0,
+                   metavar="SECONDS",
+                   help="seconds a connection may take to send a request, and may then idle "
+                        "(kept alive) between requests")
     p.add_argument("--spool-dir", default=DEFAULT_SPOOL_DIR, metavar="DIR",
                    help="where the prolog/epilog write job records")
     p.add_argument("--state-dir", type=Path, metavar="DIR",
@@ -137,6 +147,7 @@ def _setup_logging(level: str) -> None:
         format="%(asctime)s level=%(levelname)s source=%(name)s msg=%(message)s",
         stream=sys.stderr,
     )
+    throttle_client_driven_logs()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,6 +163,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.web_config:
         warn_if_web_config_exposed(args.web_config, web_config.current)
+    if args.max_connections < 1 or args.header_timeout <= 0:
+        log.error("--web.max-connections must be >= 1 and --web.header-timeout > 0")
+        return 2
+    cap = connection_cap(args.max_connections)
+    if cap < args.max_connections:
+        log.warning("serving at most %d HTTP connections, not %d: the file limit leaves no "
+                    "more room; raise LimitNOFILE (ulimit -n)", cap, args.max_connections)
+    limits = ConnectionLimits(max_connections=cap, header_timeout=args.header_timeout,
+                              keepalive_timeout=args.header_timeout)
+
     with contextlib.ExitStack() as stack:
         simulation = None
         if args.simulate:
@@ -199,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                          poll_timeout=max(1.0, 0.8 * args.sample_interval))
         training = None
         if args.training_relay:
-            training = _start_training_relay(args.spool_dir, args.proc_root,
+            training = _start_training_relay(args.spool_dir, args.proc_root, cgroups,
                                              args.sample_interval, errors)
         if training is not None:
             stack.callback(training.stop)
@@ -210,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             publish=lambda snapshot, exposition: holder.publish(exposition),
         )
         try:
-            asyncio.run(_serve(make_app(holder, web_config), listen, web_config, sampler,
+            asyncio.run(_serve(make_app(holder, web_config, limits), listen, web_config, sampler,
                                args.web_config_reload))
         except ListenError as exc:
             log.error("%s; stop what uses it or pass another --web.listen-address", exc)
@@ -218,10 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _start_training_relay(spool_dir: str, proc_root: Path, sample_interval: float,
-                          errors: SourceErrors) -> TrainingSource | None:
+def _start_training_relay(spool_dir: str, proc_root: Path, cgroups: CgroupFS,
+                          sample_interval: float, errors: SourceErrors
+                          ) -> TrainingSource | None:
     """Serve training.sock, or say in one line why not (the agent then runs without it)."""
-    jobs = RelayJobs(proc_root)
+    jobs = RelayJobs(proc_root, cgroups)
     # A job is known to the relay from the first sample after it starts: its first
     # connections wait that long, with room for a slow sample.
     limits = RelayLimits(pending_seconds=max(30.0, 3 * sample_interval))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_gpu_exporter.base import JOB_ID_RE, STEP_ID_RE, read_kernel_file
-from slurm_gpu_exporter.cgroup_paths import parse_cgroup_path
+from slurm_gpu_exporter.cgroup_paths import SlurmRoot, job_under_roots
 
 __all__ = [
     "PidJob",
@@ -27,6 +27,7 @@ __all__ = [
     "ProcessCpuAccumulator",
     "ProcessGone",
     "clock_ticks",
+    "read_cgroup_lines",
     "read_cgroup_paths",
     "read_environ_values",
     "read_stat",
@@ -95,16 +96,22 @@ def read_stat(proc_root: str | Path, pid: int) -> ProcStat:
     )
 
 
-def read_cgroup_paths(proc_root: Path, pid: int) -> list[str]:
-    """The cgroup paths of /proc/<pid>/cgroup, one per hierarchy (v1 lines and the v2 line)."""
+def read_cgroup_lines(proc_root: Path | str, pid: int) -> list[tuple[str, str]]:
+    """(controller list, path) of each line of /proc/<pid>/cgroup: one per v1 hierarchy
+    (``name=systemd`` for a named one) and ``("", path)`` for the v2 tree."""
     text = _read_proc_file(proc_root, pid, "cgroup").decode("utf-8", "replace")
-    paths = []
+    lines = []
     for line in text.splitlines():
         # "hierarchy-id:controller-list:path"; the path itself may contain ':'.
         parts = line.split(":", 2)
         if len(parts) == 3 and parts[2]:
-            paths.append(parts[2])
-    return paths
+            lines.append((parts[1], parts[2]))
+    return lines
+
+
+def read_cgroup_paths(proc_root: Path, pid: int) -> list[str]:
+    """The cgroup paths of /proc/<pid>/cgroup, one per hierarchy (v1 lines and the v2 line)."""
+    return [path for _, path in read_cgroup_lines(proc_root, pid)]
 
 
 def read_environ_values(proc_root: Path, pid: int, names: Iterable[str]) -> dict[str, str]:
@@ -159,6 +166,10 @@ class _CacheEntry:
 class PidJobMapper:
     """Maps a pid to its Slurm job through /proc/<pid>/cgroup.
 
+    Only a path below one of ``slurm_roots`` (what ``CgroupFS.proc_roots()`` found,
+    per hierarchy) names a job; the owner of the mapper sets them from the sampler
+    thread, and until then no cgroup path names a job.
+
     Where the node has no Slurm cgroups (proctrack/linuxproc, cgroups disabled) it
     falls back to ``SLURM_JOB_ID`` in /proc/<pid>/environ. The environment is the
     user's to set, so on nodes with Slurm cgroups the caller turns the fallback off
@@ -192,6 +203,21 @@ class PidJobMapper:
         self._clock = clock
         self._cache: dict[int, _CacheEntry] = {}
         self._pruned_at = clock()
+        self._roots: tuple[SlurmRoot, ...] = ()
+
+    @property
+    def slurm_roots(self) -> tuple[SlurmRoot, ...]:
+        """Where Slurm's job cgroups are: the only paths that name a job."""
+        return self._roots
+
+    @slurm_roots.setter
+    def slurm_roots(self, roots: tuple[SlurmRoot, ...]) -> None:
+        roots = tuple(roots)
+        if roots != self._roots:
+            # Answers given under other roots (a root that appeared late, or went)
+            # are worth nothing now.
+            self._roots = roots
+            self._cache = {}
 
     @property
     def environ_fallback(self) -> bool:
@@ -228,8 +254,9 @@ class PidJobMapper:
         if entry is not None and fresh and entry.start_ticks == start:
             entry.asked_at = now
             return entry.job
+        roots = self._roots
         try:
-            job = self._resolve(pid)
+            job = self._resolve(pid, roots)
             # The pid may have been reused while its files were read: check it still
             # names the same process before caching the answer.
             if read_stat(self.proc_root, pid).start_ticks != start:
@@ -238,13 +265,14 @@ class PidJobMapper:
         except (ProcessGone, ValueError, OSError):
             self._cache.pop(pid, None)
             return None
-        self._cache[pid] = _CacheEntry(start, job, now)
-        self._prune(now)
+        if roots is self._roots:  # else the roots changed meanwhile (another thread)
+            self._cache[pid] = _CacheEntry(start, job, now)
+            self._prune(now)
         return job
 
-    def _resolve(self, pid: int) -> PidJob | None:
-        for path in read_cgroup_paths(self.proc_root, pid):
-            ref = parse_cgroup_path(path)
+    def _resolve(self, pid: int, roots: tuple[SlurmRoot, ...]) -> PidJob | None:
+        for controllers, path in read_cgroup_lines(self._proc, pid):
+            ref = job_under_roots(controllers, path, roots)
             if ref is not None:
                 return PidJob(ref.job_key, ref.step, ref.is_sluid, "cgroup")
         if not self.environ_fallback:

@@ -81,9 +81,13 @@ class Sampler:
         self._thread: threading.Thread | None = None
         if state is not None:
             saved = state.load()
-            jobstats.import_state(saved.get("jobs", {}))
-            if gpu is not None:
-                gpu.import_state(saved.get("gpu", {}))
+            try:
+                jobstats.import_state(saved.get("jobs", {}))
+                if gpu is not None:
+                    gpu.import_state(saved.get("gpu", {}))
+            except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+                # Of the wrong shape deeper down: never a reason not to start.
+                state.move_aside(f"{type(exc).__name__}: {exc}")
 
     def start(self) -> None:
         """Take the first sample now, then keep sampling in a daemon thread."""

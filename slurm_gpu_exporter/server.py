@@ -5,7 +5,9 @@ for, rendered at most once per snapshot and format (by the first scrape that ask
 off the event loop); it never reads NVML, /proc or cgroups. ``/-/healthy`` fails
 until the first sample is done and whenever sampling is stuck; ``/-/ready``
 succeeds once the first sample is there. Basic-auth bcrypt checks run off the
-event loop, so a wrong password never stalls other scrapes.
+event loop, so a wrong password never stalls other scrapes. Connections are capped
+and idle ones closed (connections.py): the app's middleware tells the guard when a
+request is in progress.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from slurm_gpu_exporter import __version__
+from slurm_gpu_exporter.connections import ACCEPT_BATCH, ConnectionGuard, ConnectionLimits
 from slurm_gpu_exporter.metrics import Exposition
-from slurm_gpu_exporter.webconfig import WebConfig
+from slurm_gpu_exporter.webconfig import AuthBusy, WebConfig
 from slurm_gpu_exporter.webreload import LiveWebConfig
 
 log = logging.getLogger(__name__)
@@ -68,24 +71,41 @@ def _accepted(header: str, wanted: str) -> bool:
     return False
 
 
+GUARD_KEY = web.AppKey("connection_guard", ConnectionGuard)
+
+
 def make_app(holder: ExpositionHolder,
-             web_config: WebConfig | LiveWebConfig | None = None) -> web.Application:
+             web_config: WebConfig | LiveWebConfig | None = None,
+             limits: ConnectionLimits | None = None) -> web.Application:
     """Build the aiohttp application (tests start it on a random port).
 
-    With a LiveWebConfig, each request is checked against the config in force."""
+    With a LiveWebConfig, each request is checked against the config in force.
+    ``limits`` bound the connections of the listeners ``start_server`` opens."""
     live = web_config if isinstance(web_config, LiveWebConfig) else None
     fixed = web_config if isinstance(web_config, WebConfig) else WebConfig()
+    guard = ConnectionGuard(limits or ConnectionLimits())
 
     @web.middleware
     async def security(request: web.Request,
                        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                        ) -> web.StreamResponse:
+        with guard.request(request.transport):
+            return await checked(request, handler)
+
+    async def checked(request: web.Request,
+                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                      ) -> web.StreamResponse:
         config = live.current if live is not None else fixed
         transport = request.transport
         peercert = transport.get_extra_info("peercert") if transport else None
         if not config.client_cert_allowed(peercert):
             return web.Response(status=403, text="client certificate not allowed\n")
-        if not await config.check_basic_auth_async(request.headers.get("Authorization")):
+        try:
+            allowed = await config.check_basic_auth_async(request.headers.get("Authorization"))
+        except AuthBusy:
+            return web.Response(status=503, text="too many password checks in progress; "
+                                "retry in a second\n", headers={"Retry-After": "1"})
+        if not allowed:
             return web.Response(status=401, text="Unauthorized\n",
                                 headers={"WWW-Authenticate": 'Basic realm="slurm-gpu-exporter"'})
         response = await handler(request)
@@ -133,11 +153,43 @@ def make_app(holder: ExpositionHolder,
                             content_type="text/html")
 
     app = web.Application(middlewares=[security])
+    app[GUARD_KEY] = guard
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/-/healthy", healthy)
     app.router.add_get("/-/ready", ready)
     app.router.add_get("/", landing)
     return app
+
+
+class _GuardedServer:
+    """aiohttp's protocol factory, with each connection put under the guard."""
+
+    def __init__(self, server: web.Server, guard: ConnectionGuard) -> None:
+        self._server = server
+        self._guard = guard
+        self._factory = guard.wrap(server)
+
+    def __call__(self) -> asyncio.Protocol:
+        return self._factory()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._server, name)  # shutdown() and the rest, for the runner
+
+
+class _GuardedRunner(web.AppRunner):
+    """An AppRunner whose listeners' connections go through a ConnectionGuard."""
+
+    def __init__(self, guard: ConnectionGuard, app: web.Application, **kwargs: object) -> None:
+        super().__init__(app, **kwargs)  # type: ignore[arg-type]
+        self._guard = guard
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        return _GuardedServer(server, self._guard)  # type: ignore[return-value]
+
+    async def cleanup(self) -> None:
+        self._guard.stop()
+        await super().cleanup()
 
 
 class ListenError(Exception):
@@ -158,7 +210,9 @@ async def start_server(app: web.Application, addresses: list[str],
     """Start listening on every address; returns the runner to clean up.
 
     Raises ListenError naming the first address that cannot be used."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    guard = app[GUARD_KEY]
+    runner = _GuardedRunner(guard, app, access_log=None, handle_signals=False,
+                            keepalive_timeout=guard.limits.keepalive_timeout)
     await runner.setup()
     if isinstance(web_config, LiveWebConfig):
         ssl_context = web_config.server_ssl_context()
@@ -166,7 +220,10 @@ async def start_server(app: web.Application, addresses: list[str],
         ssl_context = web_config.ssl_context() if web_config else None
     for address in addresses:
         host, port = parse_listen_address(address)
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True)
+        # The backlog is also how many connections asyncio accepts at once, before the
+        # guard sees any: connections.ACCEPT_BATCH files are kept free for that.
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_address=True,
+                           backlog=ACCEPT_BATCH)
         try:
             await site.start()
         except OSError as exc:

@@ -4,7 +4,8 @@ With ``--slurm-lookup auto`` pyslurm is used when it imports and its version
 matches the local Slurm (pyslurm's major.minor follows Slurm's: pyslurm 22.5.x
 for Slurm 22.05, as ``scontrol --version`` prints it); otherwise, and with
 ``--slurm-lookup cli``, the Slurm CLI: ``scontrol -o -d show job <id>`` for jobs
-the controller still knows, then ``sacct`` for finished ones. Both paths fill the
+the controller still knows (``squeue --json`` where a user's text makes that line
+ambiguous), then ``sacct`` for finished ones. Both paths fill the
 same fields; SLUIDs and jobs the controller forgot go through the CLI on both.
 Results are cached for the job's life, failures are retried after a back-off, and
 every call has a timeout: the adapter runs in the sampler thread, never on a scrape.
@@ -26,10 +27,12 @@ from slurm_gpu_exporter.errors import SourceErrors
 # The parsers live in slurm_parse.py; these names stay importable from here.
 from slurm_gpu_exporter.slurm_parse import (
     SACCT_FIELDS,
+    AmbiguousJobLine,
     SlurmJobInfo,
     gres_indices,
     parse_sacct,
     parse_scontrol_job,
+    parse_squeue_json,
 )
 
 __all__ = [
@@ -43,6 +46,7 @@ __all__ = [
     "make_lookup",
     "parse_sacct",
     "parse_scontrol_job",
+    "parse_squeue_json",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,6 +69,7 @@ class SlurmCli:
         self.node = node
         self._scontrol = shutil.which("scontrol", path=bindir)
         self._sacct = shutil.which("sacct", path=bindir)
+        self._squeue = shutil.which("squeue", path=bindir)
         if not self._scontrol and not self._sacct:
             raise RuntimeError("neither scontrol nor sacct is on PATH")
 
@@ -75,7 +80,10 @@ class SlurmCli:
             try:
                 out = self._run([self._scontrol, "-o", "-d", "show", "job", jobid])
                 for line in out.splitlines():
-                    info = parse_scontrol_job(line, self.node)
+                    try:
+                        info = parse_scontrol_job(line, self.node)
+                    except AmbiguousJobLine as exc:
+                        return self._from_json(jobid, str(exc))
                     if info and jobid in (info.jobid, info.sluid):
                         return info
             except RuntimeError as exc:
@@ -99,6 +107,23 @@ class SlurmCli:
         if errors:
             raise RuntimeError("; ".join(errors))
         return None
+
+    def _from_json(self, jobid: str, why: str) -> SlurmJobInfo | None:
+        """The job from ``squeue --json``, for a line a user's text made ambiguous.
+
+        Slurm 22.05 prints every job there (it ignores ``-j``): dear, but only for
+        such jobs. Without it the job gets no metadata rather than forged metadata.
+        """
+        if not self._squeue:
+            log.warning("job %s: scontrol's line cannot be trusted (%s) and squeue is not "
+                        "on PATH for its JSON; the job gets no Slurm metadata", jobid, why)
+            return None
+        out = self._run([self._squeue, "--json", "-j", jobid])
+        try:
+            return parse_squeue_json(out, jobid, self.node)
+        except ValueError:
+            raise RuntimeError(f"squeue --json printed no JSON for job {jobid} (needed: "
+                               f"{why}); install Slurm's serializer/json plugin") from None
 
     @staticmethod
     def _run(argv: list[str]) -> str:

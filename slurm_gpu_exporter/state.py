@@ -4,11 +4,14 @@ Per-job counters (CPU seconds gathered from processes, GPU busy/allocated
 seconds and energy) and memory peaks are saved after every sample that changed
 them, atomically, so that a restart never makes a counter go down. A sample that
 changed nothing writes nothing (no write, no fsync). A state file that cannot be
-read is moved aside (never deleted) and the agent starts fresh.
+read, or is of the wrong shape, is moved aside (never deleted) and the agent starts
+fresh.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -22,8 +25,19 @@ STATE_VERSION = 1
 STATE_FILE = "state.json"
 
 
+# Owner-only: the state names users and jobs.
+FILE_MODE = 0o600
+
+
 class StateStore:
-    """Load and save one JSON document in the state directory."""
+    """Load and save one JSON document in the state directory.
+
+    Every file is opened relative to a descriptor of the directory, without following
+    a symbolic link (``O_NOFOLLOW``), and the temporary file is made afresh
+    (``O_EXCL``): a link planted under the state dir cannot make the agent write
+    elsewhere. After the rename the directory is fsynced, so the new file survives a
+    crash of the node.
+    """
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
@@ -31,32 +45,78 @@ class StateStore:
         # What the last successful save wrote: the same document is not written again.
         self._saved: str | None = None
 
+    def _open_dir(self, create: bool = False) -> int:
+        if create:
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        return os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
     def load(self) -> dict[str, Any]:
-        """The saved state, or {} when there is none or it is unreadable."""
+        """The saved state, or {} when there is none or it is unreadable.
+
+        A file that is not a JSON object of this version, or whose parts are not JSON
+        objects (``"jobs": []``), is moved aside (never deleted)."""
         try:
-            raw = self.path.read_bytes()
+            dir_fd = self._open_dir()
         except FileNotFoundError:
             return {}
+        except OSError as exc:
+            log.warning("cannot open state dir %s: %s; counters start from their current "
+                        "values", self.state_dir, exc.strerror)
+            return {}
+        try:
+            return self._load(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def _load(self, dir_fd: int) -> dict[str, Any]:
+        try:
+            fd = os.open(STATE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dir_fd)
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            # ELOOP: a symbolic link in place of the file; moved aside like a bad file.
+            if exc.errno != errno.ELOOP:
+                log.warning("cannot read state file %s: %s; counters start from their "
+                            "current values", self.path, exc.strerror)
+                return {}
+            self._move_aside(dir_fd, "a symbolic link, not a file")
+            return {}
+        try:
+            with os.fdopen(fd, "rb") as handle:
+                raw = handle.read()
         except OSError as exc:
             log.warning("cannot read state file %s: %s; counters start from their current "
                         "values", self.path, exc.strerror)
             return {}
         try:
             data = json.loads(raw)
-            if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
-                raise ValueError(f"unknown state format (version {data.get('version')!r})"
-                                 if isinstance(data, dict) else "not a JSON object")
+            _check_shape(data)
         except ValueError as exc:
-            aside = self.path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
-            try:
-                os.replace(self.path, aside)
-                where = f"moved aside to {aside}"
-            except OSError:
-                where = "left in place"
-            log.warning("state file %s is unusable (%s); %s, starting fresh",
-                        self.path, exc, where)
+            self._move_aside(dir_fd, str(exc))
             return {}
         return data
+
+    def move_aside(self, reason: str) -> None:
+        """Move the state file aside as unusable (a consumer could not take it in)."""
+        try:
+            dir_fd = self._open_dir()
+        except OSError:
+            return
+        try:
+            self._move_aside(dir_fd, reason)
+        finally:
+            os.close(dir_fd)
+
+    def _move_aside(self, dir_fd: int, reason: str) -> None:
+        aside = f"{STATE_FILE}.corrupt-{int(time.time())}"
+        try:
+            os.replace(STATE_FILE, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            where = f"moved aside to {self.state_dir / aside}"
+        except OSError:
+            where = "left in place"
+        log.warning("state file %s is unusable (%s); %s, starting fresh",
+                    self.path, reason, where)
 
     def save(self, data: dict[str, Any]) -> bool:
         """Write the state atomically unless it is what the last save wrote and that file
@@ -65,19 +125,44 @@ class StateStore:
         if payload == self._saved and self.path.exists():
             return False
         self._saved = None
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-        tmp = self.path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
+        dir_fd = self._open_dir(create=True)
         try:
-            with open(tmp, "w", encoding="utf-8") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+            _write_atomically(dir_fd, payload.encode())
+        finally:
+            os.close(dir_fd)
         self._saved = payload
         return True
+
+
+def _check_shape(data: object) -> None:
+    """Raise ValueError unless ``data`` is a state document: an object of this version
+    whose parts (``jobs``, ``gpu``) are objects."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    if data.get("version") != STATE_VERSION:
+        raise ValueError(f"unknown state format (version {data.get('version')!r})")
+    for key, value in data.items():
+        if key != "version" and not isinstance(value, dict):
+            raise ValueError(f"{key!r} is a {type(value).__name__}, not a JSON object")
+
+
+def _write_atomically(dir_fd: int, payload: bytes) -> None:
+    tmp = f".{STATE_FILE}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=dir_fd)  # left by a crash: the name, never what it points at
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, FILE_MODE, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, STATE_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    os.fsync(dir_fd)  # the rename itself survives a crash of the node
 
 
 # -- driver sample cursors ----------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from prometheus_client.metrics_core import Metric
 
+from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.procfs import PidJobMapper
 from slurm_gpu_exporter.registry import Job
@@ -29,12 +30,22 @@ class RelayJobs:
     the relay thread only reads it, and alone uses the pid mapper (not thread-safe).
     """
 
-    def __init__(self, proc_root: Path, mapper: PidJobMapper | None = None) -> None:
+    def __init__(self, proc_root: Path, cgroups: CgroupFS | None,
+                 mapper: PidJobMapper | None = None) -> None:
+        """``cgroups`` says where Slurm's roots are (None: no process is in a job)."""
         self._mapper = mapper or PidJobMapper(proc_root, environ_fallback=False)
+        self._cgroups = cgroups
         self._by_key: Mapping[str, tuple[str, str]] = {}
+        # Before the sampler thread starts: senders that connect ahead of the first
+        # sample wait for their job instead of being refused as outside every job.
+        if cgroups is not None:
+            self._mapper.slurm_roots = cgroups.proc_roots()
 
     def update(self, jobs: Iterable[Job]) -> None:
-        """The running jobs a sender may belong to, by job id and by cgroup key."""
+        """The running jobs a sender may belong to, by job id and by cgroup key, and
+        where Slurm's cgroup roots are now (only a process below them is in a job)."""
+        if self._cgroups is not None:
+            self._mapper.slurm_roots = self._cgroups.proc_roots()
         by_key: dict[str, tuple[str, str]] = {}
         for job in jobs:
             if not job.running:

@@ -28,30 +28,40 @@ class UntrustedPathError(Exception):
 
 
 def check_private_dir(path: Path, what: str, trusted_uids: frozenset[int]) -> None:
-    """Raise UntrustedPathError unless ``path`` and every directory above it are safe.
+    """Raise UntrustedPathError unless ``path`` and every directory above it are safe,
+    both as written and as resolved (a symbolic link on the way leads elsewhere, and
+    the directories above its target count as much as those above the link).
 
     A ``path`` that does not exist yet is fine (the agent creates it 0755); its
     existing parents are still checked."""
-    path = Path(os.path.abspath(path))
+    lexical = Path(os.path.abspath(path))
+    _check_chain(lexical, lexical, what, trusted_uids)
+    real = Path(os.path.realpath(lexical))
+    if real != lexical:
+        _check_chain(lexical, real, what, trusted_uids)
+
+
+def _check_chain(shown: Path, path: Path, what: str, trusted_uids: frozenset[int]) -> None:
     owners = " or ".join(f"uid {uid}" if uid else "root" for uid in sorted(trusted_uids))
+    via = "" if shown == path else f" (where {shown} leads)"
     for current in (path, *path.parents):
         try:
             st = os.stat(current)
         except (FileNotFoundError, NotADirectoryError):
             continue  # not there (yet): the component that uses it reports that
         except OSError as exc:
-            raise UntrustedPathError(f"{what} {path}: cannot check {current}: {exc.strerror}"
-                                     ) from None
+            raise UntrustedPathError(f"{what} {shown}: cannot check {current}{via}: "
+                                     f"{exc.strerror}") from None
         if not stat.S_ISDIR(st.st_mode):
             continue  # not a directory: the component that uses it reports that
         if st.st_uid not in trusted_uids:
             raise UntrustedPathError(
-                f"{what} {path}: {current} belongs to uid {st.st_uid}, not {owners}, so that "
-                f"user could forge what the agent reads; fix: chown root {current}")
+                f"{what} {shown}: {current}{via} belongs to uid {st.st_uid}, not {owners}, "
+                f"so that user could forge what the agent reads; fix: chown root {current}")
         loose = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
         if loose and not (current != path and st.st_mode & stat.S_ISVTX):
             raise UntrustedPathError(
-                f"{what} {path}: {current} is writable by group or others (mode "
+                f"{what} {shown}: {current}{via} is writable by group or others (mode "
                 f"{stat.S_IMODE(st.st_mode):04o}), so any such user could forge what the "
                 f"agent reads; fix: chmod go-w {current}")
 

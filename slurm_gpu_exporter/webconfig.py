@@ -26,6 +26,7 @@ import binascii
 import hashlib
 import hmac
 import logging
+import re
 import ssl
 import threading
 from collections.abc import Callable
@@ -64,8 +65,21 @@ _RESERVED_HEADERS = {"authorization", "content-type", "content-encoding", "conte
                      "www-authenticate", "server"}
 
 
+# A whole bcrypt hash: variant, cost 04-31, 22 characters of salt and 31 of hash.
+_BCRYPT_RE = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
+# bcrypt reads 72 bytes of a password at most; a longer one is refused, as
+# exporter-toolkit does, rather than checked by its first 72 bytes.
+MAX_PASSWORD_BYTES = 72
+# Password checks waiting or running at once; past that a request gets 503 at once.
+MAX_PENDING_CHECKS = 16
+
+
 class WebConfigError(Exception):
     """The web config file is missing, unreadable or invalid; the message says which."""
+
+
+class AuthBusy(Exception):
+    """Too many password checks are waiting: the request should be retried shortly."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +107,18 @@ class WebConfig:
     # bcrypt's check; tests pass a slow one to see that it does not block the server.
     password_check: Callable[[bytes, bytes], bool] = bcrypt.checkpw
     _executor: ThreadPoolExecutor | None = None
+    _pending: int = 0
+    # A hash of the users' cost that an unknown user's password is checked against,
+    # so that the answer takes as long as for a known user with a wrong password.
+    _dummy: bytes | None = None
+
+    def adopt_verified(self, previous: WebConfig) -> None:
+        """Keep the credentials ``previous`` verified (a re-read): their cache key holds
+        the hash, so one whose user or hash changed is simply never found."""
+        with previous._lock:
+            verified = set(previous._verified)
+        with self._lock:
+            self._verified |= verified
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The server TLS context, or None for plain HTTP."""
@@ -132,10 +158,18 @@ class WebConfig:
         claim = self._to_verify(header)
         if isinstance(claim, bool):
             return claim
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._bcrypt_workers(), self._verify, *claim)
+        with self._lock:
+            if self._pending >= MAX_PENDING_CHECKS:
+                raise AuthBusy(f"{self._pending} password checks are waiting")
+            self._pending += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._bcrypt_workers(), self._verify, *claim)
+        finally:
+            with self._lock:
+                self._pending -= 1
 
-    def _to_verify(self, header: str | None) -> bool | tuple[bytes, bytes, bytes]:
+    def _to_verify(self, header: str | None) -> bool | tuple[bytes, bytes | None, bytes]:
         """The answer when no bcrypt check is needed (auth off, a malformed header or an
         unknown user, a credential verified before); else the claim to check."""
         if not self.users:
@@ -145,8 +179,9 @@ class WebConfig:
             return False
         return True if self._known(claim[2]) else claim
 
-    def _claim(self, header: str | None) -> tuple[bytes, bytes, bytes] | None:
-        """(password, bcrypt hash, cache key) of a well-formed header naming a known user."""
+    def _claim(self, header: str | None) -> tuple[bytes, bytes | None, bytes] | None:
+        """(password, bcrypt hash, cache key) of a well-formed header; the hash is None
+        for an unknown user (checked against a dummy hash, then refused)."""
         if not header or not header.startswith("Basic "):
             return None
         try:
@@ -154,22 +189,35 @@ class WebConfig:
         except (binascii.Error, UnicodeDecodeError):
             return None
         user, sep, password = decoded.partition(":")
-        hashed = self.users.get(user)
-        if not sep or hashed is None:
+        if not sep:
             return None
-        key = hashlib.sha256(user.encode() + b"\0" + password.encode() + b"\0" + hashed).digest()
+        hashed = self.users.get(user)
+        key = hashlib.sha256(user.encode() + b"\0" + password.encode() + b"\0"
+                             + (hashed or b"")).digest()
         return password.encode(), hashed, key
 
     def _known(self, key: bytes) -> bool:
         with self._lock:
             return key in self._verified
 
-    def _verify(self, password: bytes, hashed: bytes, key: bytes) -> bool:
-        if not self.password_check(password, hashed):
+    def _verify(self, password: bytes, hashed: bytes | None, key: bytes) -> bool:
+        if len(password) > MAX_PASSWORD_BYTES:
+            return False
+        try:
+            right = self.password_check(password, hashed or self._dummy_hash())
+        except ValueError:  # bcrypt refusing its input is a wrong password, not a 500
+            return False
+        if not right or hashed is None:
             return False
         with self._lock:
             self._verified.add(key)
         return True
+
+    def _dummy_hash(self) -> bytes:
+        if self._dummy is None:
+            costs = [int(h[4:6]) for h in self.users.values()]
+            self._dummy = bcrypt.hashpw(b"no such user", bcrypt.gensalt(rounds=max(costs)))
+        return self._dummy
 
     def _bcrypt_workers(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -199,8 +247,12 @@ def _check_keys(section: str, data: dict[str, Any], allowed: set[str], ignored: 
                     section, key)
 
 
-def parse_web_config(data: Any, base: Path) -> WebConfig:
-    """Validate a loaded YAML document; relative paths are resolved against ``base``."""
+def parse_web_config(data: Any, base: Path,
+                     user_lines: Callable[[], dict[str, int]] | None = None) -> WebConfig:
+    """Validate a loaded YAML document; relative paths are resolved against ``base``.
+
+    ``user_lines`` (asked only for an error: user -> line of the file) lets a bad
+    hash's error name its line."""
     if data is None:
         return WebConfig()
     if not isinstance(data, dict):
@@ -261,8 +313,11 @@ def parse_web_config(data: Any, base: Path) -> WebConfig:
     if not isinstance(users, dict):
         raise WebConfigError("basic_auth_users must be a mapping of user: bcrypt hash")
     for user, hashed in users.items():
-        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
-            raise WebConfigError(f"basic_auth_users.{user}: not a bcrypt hash "
+        if not isinstance(hashed, str) or not _BCRYPT_RE.fullmatch(hashed):
+            line = user_lines().get(str(user)) if user_lines else None
+            where = f" (line {line})" if line else ""
+            raise WebConfigError(f"basic_auth_users.{user}{where}: not a bcrypt hash, or a cut "
+                                 "one "
                                  "(make one with: htpasswd -nBC 10 USER)")
         config.users[str(user)] = hashed.encode()
     return config
@@ -285,9 +340,20 @@ def load_web_config(path: Path) -> WebConfig:
     except RecursionError:  # the YAML parser recurses once per level of nesting
         raise WebConfigError(f"web config {path} is nested too deeply to be a web config"
                              ) from None
-    config = parse_web_config(data, path.parent)
+    config = parse_web_config(data, path.parent, lambda: _user_lines(text))
     config.ssl_context()  # fail at start-up, not at the first scrape
     return config
+
+
+def _user_lines(text: str) -> dict[str, int]:
+    """basic_auth_users' user -> the 1-based line of its hash, for error messages."""
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    for key, value in node.value:
+        if key.value == "basic_auth_users" and isinstance(value, yaml.MappingNode):
+            return {str(k.value): v.start_mark.line + 1 for k, v in value.value}
+    return {}
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

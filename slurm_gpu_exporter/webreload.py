@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,23 @@ log = logging.getLogger(__name__)
 DEFAULT_RELOAD_INTERVAL = 5.0
 
 Fingerprint = tuple[tuple[int, int, int] | None, ...]
+
+
+def warn_if_loose(path: Path) -> bool:
+    """Warn when the web config file (or its directory) can be written by group or
+    others: any such user could turn TLS or basic auth off. True when it warned."""
+    for current in (path, path.parent):
+        try:
+            mode = os.stat(current).st_mode
+        except OSError:
+            return False
+        if mode & (stat.S_IWGRP | stat.S_IWOTH) and not (
+                current != path and mode & stat.S_ISVTX):
+            log.warning("web config %s: %s is writable by group or others (mode %04o), so "
+                        "any such user could turn TLS or basic auth off; fix: chmod go-w %s",
+                        path, current, stat.S_IMODE(mode), current)
+            return True
+    return False
 
 
 def _stat(path: Path) -> tuple[int, int, int] | None:
@@ -43,10 +61,19 @@ class LiveWebConfig:
 
     def __init__(self, path: Path | None, config: WebConfig | None = None) -> None:
         self.path = path
+        first = _stat(path) if path is not None else None
         self.current = config if config is not None else (
             load_web_config(path) if path is not None else WebConfig())
         self._ssl = self.current.ssl_context()
         self._seen = self._fingerprint(self.current)
+        if self._seen and self._seen[0] != first:
+            self._seen = ()  # changed while it was read: read again at the first check
+        if path is not None and config is None:
+            warn_if_loose(path)
+            if not self.current.users and self.current.tls is None:
+                log.warning("web config %s sets neither TLS nor basic auth: /metrics is "
+                            "served to anyone who can reach it; add basic_auth_users or "
+                            "tls_server_config if that is not meant", path)
         self._lock = threading.Lock()
         self.reloads = 0
         self.failures = 0
@@ -66,11 +93,15 @@ class LiveWebConfig:
         if self.path is None:
             return False
         with self._lock:
-            if self._fingerprint(self.current) == self._seen:
+            # Taken before reading: an edit made while the file is read is seen as a
+            # change at the next check, not taken for the version just read.
+            before = self._fingerprint(self.current)
+            if before == self._seen:
                 return False
             # Remember this version whatever happens, so a broken file is reported
             # once, not every few seconds.
-            self._seen = self._fingerprint(self.current)
+            self._seen = before
+            warn_if_loose(self.path)
             try:
                 config = load_web_config(self.path)
                 if (config.tls is None) != (self.current.tls is None):
@@ -81,8 +112,15 @@ class LiveWebConfig:
                 log.warning("web config %s not re-read, the last good one stays in force: %s",
                             self.path, exc)
                 return False
+            if self.current.users and not config.users:
+                log.warning("web config %s re-read without basic_auth_users: /metrics is now "
+                            "served without a password; restore the users if that is not "
+                            "meant", self.path)
+            config.adopt_verified(self.current)  # no new bcrypt check for known scrapers
+            after = self._fingerprint(config)
+            # The same files changed while being read: read them again next time.
+            self._seen = after if len(after) != len(before) or after[0] == before[0] else ()
             self.current, self._ssl = config, context
-            self._seen = self._fingerprint(config)
             self.reloads += 1
             log.info("web config %s re-read; new connections use it", self.path)
             return True

@@ -118,7 +118,9 @@ class GpuSampler:
         if self.cgroups is not None:
             # A process's environment is the user's to forge: trust it only on nodes
             # where Slurm keeps no cgroups to go by.
-            self.users.mapper.environ_fallback = not self.cgroups.slurm_roots()
+            roots = self.cgroups.proc_roots()
+            self.users.mapper.slurm_roots = roots
+            self.users.mapper.environ_fallback = not roots
         self._last_part = self._attribute(jobs, readings, now)
         return self._last_part
 

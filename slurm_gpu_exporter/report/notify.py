@@ -9,7 +9,9 @@ succeeded, and atomically.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import smtplib
 import urllib.error
 import urllib.parse
@@ -21,11 +23,19 @@ from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.model import JobUsage, LowUtilReport
+from slurm_gpu_exporter.report.render.inert import plain
 from slurm_gpu_exporter.report.render.values import when
 from slurm_gpu_exporter.report.rules import Config, render_template
 
 EXIT_NOTIFY = 6
 SEND_TIMEOUT_S = 30.0
+
+log = logging.getLogger(__name__)
+
+# A user name that can stand in a mail address: POSIX's portable name characters.
+# Anything else (commas, spaces, angle brackets, quotes, "@") could name more or other
+# recipients, so such a user is not written to.
+MAILABLE_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,10 @@ def messages(report: LowUtilReport, config: Config, state: NotifyState, now: flo
             by_user.setdefault(job.user, []).append(job)
     out = []
     for user, jobs in sorted(by_user.items()):
+        if not MAILABLE_USER.fullmatch(user):
+            log.warning("not notifying user %r: the name cannot stand in a mail address "
+                        "safely; tell them another way", plain(user))
+            continue
         lines = [render_template(config.job_line, _job_facts(job)) for job in jobs]
         facts: dict[str, Any] = {
             "user": user, "count": len(jobs), "jobs": "\n".join(lines),
@@ -89,7 +103,7 @@ def messages(report: LowUtilReport, config: Config, state: NotifyState, now: flo
         }
         message = Message(
             user=user, to=render_template(address, {"user": user}),
-            subject=render_template(config.subject, facts),
+            subject=plain(render_template(config.subject, facts)),  # one header line
             text=render_template(config.template, facts).strip() + "\n",
             jobids=tuple(j.jobid for j in jobs))
         out.append((message, jobs))
@@ -97,8 +111,9 @@ def messages(report: LowUtilReport, config: Config, state: NotifyState, now: flo
 
 
 def _job_facts(job: JobUsage) -> dict[str, Any]:
-    return {"jobid": job.jobid, "name": job.name or "-", "user": job.user,
-            "account": job.account, "partition": job.partition, "gpus": job.gpus,
+    return {"jobid": plain(job.jobid), "name": plain(job.name or "-"), "user": job.user,
+            "account": plain(job.account), "partition": plain(job.partition),
+            "gpus": job.gpus,
             "gpu_hours": job.gpu_hours, "busy_ratio": job.busy_ratio or 0.0,
             "idle_gpus": job.idle_gpus, "wasted_gpu_hours": job.wasted_gpu_hours}
 

@@ -53,9 +53,32 @@ JobOfKey = Callable[[str], "tuple[str, str] | None"]
 class _Connection:
     sock: socket.socket
     pid: int
+    uid: int
     job: JobIdentity | None  # None while pending
     key: str  # the job's id, or while pending the cgroup key it waits for
     closed: bool = field(default=False)
+
+
+class _Refusals:
+    """Refusals of processes in no job, counted per uid and in all, per second."""
+
+    def __init__(self) -> None:
+        self.second = -1
+        self.total = 0
+        self.by_uid: dict[int, int] = {}
+
+    def _roll(self, now: float) -> None:
+        if int(now) != self.second:
+            self.second, self.total, self.by_uid = int(now), 0, {}
+
+    def note(self, uid: int, now: float) -> None:
+        self._roll(now)
+        self.total += 1
+        self.by_uid[uid] = self.by_uid.get(uid, 0) + 1
+
+    def of(self, uid: int, now: float) -> int:
+        self._roll(now)
+        return self.by_uid.get(uid, 0)
 
 
 class _Aside:
@@ -85,10 +108,68 @@ class _Aside:
         return iter(list(self._until))
 
 
-def _peer_pid(sock: socket.socket) -> int:
-    """The connecting process's pid, from the kernel (0: in a pid namespace we cannot see)."""
-    return _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                            _PEERCRED.size))[0]
+class _Admission:
+    """Who may connect: a process in a job (by its pid's cgroup), within the caps per
+    job, per user and in all; a uid refused too often is refused without a look-up."""
+
+    def __init__(self, limits: RelayLimits, store: TrainingStore, job_of_pid: JobOfPid
+                 ) -> None:
+        self.limits = limits
+        self.store = store
+        self.job_of_pid = job_of_pid
+        self.refusals = _Refusals()
+        # Past the refusals a second allows, no connection is accepted until then.
+        self.paused_until: float | None = None
+
+    def admit(self, sock: socket.socket, connections: set[_Connection], now: float
+              ) -> tuple[_Connection, tuple[str, str] | PendingJob] | None:
+        """The new connection and what its job look-up said; None when refused (the
+        socket is closed and the refusal counted)."""
+        try:
+            pid, uid = _peer_cred(sock)
+        except OSError:
+            sock.close()
+            return None
+        found = None
+        if self.refusals.of(uid, now) < self.limits.refusals_per_user_per_second:
+            try:
+                found = self.job_of_pid(pid) if pid > 0 else None
+            except Exception:  # the mapper failing is the same as "in no job"
+                found = None
+        if found is None:  # in no job, or churning: no look-up for the rest of the second
+            sock.close()
+            self.store.count("refused")
+            self.refusals.note(uid, now)
+            if self.refusals.total >= self.limits.max_refusals_per_second:
+                self.paused_until = float(int(now) + 1)
+            return None
+        key = found.key if isinstance(found, PendingJob) else str(found[0])
+        same_job = same_user = 0
+        for c in connections:
+            same_job += c.key == key
+            same_user += c.uid == uid
+        if (len(connections) >= self.limits.max_connections
+                or same_job >= self.limits.max_connections_per_job
+                or same_user >= self.limits.max_connections_per_user):
+            self.store.count("connections")
+            sock.close()
+            return None
+        return _Connection(sock, pid, uid, None, key), found
+
+    def resume(self, now: float) -> bool:
+        """True once, when a pause of accepting is over."""
+        if self.paused_until is None or now < self.paused_until:
+            return False
+        self.paused_until = None
+        return True
+
+
+def _peer_cred(sock: socket.socket) -> tuple[int, int]:
+    """The connecting process's pid and uid, from the kernel (pid 0: in a pid namespace
+    we cannot see)."""
+    pid, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                   _PEERCRED.size))
+    return pid, uid
 
 
 class TrainingRelay:
@@ -124,6 +205,7 @@ class TrainingRelay:
         self._connections: set[_Connection] = set()
         self._muted = _Aside()  # their job is over its rate
         self._pending = _Aside()  # their job is not known yet
+        self._admission = _Admission(self.limits, self.store, job_of_pid)
 
     # -- life -----------------------------------------------------------------------
 
@@ -204,6 +286,7 @@ class TrainingRelay:
                     else:
                         self._read(key.data)
                 self._close_forgotten()
+                self._resume_accepting()
                 self._unmute()
                 self._resolve_pending()
             except Exception:  # one bad turn must not end the relay
@@ -211,7 +294,8 @@ class TrainingRelay:
                 time.sleep(0.1)
 
     def _next_timeout(self) -> float | None:
-        due = [t for t in (self._muted.next_due(), self._pending.next_due()) if t is not None]
+        due = [t for t in (self._muted.next_due(), self._pending.next_due(),
+                           self._admission.paused_until) if t is not None]
         return max(0.0, min(due) - self._clock()) if due else None
 
     def _drain_wake(self) -> None:
@@ -220,7 +304,7 @@ class TrainingRelay:
                 pass
 
     def _accept(self) -> None:
-        assert self._listener is not None
+        assert self._listener is not None and self._selector is not None
         for _ in range(_ACCEPTS_PER_TURN):
             try:
                 sock, _ = self._listener.accept()
@@ -229,32 +313,25 @@ class TrainingRelay:
             except OSError as exc:  # out of file descriptors: try again next turn
                 log.warning("training relay: cannot accept a connection: %s", exc)
                 return
-            self._admit(sock)
+            sock.setblocking(False)
+            admitted = self._admission.admit(sock, self._connections, self._clock())
+            if admitted is not None:
+                self._take_in(*admitted)
+            elif self._admission.paused_until is not None:
+                self._selector.unregister(self._listener)  # the kernel holds the queue
+                return
 
-    def _admit(self, sock: socket.socket) -> None:
-        sock.setblocking(False)
-        try:
-            pid = _peer_pid(sock)
-            found = self._job_of_pid(pid) if pid > 0 else None
-        except Exception:  # the mapper failing is the same as "in no job"
-            found = None
-        if found is None:
-            self.store.count("refused")
-            sock.close()
-            return
-        key = found.key if isinstance(found, PendingJob) else str(found[0])
-        same_job = sum(1 for c in self._connections if c.key == key)
-        if (len(self._connections) >= self.limits.max_connections
-                or same_job >= self.limits.max_connections_per_job):
-            self.store.count("connections")
-            sock.close()
-            return
-        conn = _Connection(sock, pid, None, key)
+    def _take_in(self, conn: _Connection, found: tuple[str, str] | PendingJob) -> None:
         self._connections.add(conn)
         if isinstance(found, PendingJob):
             self._pending.add(conn, self._clock() + self.limits.pending_seconds)
         else:
             self._attach(conn, JobIdentity(str(found[0]), str(found[1])))
+
+    def _resume_accepting(self) -> None:
+        if self._admission.resume(self._clock()):
+            assert self._selector is not None and self._listener is not None
+            self._selector.register(self._listener, selectors.EVENT_READ, "accept")
 
     def _attach(self, conn: _Connection, job: JobIdentity) -> None:
         """Start reading the connection: its sender is proven to run in ``job``."""

@@ -77,6 +77,13 @@ class RelayLimits:
     max_lines_per_message: int = 2000
     max_connections: int = 512
     max_connections_per_job: int = 32
+    # Per uid (SO_PEERCRED), so that one user's many jobs leave room for the others.
+    max_connections_per_user: int = 128
+    # Refusing a process in no job costs a look-up in /proc; a uid refused this often
+    # in a second is refused without one for the rest of that second, and past the
+    # global number the relay stops accepting until the second is over.
+    refusals_per_user_per_second: int = 20
+    max_refusals_per_second: int = 200
     # How long a connection from a job the agent has not taken in yet waits for it
     # (the agent learns of a job at its next sample); then it is refused.
     pending_seconds: float = 30.0
@@ -125,6 +132,13 @@ def _series_cost(key: SeriesKey) -> int:
     return len(key[0]) + sum(len(k) + len(v) for k, v in key[1]) + _SERIES_OVERHEAD
 
 
+def _shown_names(name: str, type_: str) -> tuple[str, ...]:
+    """The names a family of this type shows in text and OpenMetrics exposition."""
+    extra = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum",
+             "_created"), "summary": ("_count", "_sum", "_created")}.get(type_, ())
+    return (name, *(name + suffix for suffix in extra))
+
+
 def _created_companions(families: list[Metric]) -> set[str]:
     # prometheus-client exposes `<name>_created` as a gauge family of its own.
     bases = {f.name for f in families if f.type in ("counter", "histogram", "summary")}
@@ -144,6 +158,9 @@ class TrainingStore:
         # name -> (type, number of jobs holding it): one type per name across jobs, so
         # the merged family stays valid exposition.
         self._types: dict[str, tuple[str, int]] = {}
+        # Every name a family shows in the exposition (a counter x also x_total and
+        # x_created, a histogram h also h_count...) -> the family that shows it.
+        self._claims: dict[str, str] = {}
         self._errors = dict.fromkeys(REASONS, 0)
         self._accepted = 0
         # Bumped on every change to the series; families() is rebuilt only after one,
@@ -292,8 +309,14 @@ class TrainingStore:
             if fixed is not None and fixed != type_:
                 reasons.add("type")
                 return
+            shown = _shown_names(name, type_)
+            if any(self._claims.get(n, name) != name for n in shown):
+                reasons.add("type")  # another family shows one of these names already
+                return
             family = store.families[name] = _Family(type_, help_)
             self._types[name] = (type_, (held[1] if held else 0) + 1)
+            for shown_name in shown:
+                self._claims[shown_name] = name
         family.help = help_
         for key, value in samples:
             if key in family.series:
@@ -317,6 +340,8 @@ class TrainingStore:
         type_, holders = self._types[name]
         if holders <= 1:
             del self._types[name]
+            for shown_name in _shown_names(name, type_):
+                self._claims.pop(shown_name, None)
         else:
             self._types[name] = (type_, holders - 1)
 

@@ -395,8 +395,26 @@ def test_wheel_switches_the_install_and_the_hooks(node: Node, installed: PlayRes
                      slurm_gpu_exporter_slurm_hooks="slurm_conf")
 
 
-def test_absent_removes_everything_but_the_state_dir(node: Node, installed: PlayResult) -> None:
+def test_absent_removes_only_what_it_installed_and_everything_but_the_state_dir(
+        node: Node, installed: PlayResult) -> None:
+    # The hook dir and the spool may be the site's own (a shared libexec dir, /run):
+    # what the site keeps there stays, and only the role's and agent's files go.
+    node.hook_dir.mkdir(parents=True, exist_ok=True)
+    node.spool.mkdir(parents=True, exist_ok=True)
+    site_files = [node.hook_dir / "site-prolog.sh", node.spool / "site-notes.txt",
+                  node.spool / "README.json"]
+    for path in site_files:
+        path.write_text("the site's\n")
+    (node.hook_dir / "prolog.sh").write_text("#!/bin/sh\n")  # the role's, as installed
+    (node.spool / "4242.json").write_text("{}")  # a record the prolog wrote
     result = node.play(slurm_gpu_exporter_state="absent")
+    assert result.rc == 0, result.output[-4000:]
+    assert all(path.read_text() == "the site's\n" for path in site_files)
+    assert not (node.hook_dir / "prolog.sh").exists()
+    assert not (node.spool / "4242.json").exists()
+    for path in site_files:
+        path.unlink()
+    result = node.play(slurm_gpu_exporter_state="absent")  # now they are empty: gone
     assert result.rc == 0, result.output[-4000:]
     assert node.leftovers() == []
     assert node.state.is_dir()

@@ -65,3 +65,63 @@ def test_a_broken_file_at_start_is_an_error(tmp_path: Path) -> None:
     web.write_text("nope: 1\n")
     with pytest.raises(WebConfigError):
         LiveWebConfig(web)
+
+
+# --- issue 19: edits during a read, loose modes, auth dropped -------------------------
+
+
+def test_an_edit_made_while_the_file_is_read_is_read_at_the_next_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_gpu_exporter import webreload
+
+    web = tmp_path / "web.yml"
+    _write(web, _users("a"), 1)
+    live = LiveWebConfig(web)
+    real_load = webreload.load_web_config
+    third = _users("ccc") + "  other: '" + bcrypt.hashpw(b"x", bcrypt.gensalt(4)).decode() + "'\n"
+
+    def load_then_edit(path: Path):  # type: ignore[no-untyped-def]
+        config = real_load(path)
+        if "other" not in path.read_text():
+            _write(path, third, 3)  # config management writes again meanwhile
+        return config
+
+    monkeypatch.setattr(webreload, "load_web_config", load_then_edit)
+    _write(web, _users("bb"), 2)
+    assert live.check() is True  # read the second version
+    assert "other" not in live.current.users
+    assert live.check() is True  # and the third, written during that read
+    assert "other" in live.current.users
+
+
+def test_a_web_config_made_writable_by_others_is_warned(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    web = tmp_path / "web.yml"
+    _write(web, _users("a"), 1)
+    live = LiveWebConfig(web)
+    web.chmod(0o666)
+    _write(web, _users("bb"), 2)
+    with caplog.at_level(logging.WARNING):
+        live.check()
+    assert "writable by group or others (mode 0666)" in caplog.text
+    assert f"chmod go-w {web}" in caplog.text
+
+
+def test_a_reread_that_drops_every_user_is_warned(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    web = tmp_path / "web.yml"
+    _write(web, _users("a"), 1)
+    live = LiveWebConfig(web)
+    _write(web, "", 2)  # emptied: served without auth from now on
+    with caplog.at_level(logging.WARNING):
+        assert live.check() is True
+    assert "served without a password" in caplog.text
+
+
+def test_an_empty_web_config_at_start_is_warned(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    web = tmp_path / "web.yml"
+    _write(web, "", 1)
+    with caplog.at_level(logging.WARNING):
+        LiveWebConfig(web)
+    assert "sets neither TLS nor basic auth" in caplog.text

@@ -54,7 +54,7 @@ def _rig(base: Path, limits: RelayLimits) -> Rig:
     registry = Registry(str(node.spool_dir), cgroups, SlurmMetadata(None), errors,
                         proc_root=node.proc_root, job_linger=0, cgroup_grace=0,
                         trusted_uids=frozenset({0, os.geteuid()}))
-    jobs = RelayJobs(node.proc_root)
+    jobs = RelayJobs(node.proc_root, cgroups)
     relay = TrainingRelay(node.spool_dir, jobs.job_of_pid, job_of_key=jobs.job_of_key,
                           limits=limits)
     relay.start()
@@ -247,5 +247,5 @@ def test_a_sender_in_another_pid_namespace_is_refused(spool):
 
     relay = TrainingRelay(spool, anyone)
     peer = _PeerInAnotherPidNamespace()
-    relay._admit(peer)  # type: ignore[arg-type]
+    assert relay._admission.admit(peer, set(), 0.0) is None  # type: ignore[arg-type]
     assert peer.closed and asked == [] and relay.error_counts()["refused"] == 1

@@ -7,9 +7,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from slurm_gpu_exporter.cgroup_paths import SlurmRoot
+from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.procfs import (
     PidJob,
     PidJobMapper,
@@ -34,6 +37,20 @@ V1_LINES = [
     "0::/",
 ]
 OUTSIDE_LINES = ["9:name=systemd:/user.slice/user-1000.slice/session-3.scope", "0::/"]
+# Where the cgroup layer found Slurm's roots, for the lines above (v1) and for v2.
+ROOTS = (
+    SlurmRoot(frozenset({"freezer"}), "/slurm"),
+    SlurmRoot(frozenset({"memory"}), "/slurm"),
+    SlurmRoot(frozenset({"cpu", "cpuacct"}), "/slurm"),
+    SlurmRoot(frozenset(), "/system.slice/slurmstepd.scope"),
+)
+
+
+def mapper_of(proc_root: Path, **options: Any) -> PidJobMapper:
+    """A mapper told where Slurm's roots are, as the GPU sampler and the relay tell theirs."""
+    mapper = PidJobMapper(proc_root, **options)
+    mapper.slurm_roots = ROOTS
+    return mapper
 
 
 def make_proc(
@@ -156,24 +173,24 @@ def test_procfs_imports_only_the_standard_library() -> None:
 
 def test_mapper_maps_pid_through_v1_cgroup(tmp_path: Path) -> None:
     make_proc(tmp_path, 100, cgroup=v1_cgroup(31))
-    assert PidJobMapper(tmp_path).job_of(100) == PidJob("31", "0", False, "cgroup")
+    assert mapper_of(tmp_path).job_of(100) == PidJob("31", "0", False, "cgroup")
 
 
 def test_mapper_maps_pid_through_v2_sluid_cgroup(tmp_path: Path) -> None:
     path = "/system.slice/slurmstepd.scope/sEKNKTV3WPV500/step_batch/user/task_0"
     make_proc(tmp_path, 101, cgroup=[f"0::{path}"])
-    assert PidJobMapper(tmp_path).job_of(101) == PidJob("sEKNKTV3WPV500", "batch", True, "cgroup")
+    assert mapper_of(tmp_path).job_of(101) == PidJob("sEKNKTV3WPV500", "batch", True, "cgroup")
 
 
 def test_mapper_prefers_cgroup_over_environ(tmp_path: Path) -> None:
     make_proc(tmp_path, 102, cgroup=v1_cgroup(31), environ={"SLURM_JOB_ID": "99"})
-    assert PidJobMapper(tmp_path).job_of(102) == PidJob("31", "0", False, "cgroup")
+    assert mapper_of(tmp_path).job_of(102) == PidJob("31", "0", False, "cgroup")
 
 
 def test_mapper_falls_back_to_environ_without_slurm_cgroups(tmp_path: Path) -> None:
     make_proc(tmp_path, 103, environ={"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "2"})
     make_proc(tmp_path, 104, environ={"SLURM_JOB_ID": "77"})
-    mapper = PidJobMapper(tmp_path)
+    mapper = mapper_of(tmp_path)
     assert mapper.job_of(103) == PidJob("77", "2", False, "environ")
     assert mapper.job_of(104) == PidJob("77", None, False, "environ")
 
@@ -181,7 +198,7 @@ def test_mapper_falls_back_to_environ_without_slurm_cgroups(tmp_path: Path) -> N
 def test_mapper_ignores_environ_when_the_fallback_is_off(tmp_path: Path) -> None:
     # On nodes with Slurm cgroups a user could forge SLURM_JOB_ID to blame another job.
     make_proc(tmp_path, 105, cgroup=OUTSIDE_LINES, environ={"SLURM_JOB_ID": "77"})
-    assert PidJobMapper(tmp_path, environ_fallback=False).job_of(105) is None
+    assert mapper_of(tmp_path, environ_fallback=False).job_of(105) is None
 
 
 def test_environ_answer_does_not_outlive_the_appearance_of_slurm_cgroups(tmp_path: Path) -> None:
@@ -190,7 +207,7 @@ def test_environ_answer_does_not_outlive_the_appearance_of_slurm_cgroups(tmp_pat
     # answer must go with it, not be served while the process lives.
     make_proc(tmp_path, 105, cgroup=OUTSIDE_LINES, environ={"SLURM_JOB_ID": "77"})
     make_proc(tmp_path, 108, cgroup=v1_cgroup(31))
-    mapper = PidJobMapper(tmp_path, clock=lambda: 0.0)
+    mapper = mapper_of(tmp_path, clock=lambda: 0.0)
     assert mapper.job_of(105) == PidJob("77", None, False, "environ")
     assert mapper.job_of(108) == PidJob("31", "0", False, "cgroup")
     mapper.environ_fallback = False
@@ -201,21 +218,52 @@ def test_environ_answer_does_not_outlive_the_appearance_of_slurm_cgroups(tmp_pat
 @pytest.mark.parametrize("value", ["", "abc", "12x", "-3", "0", "012"])
 def test_mapper_rejects_malformed_environ_job_id(tmp_path: Path, value: str) -> None:
     make_proc(tmp_path, 106, environ={"SLURM_JOB_ID": value})
-    assert PidJobMapper(tmp_path).job_of(106) is None
+    assert mapper_of(tmp_path).job_of(106) is None
+
+
+@pytest.mark.parametrize("line", [
+    # A user's delegated systemd subtree (user@UID.service, Delegate=yes) on v2 ...
+    "0::/user.slice/user-1000.slice/user@1000.service/app.slice/slurmstepd.scope/job_31/step_0",
+    # ... on the v1 name=systemd tree, which Slurm never uses ...
+    "9:name=systemd:/user.slice/user-1000.slice/user@1000.service/slurm/uid_1000/job_31/step_0",
+    # ... and a look-alike in a real controller's tree, but not under Slurm's root.
+    "6:freezer:/user.slice/slurm/uid_1000/job_31/step_0",
+    "6:freezer:/slurm_other/uid_1000/job_31/step_0",
+    # A v1 path on the v2 line and a v2 path on a v1 line.
+    "0::/slurm/uid_1000/job_31/step_0",
+    "4:memory:/system.slice/slurmstepd.scope/job_31/step_0",
+])
+def test_a_look_alike_cgroup_outside_slurms_roots_is_no_job(tmp_path: Path, line: str) -> None:
+    make_proc(tmp_path, 112, cgroup=["1:cpu:/", line])
+    assert mapper_of(tmp_path, environ_fallback=False).job_of(112) is None
+
+
+def test_a_mapper_told_no_roots_maps_no_cgroup_to_a_job(tmp_path: Path) -> None:
+    make_proc(tmp_path, 113, cgroup=v1_cgroup(31))
+    assert PidJobMapper(tmp_path, environ_fallback=False).job_of(113) is None
+
+
+def test_new_roots_drop_the_answers_given_before(tmp_path: Path) -> None:
+    # slurmd makes some v1 roots only at its first job: "no job" must not be kept.
+    make_proc(tmp_path, 114, cgroup=v1_cgroup(31))
+    mapper = PidJobMapper(tmp_path, environ_fallback=False)
+    assert mapper.job_of(114) is None
+    mapper.slurm_roots = ROOTS
+    assert mapper.job_of(114) == PidJob("31", "0", False, "cgroup")
 
 
 def test_mapper_process_outside_every_job_is_none(tmp_path: Path) -> None:
     make_proc(tmp_path, 107, cgroup=OUTSIDE_LINES)
-    assert PidJobMapper(tmp_path).job_of(107) is None
+    assert mapper_of(tmp_path).job_of(107) is None
 
 
 def test_mapper_swallows_process_gone(tmp_path: Path) -> None:
-    assert PidJobMapper(tmp_path).job_of(4242) is None
+    assert mapper_of(tmp_path).job_of(4242) is None
 
 
 def test_mapper_caches_by_pid_and_start_time(tmp_path: Path) -> None:
     make_proc(tmp_path, 108, cgroup=v1_cgroup(31))
-    mapper = PidJobMapper(tmp_path)
+    mapper = mapper_of(tmp_path)
     assert mapper.job_of(108) is not None
     # Same process (same start time): the cached answer stands, cgroup is not re-read.
     (tmp_path / "108" / "cgroup").unlink()
@@ -224,7 +272,7 @@ def test_mapper_caches_by_pid_and_start_time(tmp_path: Path) -> None:
 
 def test_mapper_detects_pid_reuse(tmp_path: Path) -> None:
     make_proc(tmp_path, 109, start=1000, cgroup=v1_cgroup(31))
-    mapper = PidJobMapper(tmp_path)
+    mapper = mapper_of(tmp_path)
     assert mapper.job_of(109) == PidJob("31", "0", False, "cgroup")
     # The process exited and a new one of another job got the same pid.
     make_proc(tmp_path, 109, start=5000, cgroup=v1_cgroup(32))
@@ -235,7 +283,7 @@ def test_mapper_rechecks_a_process_outside_jobs_after_the_ttl(tmp_path: Path) ->
     # pam_slurm_adopt can move a running process into a job's cgroup.
     now = [0.0]
     make_proc(tmp_path, 110, cgroup=OUTSIDE_LINES)
-    mapper = PidJobMapper(tmp_path, negative_ttl=30.0, clock=lambda: now[0])
+    mapper = mapper_of(tmp_path, negative_ttl=30.0, clock=lambda: now[0])
     assert mapper.job_of(110) is None
     make_proc(tmp_path, 110, cgroup=v1_cgroup(31))
     now[0] = 10.0
@@ -248,7 +296,7 @@ def test_mapper_cache_drops_pids_not_asked_for_recently(tmp_path: Path) -> None:
     now = [0.0]
     for pid in (200, 201, 202):
         make_proc(tmp_path, pid, cgroup=v1_cgroup(31))
-    mapper = PidJobMapper(tmp_path, idle_seconds=100.0, clock=lambda: now[0])
+    mapper = mapper_of(tmp_path, idle_seconds=100.0, clock=lambda: now[0])
     mapper.job_of(200)
     mapper.job_of(201)
     now[0] = 60.0
@@ -263,7 +311,7 @@ def test_mapper_cache_drops_pids_not_asked_for_recently(tmp_path: Path) -> None:
 
 
 def test_mapper_cache_is_bounded(tmp_path: Path) -> None:
-    mapper = PidJobMapper(tmp_path, max_entries=3)
+    mapper = mapper_of(tmp_path, max_entries=3)
     for pid in range(300, 310):
         make_proc(tmp_path, pid, cgroup=v1_cgroup(31))
         assert mapper.job_of(pid) is not None
@@ -272,7 +320,7 @@ def test_mapper_cache_is_bounded(tmp_path: Path) -> None:
 
 def test_mapper_gone_pid_is_dropped_from_the_cache(tmp_path: Path) -> None:
     make_proc(tmp_path, 111, cgroup=v1_cgroup(31))
-    mapper = PidJobMapper(tmp_path)
+    mapper = mapper_of(tmp_path)
     mapper.job_of(111)
     assert len(mapper) == 1
     for name in ("stat", "cgroup", "environ", "status"):
@@ -355,6 +403,7 @@ def _real_proc() -> tuple[Path, str]:
 def test_real_processes_all_map_to_the_captured_job() -> None:
     proc, job_id = _real_proc()
     mapper = PidJobMapper(proc, environ_fallback=False)
+    mapper.slurm_roots = CgroupFS(REAL / "cgroup").proc_roots()
     pids = [int(p.name) for p in proc.iterdir()]
     assert pids
     steps = set()

@@ -87,7 +87,7 @@ def test_a_sample_publishes_the_jobs_it_found(tmp_path: Path) -> None:
 def test_source_up_and_sample_errors_share_one_set_of_source_values(tmp_path: Path) -> None:
     node = SynthNode(tmp_path)
     errors = SourceErrors()
-    jobs = RelayJobs(node.proc_root)
+    jobs = RelayJobs(node.proc_root, CgroupFS(node.cgroup_root))
     relay = TrainingRelay(node.spool_dir, jobs.job_of_pid, job_of_key=jobs.job_of_key)
     relay.start()
     try:

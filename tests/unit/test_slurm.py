@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -18,12 +19,14 @@ from slurm_gpu_exporter.slurm import (
     pyslurm_matches,
 )
 from slurm_gpu_exporter.slurm_parse import (
+    AmbiguousJobLine,
     SlurmJobInfo,
     expand_hostlist,
     gres_indices,
     parse_sacct,
     parse_scontrol_job,
     parse_scontrol_line,
+    parse_squeue_json,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05"
@@ -41,7 +44,7 @@ def test_real_scontrol_line_gives_user_partition_state_and_start() -> None:
 
 
 def test_detailed_line_gives_this_nodes_gpu_indices_only() -> None:
-    line = ("JobId=7 JobName=a b=c UserId=bob(1002) Account=chem Partition=gpu "
+    line = ("JobId=7 JobName=a b UserId=bob(1002) Account=chem Partition=gpu "
             "JobState=RUNNING StartTime=2026-01-01T00:00:00 "
             "Nodes=gpu[01-02] CPU_IDs=0-3 Mem=1024 GRES=gpu:a100:2(IDX:0,2) "
             "Nodes=gpu03 CPU_IDs=0-1 Mem=512 GRES=gpu:1(IDX:3) Command=/bin/x y")
@@ -67,11 +70,60 @@ def test_gres_indices_from_typed_and_untyped_gres() -> None:
 
 
 def test_sacct_row_for_the_job_is_parsed() -> None:
-    out = "7|bob|1002|chem|gpu|c1|train|COMPLETED\n7.batch||||||batch|COMPLETED\n"
+    out = "7|bob|1002|chem|gpu|c1|COMPLETED|train\n7.batch||||||COMPLETED|batch\n"
     info = parse_sacct(out, "7")
     assert info == SlurmJobInfo(jobid="7", uid=1002, user="bob", account="chem", partition="gpu",
                                 cluster="c1", name="train", state="COMPLETED")
     assert info.finished
+
+
+def test_a_bar_in_a_job_name_stays_in_the_name_in_sacct_output() -> None:
+    info = parse_sacct("7|bob|1002|chem|gpu|c1|COMPLETED|x|root|0|RUNNING\n", "7")
+    assert info is not None and (info.user, info.uid, info.state) == ("bob", 1002, "COMPLETED")
+    assert info.name == "x|root|0|RUNNING"
+
+
+REAL_LINE = ("JobId=9 JobName=train UserId=bob(1002) GroupId=bob(1002) Account=chem "
+             "JobState=RUNNING StartTime=2026-01-01T00:00:00 Partition=gpu "
+             "Nodes=node1 CPU_IDs=0-1 Mem=512 GRES=gpu:1(IDX:3) "
+             "Command=/bin/x WorkDir={workdir} StdErr=/dev/null StdIn=/dev/null "
+             "StdOut={stdout} Power=")
+
+
+@pytest.mark.parametrize("field", ["stdout", "workdir"])
+def test_fields_forged_in_a_free_text_field_are_not_read(field: str) -> None:
+    forged = "/tmp/o Account=physics UserId=victim(1003) JobName=innocent GRES=gpu:8(IDX:0-7)"
+    values = {"stdout": "/dev/null", "workdir": "/tmp", field: forged}
+    info = parse_scontrol_job(REAL_LINE.format(**values), "node1")
+    assert info is not None
+    assert (info.user, info.uid, info.account, info.name, info.job_gpus) == (
+        "bob", 1002, "chem", "train", "3")
+
+
+@pytest.mark.parametrize("name", ["x UserId=root(0)", "x Account=physics", "run lr=0.1",
+                                  "x ArrayJobId=5 ArrayTaskId=1", f"x SLUID={'s' + 'A' * 13}"])
+def test_a_job_name_that_looks_like_fields_makes_the_line_ambiguous(name: str) -> None:
+    line = REAL_LINE.format(stdout="/dev/null", workdir="/tmp").replace("train", name, 1)
+    with pytest.raises(AmbiguousJobLine):
+        parse_scontrol_job(line, "node1")
+
+
+def test_a_field_printed_twice_before_the_free_text_makes_the_line_ambiguous() -> None:
+    line = REAL_LINE.format(stdout="/dev/null", workdir="/tmp").replace(
+        "Partition=gpu", "Partition=gpu JobState=COMPLETED")
+    with pytest.raises(AmbiguousJobLine):
+        parse_scontrol_job(line, "node1")
+
+
+def test_squeue_json_of_slurm_22_05_gives_the_job() -> None:
+    text = (FIXTURES / "squeue.json").read_text()
+    info = parse_squeue_json(text, "48", "node1")
+    assert info is not None
+    assert (info.jobid, info.user, info.uid, info.name, info.state, info.partition,
+            info.job_gpus) == ("48", "sgeuser", 1001, "capture", "RUNNING", "debug", "2,3")
+    assert info.start_time is not None and info.array_job_id == ""
+    assert parse_squeue_json(text, "48", "other") == dataclasses.replace(info, job_gpus="")
+    assert parse_squeue_json(text, "49", "node1") is None
 
 
 def test_a_failed_lookup_pauses_lookups_and_known_jobs_are_not_asked_again() -> None:

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import threading
 from pathlib import Path
 
 import bcrypt
 import pytest
 
-from slurm_gpu_exporter.webconfig import WebConfigError, load_web_config, parse_web_config
+from slurm_gpu_exporter.webconfig import (
+    MAX_PENDING_CHECKS,
+    AuthBusy,
+    WebConfigError,
+    load_web_config,
+    parse_web_config,
+)
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
 
@@ -91,3 +99,59 @@ def test_a_web_config_that_is_not_utf8_is_refused_in_one_line(tmp_path: Path) ->
     with pytest.raises(WebConfigError, match="not UTF-8") as caught:
         load_web_config(bad)
     assert "\n" not in str(caught.value)
+
+
+# --- basic auth against hostile input (issue 19) ---------------------------------------
+
+
+def test_a_password_over_72_bytes_is_refused_not_an_error_nor_cut() -> None:
+    long = "p" * 72
+    config = parse_web_config(
+        {"basic_auth_users": {"prom": bcrypt.hashpw(long.encode(), bcrypt.gensalt(4)).decode()}},
+        Path("."))
+    assert config.check_basic_auth(_basic("prom", long))
+    # Same first 72 bytes: bcrypt 4 would accept it, bcrypt 5 raises (a 500 before).
+    assert not config.check_basic_auth(_basic("prom", long + "tail"))
+    assert not config.check_basic_auth(_basic("prom", "x" * 100))
+
+
+@pytest.mark.parametrize("bad", [HASH[:-1], HASH[:7] + "$" + HASH[8:], "$2y$99$" + HASH[7:],
+                                 HASH + "x"], ids=["cut", "no-cost-sign", "cost-99", "long"])
+def test_a_malformed_hash_is_refused_at_load_with_its_line(tmp_path: Path, bad: str) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(f"# comment\nbasic_auth_users:\n  good: '{HASH}'\n  prom: '{bad}'\n")
+    with pytest.raises(WebConfigError, match=r"basic_auth_users\.prom \(line 4\): not a bcrypt"):
+        load_web_config(path)
+
+
+def test_an_unknown_user_is_checked_against_a_dummy_hash_of_the_same_cost() -> None:
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=5))
+    config = parse_web_config({"basic_auth_users": {"prom": hashed.decode()}}, Path("."))
+    checked: list[bytes] = []
+
+    def check(password: bytes, against: bytes) -> bool:
+        checked.append(against)
+        return bcrypt.checkpw(password, against)
+
+    config.password_check = check
+    assert not config.check_basic_auth(_basic("nobody", "s3cret"))
+    assert not config.check_basic_auth(_basic("prom", "wrong"))
+    assert len(checked) == 2 and checked[0] != hashed and checked[0][:7] == b"$2b$05$"
+
+
+def test_the_queue_of_password_checks_is_bounded() -> None:
+    config = parse_web_config({"basic_auth_users": {"prom": HASH}}, Path("."))
+    release = threading.Event()
+    config.password_check = lambda password, hashed: release.wait(10) and False
+
+    async def flood() -> tuple[int, int]:
+        tasks = [asyncio.create_task(config.check_basic_auth_async(_basic("prom", f"w{i}")))
+                 for i in range(MAX_PENDING_CHECKS + 5)]
+        await asyncio.sleep(0.1)
+        release.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        busy = sum(isinstance(r, AuthBusy) for r in results)
+        return busy, sum(r is False for r in results)
+
+    busy, refused = asyncio.run(flood())
+    assert (busy, refused) == (5, MAX_PENDING_CHECKS)

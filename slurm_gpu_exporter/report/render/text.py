@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slurm_gpu_exporter.report.model import JobDetail, LowUtilReport
+from slurm_gpu_exporter.report.render.inert import csv_cell, markdown, terminal
 from slurm_gpu_exporter.report.render.values import (
     GPU_COLUMNS,
     GPU_HEADINGS,
@@ -45,7 +46,7 @@ def _table(title: str | None, columns: tuple[str, ...], headings: dict[str, str]
     for col in columns:
         table.add_column(headings[col], justify="right" if col in NUMERIC else "left")
     for row in rows:
-        table.add_row(*(fmt(col, row[col]) for col in columns))
+        table.add_row(*(terminal(fmt(col, row[col])) for col in columns))
     return table
 
 
@@ -83,7 +84,7 @@ def _csv_value(value: Any) -> str:
         return ""
     if isinstance(value, float):
         return f"{value:.4f}"
-    return str(value)
+    return csv_cell(value) if isinstance(value, str) else str(value)
 
 
 def low_util_json(report: LowUtilReport) -> str:
@@ -104,8 +105,7 @@ def _md_table(columns: tuple[str, ...], headings: dict[str, str], rows: list[dic
     lines = ["| " + " | ".join(headings[c] for c in columns) + " |",
              "|" + "|".join("---:" if c in NUMERIC else "---" for c in columns) + "|"]
     for row in rows:
-        lines.append("| " + " | ".join(fmt(c, row[c]).replace("|", "\\|") for c in columns)
-                     + " |")
+        lines.append("| " + " | ".join(markdown(fmt(c, row[c])) for c in columns) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -136,7 +136,7 @@ def job_table(details: list[JobDetail], width: int = 100, color: bool = False) -
         header.add_column(style="bold")
         header.add_column()
         for label, value in job_header(detail) + job_summary(detail):
-            header.add_row(label, value)
+            header.add_row(label, terminal(value))
         console.print(header)
         console.print(_table(None, GPU_COLUMNS, GPU_HEADINGS, gpu_rows(detail), show_gpu))
         if detail.notes:
@@ -145,7 +145,7 @@ def job_table(details: list[JobDetail], width: int = 100, color: bool = False) -
             notes.add_column()
             notes.add_column()  # wraps under its own start, not under the bullet
             for note in detail.notes:
-                notes.add_row("  *", note)
+                notes.add_row("  *", terminal(note))
             console.print(notes)
     return out.getvalue()
 
@@ -198,11 +198,11 @@ def job_json(details: list[JobDetail], queries: int) -> str:
 def job_markdown(details: list[JobDetail]) -> str:
     parts = []
     for detail in details:
-        parts.append(f"# Job {detail.usage.jobid}\n")
-        parts.append("\n".join(f"- **{label}**: {value}" for label, value in
+        parts.append(f"# Job {markdown(detail.usage.jobid)}\n")
+        parts.append("\n".join(f"- **{label}**: {markdown(value)}" for label, value in
                                job_header(detail) + job_summary(detail)) + "\n")
         parts.append(_md_table(GPU_COLUMNS, GPU_HEADINGS, gpu_rows(detail), show_gpu))
         if detail.notes:
             parts.append("## Notes\n")
-            parts.append("\n".join(f"- {n}" for n in detail.notes) + "\n")
+            parts.append("\n".join(f"- {markdown(n)}" for n in detail.notes) + "\n")
     return "\n".join(parts)

@@ -1,0 +1,224 @@
+"""A cap and idle timeouts for the listener's connections, below the HTTP layer.
+
+Connections that send nothing (or drip a header byte by byte) would otherwise stay
+open for ever, use up the agent's file limit and make its own cgroup, spool and
+state reads fail. So each connection is idle (no request in progress) for at most
+``header_timeout`` seconds before its first request and ``keepalive_timeout`` after
+a response, a request may take ``request_timeout``, and there are never more than
+``max_connections``. Past half of that, a new connection closes the connection idle
+the longest (those that never sent a byte first); only when every one is in a
+request is the new one refused. A scraper that
+connects and asks at once is therefore always served, however many idle
+connections an attacker opens.
+
+Works with any asyncio protocol factory (aiohttp's ``web.Server``); the HTTP layer
+tells it when a request starts and ends (``ConnectionGuard.request``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+# Files the agent needs besides its connections: cgroup, /proc and spool reads, the
+# state file, NVML's device nodes, the relay's socket and its senders.
+RESERVED_FILES = 256
+# asyncio accepts up to the listen backlog in one go before any protocol runs: that
+# many files more may be open for a moment.
+ACCEPT_BATCH = 128
+# Seconds a new connection is spared when others are closed to make room (see admit).
+YOUNG_S = 0.1
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How many connections, and how long each may idle (seconds)."""
+
+    max_connections: int = 256
+    header_timeout: float = 10.0
+    keepalive_timeout: float = 15.0
+    request_timeout: float = 60.0
+
+
+def connection_cap(wanted: int, reserved: int = RESERVED_FILES) -> int:
+    """``wanted`` connections, or fewer where the file limit leaves no room for them
+    besides ``reserved`` files of the agent's own and one accept batch (at least 8)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(8, min(wanted, soft - reserved - ACCEPT_BATCH))
+
+
+class _Connection(asyncio.Protocol):
+    """One connection under the guard. The HTTP protocol behind it is made at its
+    first byte: a connection that never speaks costs no more than this object."""
+
+    def __init__(self, guard: ConnectionGuard, factory: Callable[[], asyncio.Protocol]
+                 ) -> None:
+        self.guard = guard
+        self.factory = factory
+        self.inner: asyncio.Protocol | None = None
+        self.transport: asyncio.BaseTransport | None = None
+        self.admitted = False
+        self.spoke = False  # has sent a byte
+        self.used = False  # has had a request
+        self.busy = 0  # requests in progress
+        self.since = guard.clock()  # when it became idle or busy
+        self.opened = self.since
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.admitted = self.guard.admit(self)
+        if not self.admitted:
+            transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.admitted:
+            return
+        if self.inner is None:
+            self.spoke = True
+            self.inner = self.factory()
+            self.inner.connection_made(self.transport)  # type: ignore[arg-type]
+        self.inner.data_received(data)  # type: ignore[attr-defined]
+
+    def eof_received(self) -> bool | None:
+        if self.inner is None:
+            return None  # closes the connection
+        return self.inner.eof_received()  # type: ignore[attr-defined]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.admitted:
+            self.guard.release(self)
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_writing()
+
+
+class ConnectionGuard:
+    """Counts the listener's connections, closes idle ones, and caps them.
+
+    Runs on the event loop only (not thread-safe); ``sweep`` runs every second.
+    """
+
+    def __init__(self, limits: ConnectionLimits,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self.clock = clock
+        self._open: dict[asyncio.BaseTransport, _Connection] = {}
+        self._closed: dict[str, int] = {}  # why -> connections closed since the last log
+        self._logged_at = -float("inf")
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        """Connections open now."""
+        return len(self._open)
+
+    def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        """A protocol factory for ``loop.create_server`` that puts ``factory``'s
+        protocols under this guard."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+        return lambda: _Connection(self, factory)
+
+    def stop(self) -> None:
+        """Stop sweeping (at shutdown)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+
+    @contextlib.contextmanager
+    def request(self, transport: asyncio.BaseTransport | None) -> Iterator[None]:
+        """Mark a request in progress on ``transport`` (the HTTP layer's middleware)."""
+        conn = self._open.get(transport) if transport is not None else None
+        if conn is None:
+            yield
+            return
+        conn.busy += 1
+        conn.used = True
+        conn.since = self.clock()
+        try:
+            yield
+        finally:
+            conn.busy -= 1
+            conn.since = self.clock()
+
+    def admit(self, conn: _Connection) -> bool:
+        """Take a new connection in, making room by closing idle ones when needed.
+
+        Past half the cap, a new connection closes the one idle the longest among
+        those older than YOUNG_S (silent ones first); at the cap, any idle one. A
+        connection younger than that has often sent its request already, unread
+        yet: one accept batch of a flood must not close a scraper's connection.
+        """
+        limit = self.limits.max_connections
+        if len(self._open) >= limit // 2:
+            now = self.clock()
+            idle = [c for c in self._open.values() if not c.busy]
+            old = [c for c in idle if now - c.opened > YOUNG_S]
+            candidates = old or (idle if len(self._open) >= limit else [])
+            if candidates:
+                self._close(min(candidates, key=lambda c: (c.spoke, c.used, c.since)),
+                            "closed for a new one")
+            elif len(self._open) >= limit:
+                self._note("refused: every connection is in a request")
+                return False
+        assert conn.transport is not None
+        self._open[conn.transport] = conn
+        return True
+
+    def release(self, conn: _Connection) -> None:
+        if conn.transport is not None:
+            self._open.pop(conn.transport, None)
+
+    def sweep(self) -> None:
+        """Close the connections idle or busy past their timeout."""
+        now = self.clock()
+        limits = self.limits
+        for conn in list(self._open.values()):
+            if conn.busy:
+                if now - conn.since > limits.request_timeout:
+                    self._close(conn, "request took too long")
+            elif now - conn.since > (limits.keepalive_timeout if conn.used
+                                     else limits.header_timeout):
+                self._close(conn, "idle")
+        self._log_closed(now)
+
+    def _close(self, conn: _Connection, why: str) -> None:
+        self.release(conn)
+        if conn.transport is not None:
+            conn.transport.abort()
+        self._note(why)
+
+    def _note(self, why: str) -> None:
+        self._closed[why] = self._closed.get(why, 0) + 1
+
+    def _log_closed(self, now: float) -> None:
+        # One line a minute at most, however many connections an attacker opens.
+        if not self._closed or now - self._logged_at < 60.0:
+            return
+        self._logged_at = now
+        counts = ", ".join(f"{n} {why}" for why, n in sorted(self._closed.items()))
+        self._closed = {}
+        log.warning("HTTP connections closed by the agent in the last minute: %s (cap %d, "
+                    "header timeout %g s); if these are real scrapers, raise "
+                    "--web.max-connections", counts, self.limits.max_connections,
+                    self.limits.header_timeout)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.sweep()

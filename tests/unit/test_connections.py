@@ -1,0 +1,127 @@
+"""The connection guard's rules, with fake transports and a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+
+from slurm_gpu_exporter.connections import (
+    ConnectionGuard,
+    ConnectionLimits,
+    _Connection,
+    connection_cap,
+)
+from slurm_gpu_exporter.logthrottle import RepeatFilter
+
+
+class FakeTransport(asyncio.BaseTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+class Inner(asyncio.Protocol):
+    made = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        Inner.made += 1
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+
+def _guard(limit: int, now: list[float]) -> ConnectionGuard:
+    return ConnectionGuard(ConnectionLimits(max_connections=limit, header_timeout=10,
+                                            keepalive_timeout=15, request_timeout=60),
+                           clock=lambda: now[0])
+
+
+def _connect(guard: ConnectionGuard, data: bytes = b"") -> tuple[_Connection, FakeTransport]:
+    conn, transport = _Connection(guard, Inner), FakeTransport()
+    conn.connection_made(transport)
+    if data:
+        conn.data_received(data)
+    return conn, transport
+
+
+def test_a_silent_connection_is_closed_after_the_header_timeout_and_a_used_one_after_keepalive(
+        ) -> None:
+    now = [0.0]
+    guard = _guard(100, now)
+    _, silent = _connect(guard)
+    _, kept = _connect(guard, b"GET /")
+    with guard.request(kept):
+        now[0] = 11.0
+        guard.sweep()
+    assert silent.aborted and not kept.aborted  # busy: not idle meanwhile
+    now[0] = 25.0
+    guard.sweep()
+    assert not kept.aborted
+    now[0] = 26.5
+    guard.sweep()
+    assert kept.aborted and len(guard) == 0
+
+
+def test_a_request_past_the_request_timeout_is_closed() -> None:
+    now = [0.0]
+    guard = _guard(100, now)
+    _, transport = _connect(guard, b"GET /")
+    with guard.request(transport):
+        now[0] = 61.0
+        guard.sweep()
+    assert transport.aborted
+
+
+def test_over_half_the_cap_a_new_connection_closes_the_oldest_silent_one() -> None:
+    now = [0.0]
+    guard = _guard(4, now)
+    _, first = _connect(guard)
+    _, second = _connect(guard, b"GET /")  # has spoken: spared while a silent one is left
+    now[0] = 1.0
+    _, third = _connect(guard)
+    assert first.aborted and not second.aborted and len(guard) == 2
+    now[0] = 2.0
+    _connect(guard)
+    assert third.aborted and not second.aborted
+
+
+def test_at_the_cap_with_every_connection_in_a_request_the_new_one_is_refused() -> None:
+    now = [0.0]
+    guard = _guard(2, now)
+    busy = [_connect(guard, b"GET /")[1] for _ in range(2)]
+    with guard.request(busy[0]), guard.request(busy[1]):
+        _, refused = _connect(guard)
+    assert refused.aborted and len(guard) == 2
+
+
+def test_a_connection_that_never_speaks_gets_no_http_protocol() -> None:
+    Inner.made = 0
+    guard = _guard(10, [0.0])
+    _connect(guard)
+    assert Inner.made == 0
+    _connect(guard, b"GET /")
+    assert Inner.made == 1
+
+
+def test_the_cap_leaves_room_for_the_agents_own_files() -> None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert connection_cap(10**9) <= soft - 256
+
+
+def test_repeated_log_lines_are_let_through_once_a_minute_with_a_count() -> None:
+    now = [0.0]
+    flt = RepeatFilter(60.0, clock=lambda: now[0])
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, None, None)
+
+    assert flt.filter(record("accept failed"))
+    assert not any(flt.filter(record("accept failed")) for _ in range(1000))
+    assert flt.filter(record("another message"))
+    now[0] = 61.0
+    later = record("accept failed")
+    assert flt.filter(later) and "1000 more like this" in later.getMessage()
