@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="N",
                    help="most HTTP connections open at once (fewer where the file limit "
                         "leaves no room); over it, the connection idle longest is closed")
-    p.add_argument("--web.header-timeout", dest="header_timeout", type=float, default=10.0,
+    p.add_argument("--web.header-timeout", dest="header_timeout",
+                   type=_seconds(positive=True), default=10.0,
                    metavar="SECONDS",
                    help="seconds a connection may take to send a request, and may then idle "
                         "(kept alive) between requests")
@@ -163,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.web_config:
         warn_if_web_config_exposed(args.web_config, web_config.current)
-    if args.max_connections < 1 or args.header_timeout <= 0:
-        log.error("--web.max-connections must be >= 1 and --web.header-timeout > 0")
+    if args.max_connections < 1:
+        log.error("--web.max-connections must be 1 or more")
         return 2
     cap = connection_cap(args.max_connections)
     if cap < args.max_connections:

@@ -61,7 +61,7 @@ def test_a_busy_address_stops_the_agent_with_one_line_naming_it(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("flag", ["--cgroup-grace", "--job-linger", "--sample-interval",
-                                  "--web.config.reload-interval"])
+                                  "--web.config.reload-interval", "--web.header-timeout"])
 @pytest.mark.parametrize("value", ["-1", "abc", "nan", "inf"])
 def test_a_bad_number_of_seconds_is_refused_with_the_flag_named(
     flag: str, value: str, capsys: pytest.CaptureFixture[str]
