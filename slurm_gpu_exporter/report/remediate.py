@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ALERTS = ("SlurmGpuLost", "SlurmGpuXidResetRequired", "SlurmGpuEccUncorrected")
 MAX_BODY_BYTES = 1 << 20
+HEALTH_PATHS = frozenset({"/-/healthy", "/-/ready"})
 REMEMBERED_ALERTS = 10_000  # alerts acted on, kept to act once each (oldest forgotten)
 
 
@@ -96,6 +97,8 @@ def make_app(remediator: Remediator, web_config: WebConfig | None = None) -> web
     async def security(request: web.Request,
                        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                        ) -> web.StreamResponse:
+        if request.path in HEALTH_PATHS:
+            return await handler(request)  # says nothing but "up": for probes, no secret
         transport = request.transport
         peercert = transport.get_extra_info("peercert") if transport else None
         if not config.client_cert_allowed(peercert):

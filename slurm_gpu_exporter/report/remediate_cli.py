@@ -41,8 +41,11 @@ async def _serve(args: argparse.Namespace, web_config: WebConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner = await start_server(make_app(remediator, web_config), args.listen or
-                                [DEFAULT_LISTEN], web_config)
+    listen = args.listen or [DEFAULT_LISTEN]
+    runner = await start_server(make_app(remediator, web_config), listen, web_config)
+    logging.getLogger(__name__).info(
+        "receiving Alertmanager's webhook at POST /alerts on %s%s", ", ".join(listen),
+        " (dry run: no node is drained)" if args.dry_run else "")
     try:
         await stop.wait()
     finally:
