@@ -8,8 +8,8 @@ data doubts now, old enough, then the idle windows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from slurm_gpu_exporter.report.idle_window import JobIdleness
 from slurm_gpu_exporter.report.policy import Policy, span
@@ -47,10 +47,12 @@ def decide(jobs: list[JobIdleness], slurm: dict[str, SlurmJob],
 
 def _decide(job: JobIdleness, slurm: SlurmJob | None, sent: list[float], policy: Policy,
             now: float) -> Decision:
-    base = {"jobid": job.jobid, "user": slurm.user if slurm else job.user,
-            "account": slurm.account if slurm else "", "partition":
-            slurm.partition if slurm else "", "name": slurm.name if slurm else "",
-            "gpus": len(job.gpus), "nodes": tuple(job.nodes)}
+    # Who and what from Slurm where it runs the job; the metrics' user otherwise.
+    base: dict[str, Any] = {
+        "jobid": job.jobid, "user": slurm.user if slurm else job.user,
+        "account": slurm.account if slurm else "",
+        "partition": slurm.partition if slurm else "", "name": slurm.name if slurm else "",
+        "gpus": len(job.gpus), "nodes": tuple(job.nodes)}
 
     def skip(reason: str, doubtful: bool = False, idle: float | None = None) -> Decision:
         return Decision(**base, idle_for_s=idle, action="skip", reason=reason,
@@ -76,8 +78,8 @@ def _decide(job: JobIdleness, slurm: SlurmJob | None, sent: list[float], policy:
     return _by_idle_time(base, idle, sent, policy, now)
 
 
-def _by_idle_time(base: dict, idle: float, sent: list[float],  # type: ignore[type-arg]
-                  policy: Policy, now: float) -> Decision:
+def _by_idle_time(base: dict[str, Any], idle: float, sent: list[float], policy: Policy,
+                  now: float) -> Decision:
     warn_after = policy.warn_after_s
     first = warn_after[0] if warn_after else policy.cancel_after_s
     if idle < first:
@@ -115,6 +117,6 @@ def _cap(decisions: list[Decision], cap: int) -> list[Decision]:
     order = sorted((d for d in decisions if d.action == "cancel"),
                    key=lambda d: (-(d.idle_for_s or 0.0), len(d.jobid), d.jobid))
     deferred = {d.jobid for d in order[cap:]}
-    return [Decision(**{**d.__dict__, "action": "skip", "reason":
-                        f"{d.reason}; deferred: max_cancels_per_run ({cap}) reached"})
+    return [replace(d, action="skip",
+                    reason=f"{d.reason}; deferred: max_cancels_per_run ({cap}) reached")
             if d.jobid in deferred else d for d in decisions]

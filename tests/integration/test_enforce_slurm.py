@@ -102,6 +102,7 @@ def _enforce(scenario: Scenario, prom_url: str, policy: Path, *extra: str,
 @pytest.fixture(scope="module")
 def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[Scenario]:
+    began = time.monotonic()
     base = tmp_path_factory.mktemp("enforce")
     fake = fake_nvml_or_skip(base / "nvml")
     state = NvmlState(devices=[Device(index=i) for i in range(4)])
@@ -190,6 +191,7 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
         sc.marks["prometheus_down"] = cancel_run("prometheus down")
         sc.slurm_states["end"] = sc.states()
         _summary(sc)
+        print(f"enforce scenario: {time.monotonic() - began:.1f} s")
         yield sc
     finally:
         for jobid in jobids:
@@ -237,7 +239,10 @@ def test_idle_job_gets_its_warnings_in_order_then_is_cancelled_with_the_reason_r
         assert [t.split("(")[-1] for t in texts[:2]] == ["warning 1 of 2)", "warning 2 of 2)"]
         assert "cancelled" in texts[-1]
         assert scenario.slurm_states["end"][role] == "CANCELLED"
-        reason = _admin_comment(scenario.cluster, scenario.jobs[role])
+        jobid = scenario.jobs[role]
+        assert any(f"slurm-gpu-report: warned job {jobid} (sgeuser): warning 2 of 2" in r.stderr
+                   for r in scenario.runs)
+        reason = _admin_comment(scenario.cluster, jobid)
         assert "slurm-gpu-report enforce" in reason and "idle for 30s" in reason, reason
 
 
@@ -291,6 +296,11 @@ def test_cap_on_cancellations_holds(scenario: Scenario) -> None:
     assert actions == ["cancel", "skip"]
     assert sorted(scenario.slurm_states["after_cap"][r] or "" for r in "ab") == [
         "CANCELLED", "RUNNING"]
+    cancelled = next(j for j in scenario.jobs.values() if cap.action(j) == "cancel")
+    lines = [ln for ln in cap.stderr.splitlines() if ln.startswith("slurm-gpu-report: ")]
+    assert [ln for ln in lines if "cancelled job" in ln] == [
+        f"slurm-gpu-report: cancelled job {cancelled} (sgeuser): "
+        f"{cap.decisions[cancelled]['reason']}"]
     for run in scenario.runs:
         if run.stdout.startswith("{"):
             assert sum(d["action"] == "cancel" for d in run.decisions.values()) <= 1

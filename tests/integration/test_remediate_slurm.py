@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -78,6 +79,7 @@ def resume(cluster: SlurmCluster) -> None:
 @pytest.fixture(scope="module")
 def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
         ) -> Iterator[Rig]:
+    began = time.monotonic()
     base = tmp_path_factory.mktemp("remediate")
     fake = fake_nvml_or_skip(base / "nvml")
     state = NvmlState(devices=[Device(index=0), Device(index=1)])
@@ -136,6 +138,7 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
         wait_until(lambda: drained(slurm_cluster), 60, "remediate to drain the node",
                    poll=0.5, log=remediate.log)
         reason = node_line(slurm_cluster).split("Reason=", 1)[1]
+        print(f"remediate rig, Xid to drained node: {time.monotonic() - began:.1f} s")
         yield Rig(slurm_cluster, remediate, am, reason)
     finally:
         for thing in reversed(started):
