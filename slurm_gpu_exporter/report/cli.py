@@ -1,4 +1,5 @@
-"""``slurm-gpu-report``: ``job JOBID…`` and ``low-util``, from Prometheus.
+"""``slurm-gpu-report``: ``job JOBID…`` and ``low-util``, from Prometheus; ``enforce``
+(warn, then cancel, idle GPU jobs) and ``remediate`` (drain nodes on GPU faults).
 
 Every failure is one line on stderr and a non-zero exit status; an empty result
 says so and exits 0.
@@ -159,6 +160,25 @@ async def _run_enforce(args: argparse.Namespace, now: float) -> int:
     return run.exit_code
 
 
+ENFORCE_COMMANDS = ("enforce", "default-policy", "remediate")
+
+
+def _enforce_command(args: argparse.Namespace) -> int:
+    if args.command == "default-policy":
+        sys.stdout.write(DEFAULT_POLICY)
+        return 0
+    if args.command == "remediate":
+        return run_remediate(args)
+    try:
+        return asyncio.run(_run_enforce(args, time.time()))
+    except ReportError as exc:
+        print(f"slurm-gpu-report: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("slurm-gpu-report: interrupted; nothing more was done", file=sys.stderr)
+        return 130
+
+
 def _connection(args: argparse.Namespace) -> Connection:
     return Connection(
         url=args.prometheus_url, timeout_s=args.timeout, username=args.username,
@@ -287,17 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "default-config":
         sys.stdout.write(DEFAULT_CONFIG)
         return 0
-    if args.command == "default-policy":
-        sys.stdout.write(DEFAULT_POLICY)
-        return 0
-    if args.command == "remediate":
-        return run_remediate(args)
-    if args.command == "enforce":
-        try:
-            return asyncio.run(_run_enforce(args, time.time()))
-        except ReportError as exc:
-            print(f"slurm-gpu-report: {exc}", file=sys.stderr)
-            return exc.exit_code
+    if args.command in ENFORCE_COMMANDS:
+        return _enforce_command(args)
     try:
         config = load_config(args.config)
         runner = run_job if args.command == "job" else run_low_util
