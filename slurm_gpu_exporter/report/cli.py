@@ -1,4 +1,5 @@
-"""``slurm-gpu-report``: ``job JOBID…`` and ``low-util``, from Prometheus.
+"""``slurm-gpu-report``: ``job JOBID…`` and ``low-util``, from Prometheus; ``enforce``
+(warn, then cancel, idle GPU jobs) and ``remediate`` (drain nodes on GPU faults).
 
 Every failure is one line on stderr and a non-zero exit status; an empty result
 says so and exits 0.
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from slurm_gpu_exporter.report.accounting import sacct_accounting
 from slurm_gpu_exporter.report.defaults import DEFAULT_CONFIG
+from slurm_gpu_exporter.report.enforce import EXIT_DOUBTFUL, EnforceOptions, run_enforce
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.model import JobDetail, LowUtilReport
 from slurm_gpu_exporter.report.notify import (
@@ -27,9 +29,12 @@ from slurm_gpu_exporter.report.notify import (
     messages,
     send,
 )
+from slurm_gpu_exporter.report.policy import DEFAULT_POLICY, load_policy
 from slurm_gpu_exporter.report.promql import Connection, PrometheusClient, read_secret
 from slurm_gpu_exporter.report.queries import Filters
+from slurm_gpu_exporter.report.remediate_cli import add_remediate_command, run_remediate
 from slurm_gpu_exporter.report.render import html, text
+from slurm_gpu_exporter.report.render.decisions_text import decisions_json, decisions_table
 from slurm_gpu_exporter.report.reports import job_report, low_util_report, unknown_jobs_error
 from slurm_gpu_exporter.report.rules import Config, load_config
 from slurm_gpu_exporter.report.window import make_window
@@ -39,9 +44,10 @@ log = logging.getLogger("slurm_gpu_exporter.report")
 FORMATS = ("table", "csv", "json", "markdown", "html")
 DEFAULT_URL = "http://localhost:9090"
 DEFAULT_STATE = "/var/lib/slurm-gpu-report/notified.json"
+DEFAULT_ENFORCE_STATE = "/var/lib/slurm-gpu-report/enforce.json"
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _prometheus_options(parser: argparse.ArgumentParser) -> None:
     conn = parser.add_argument_group("Prometheus")
     conn.add_argument("--prometheus-url",
                       default=os.environ.get("SLURM_GPU_REPORT_PROMETHEUS_URL", DEFAULT_URL),
@@ -56,6 +62,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     conn.add_argument("--key-file", help="client certificate key (TLS)")
     conn.add_argument("--insecure-skip-verify", action="store_true",
                       help="do not verify Prometheus' TLS certificate")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    _prometheus_options(parser)
     parser.add_argument("--format", choices=FORMATS, default="table")
     parser.add_argument("--output", "-o", help="write the report to this file, not stdout")
     parser.add_argument("--config", help="TOML file with thresholds, notes and templates")
@@ -98,7 +108,75 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"when each job was reported (default {DEFAULT_STATE})")
     _common(low)
     sub.add_parser("default-config", help="print the default configuration (TOML)")
+    _add_enforce_commands(sub)
     return parser
+
+
+def _add_enforce_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``enforce``, ``default-policy`` and ``remediate``."""
+    enforce = sub.add_parser(
+        "enforce", help="warn, then cancel, jobs whose GPUs are idle (dry run by default)")
+    enforce.add_argument("--policy", required=True, metavar="FILE",
+                         help="the policy (TOML; see default-policy)")
+    enforce.add_argument("--cancel", action="store_true",
+                         help="act: send the warnings and cancel (without it: a dry run)")
+    enforce.add_argument("--format", choices=("table", "json"), default="table")
+    enforce.add_argument("--notify", metavar="TARGET",
+                         help="warn users through smtp://host[:port] or a webhook URL")
+    enforce.add_argument("--mail-to", default="{user}",
+                         help="recipient template, e.g. '{user}@example.org' (default '{user}')")
+    enforce.add_argument("--mail-from", default="slurm-gpu-report", help="sender address")
+    enforce.add_argument("--state-file", default=DEFAULT_ENFORCE_STATE,
+                         help=f"warnings sent and cancels (default {DEFAULT_ENFORCE_STATE})")
+    enforce.add_argument("--cluster", help="only series whose cluster label has this value")
+    enforce.add_argument("--cluster-label", default="cluster",
+                         help="the label the scrape config puts the cluster name in")
+    enforce.add_argument("--verbose", "-v", action="store_true",
+                         help="log each query on stderr")
+    _prometheus_options(enforce)
+    sub.add_parser("default-policy", help="print the default enforce policy (TOML)")
+    add_remediate_command(sub)
+
+
+async def _run_enforce(args: argparse.Namespace, now: float) -> int:
+    policy = load_policy(args.policy)
+    if args.cancel and policy.warn_after_s and not args.notify:
+        raise ReportError("enforce --cancel warns users first: give --notify smtp://host or "
+                          "a webhook URL (or set idle.warn_after = [] in the policy)")
+    options = EnforceOptions(
+        policy=policy, cancel=args.cancel, state_path=Path(args.state_file),
+        filters=Filters(cluster=args.cluster, cluster_label=args.cluster_label),
+        notify=args.notify, mail_to=args.mail_to, mail_from=args.mail_from)
+    logging.getLogger("slurm_gpu_exporter.report.enforce").setLevel(logging.INFO)
+    async with PrometheusClient(_connection(args), on_query=_log_query) as prom:
+        run = await run_enforce(prom, options, now)
+    dry_run = not args.cancel
+    sys.stdout.write(decisions_json(run.decisions, dry_run, run.queries)
+                     if args.format == "json" else decisions_table(run.decisions, dry_run))
+    if run.exit_code == EXIT_DOUBTFUL:
+        print("slurm-gpu-report: some jobs were skipped because their metrics cannot be "
+              "trusted (see the reasons); check those agents and Prometheus",
+              file=sys.stderr)
+    return run.exit_code
+
+
+ENFORCE_COMMANDS = ("enforce", "default-policy", "remediate")
+
+
+def _enforce_command(args: argparse.Namespace) -> int:
+    if args.command == "default-policy":
+        sys.stdout.write(DEFAULT_POLICY)
+        return 0
+    if args.command == "remediate":
+        return run_remediate(args)
+    try:
+        return asyncio.run(_run_enforce(args, time.time()))
+    except ReportError as exc:
+        print(f"slurm-gpu-report: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("slurm-gpu-report: interrupted; nothing more was done", file=sys.stderr)
+        return 130
 
 
 def _connection(args: argparse.Namespace) -> Connection:
@@ -229,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "default-config":
         sys.stdout.write(DEFAULT_CONFIG)
         return 0
+    if args.command in ENFORCE_COMMANDS:
+        return _enforce_command(args)
     try:
         config = load_config(args.config)
         runner = run_job if args.command == "job" else run_low_util

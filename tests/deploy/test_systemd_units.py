@@ -1,0 +1,45 @@
+"""The shipped units for enforce and remediate: systemd accepts them, and enforce's
+service is a dry run until a site adds --cancel."""
+
+from __future__ import annotations
+
+import configparser
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support import require
+
+pytestmark = pytest.mark.process
+
+SYSTEMD = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
+UNITS = ("slurm-gpu-enforce.service", "slurm-gpu-enforce.timer", "slurm-gpu-remediate.service")
+
+
+def _unit(name: str) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string((SYSTEMD / name).read_text())
+    return parser
+
+
+def test_systemd_verifies_the_enforce_and_remediate_units() -> None:
+    require(shutil.which("systemd-analyze") is not None, "systemd-analyze (Debian's systemd)")
+    result = subprocess.run(["systemd-analyze", "verify", *(str(SYSTEMD / u) for u in UNITS)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    problems = [line for line in result.stderr.splitlines()
+                if "slurm-gpu-" in line and "Command /opt/" not in line]
+    assert not problems, result.stderr
+
+
+def test_enforce_runs_as_a_dry_run_from_its_timer() -> None:
+    service = _unit("slurm-gpu-enforce.service")
+    assert service["Service"]["Type"] == "oneshot"
+    assert "--cancel" not in service["Service"]["ExecStart"]
+    assert "--policy" in service["Service"]["ExecStart"]
+    timer = _unit("slurm-gpu-enforce.timer")
+    assert timer["Timer"]["OnUnitActiveSec"] == "5min"
+    assert timer["Install"]["WantedBy"] == "timers.target"
+    assert "remediate" in _unit("slurm-gpu-remediate.service")["Service"]["ExecStart"]

@@ -1,0 +1,221 @@
+"""``slurm-gpu-report remediate`` fed by a real Alertmanager: an Xid that needs a GPU
+reset, raised by the fake NVML, goes through the shipped rules and routing, and the
+real Slurm node is drained with the alert in its reason; once only; never by a post
+without the credentials or with a node name that is not one.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import pytest
+import yaml
+
+from tests.agent import Agent
+from tests.daemons import Alertmanager, Daemon, Prometheus, WebhookReceiver, http_json
+from tests.fakenvml import Device, NvmlState, XidEvent, fake_nvml_or_skip
+from tests.integration.slurmcluster import SlurmCluster
+from tests.observe.conftest import alertmanager_config, generate_alerts
+from tests.support import free_port, wait_until
+
+pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
+              pytest.mark.prometheus]
+
+REPORT = Path(sys.executable).parent / "slurm-gpu-report"
+USER, PASSWORD = "alertmanager", "s3cret-for-the-test"
+ALERT = "SlurmGpuXidResetRequired"
+
+
+@dataclass
+class Rig:
+    cluster: SlurmCluster
+    remediate: Daemon
+    alertmanager: Alertmanager
+    drained_reason: str
+
+
+def post(rig: Rig, payload: Any, auth: bool = True) -> tuple[int, dict[str, Any] | str]:
+    headers = {"Content-Type": "application/json"}
+    if auth:
+        token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+    request = urllib.request.Request(f"{rig.remediate.url}/alerts", method="POST",
+                                     data=json.dumps(payload).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, json.load(resp)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def with_slurm_env(cluster: SlurmCluster) -> list[str]:
+    """``env`` execs the command (same PID) with the Slurm client settings."""
+    return ["env", *(f"{k}={v}" for k, v in cluster.env.items())]
+
+
+def node_line(cluster: SlurmCluster) -> str:
+    return cluster.run(["scontrol", "-o", "show", "node", cluster.node_name])
+
+
+def drained(cluster: SlurmCluster) -> bool:
+    return "DRAIN" in node_line(cluster).split("State=", 1)[1].split()[0]
+
+
+def resume(cluster: SlurmCluster) -> None:
+    if drained(cluster):
+        cluster.run(["scontrol", "update", f"NodeName={cluster.node_name}", "State=RESUME"])
+
+
+@pytest.fixture(scope="module")
+def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[Rig]:
+    began = time.monotonic()
+    base = tmp_path_factory.mktemp("remediate")
+    fake = fake_nvml_or_skip(base / "nvml")
+    state = NvmlState(devices=[Device(index=0), Device(index=1)])
+    fake.write(state)
+    web_config = base / "web-config.yml"
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    web_config.write_text(yaml.safe_dump({"basic_auth_users": {USER: hashed}}))
+    password_file = base / "remediate-password"
+    password_file.write_text(PASSWORD)
+    alerts = base / "alerts.yml"
+    generate_alerts(alerts, {"gpu_errors_window": "1m"})
+    resume(slurm_cluster)  # a node left drained by someone else would prove nothing
+    started: list[Any] = []
+    try:
+        spool = base / "spool"
+        spool.mkdir()
+        agent = Agent(["--spool-dir", str(spool), "--state-dir", str(base / "state"),
+                       "--sample-interval", "1"], env=fake.env(), log_path=base / "agent.log")
+        started.append(agent)
+        port = free_port()
+        remediate = Daemon("remediate", [
+            *with_slurm_env(slurm_cluster), str(REPORT), "remediate",
+            "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web_config),
+            "--node-label", "node",
+        ], port, base)
+        started.append(remediate)
+        sink = WebhookReceiver()
+        started.append(sink)
+        am_config = alertmanager_config(sink)
+        for receiver in am_config["receivers"]:
+            if receiver["name"] == "remediate":
+                receiver["webhook_configs"] = [{
+                    "url": f"{remediate.url}/alerts", "send_resolved": False,
+                    "http_config": {"basic_auth": {"username": USER,
+                                                   "password_file": str(password_file)}}}]
+        am = Alertmanager(am_config, base / "alertmanager")
+        started.append(am)
+        prom = Prometheus("prometheus", {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(alerts)],
+            "alerting": {"alertmanagers": [{"static_configs": [
+                {"targets": [f"127.0.0.1:{am.port}"]}]}]},
+            "scrape_configs": [{"job_name": "slurm-gpu-exporter", "scrape_timeout": "1s",
+                                "static_configs": [{
+                                    "targets": [f"127.0.0.1:{agent.port}"],
+                                    "labels": {"node": slurm_cluster.node_name}}]}],
+        }, base / "prometheus")
+        started.append(prom)
+        agent.wait_ready()
+        remediate.wait_ready("/-/healthy")
+        am.wait_ready()
+        prom.wait_ready()
+        prom.wait_for('up{job="slurm-gpu-exporter"} == 1', timeout=30)
+        state.devices[1].xid_events = [XidEvent(seq=1, xid=79)]  # fallen off the bus
+        fake.write(state)
+        wait_until(lambda: drained(slurm_cluster), 60, "remediate to drain the node",
+                   poll=0.5, log=remediate.log)
+        reason = node_line(slurm_cluster).split("Reason=", 1)[1]
+        print(f"remediate rig, Xid to drained node: {time.monotonic() - began:.1f} s")
+        yield Rig(slurm_cluster, remediate, am, reason)
+    finally:
+        for thing in reversed(started):
+            thing.stop()
+        resume(slurm_cluster)
+
+
+def firing_payload(rig: Rig) -> dict[str, Any]:
+    """The alert as Alertmanager holds it, in its webhook's shape."""
+    alerts = http_json(f"{rig.alertmanager.url}/api/v2/alerts")
+    ours = [a for a in alerts if a["labels"]["alertname"] == ALERT]
+    assert ours, alerts
+    return {"version": "4", "status": "firing", "alerts": [
+        {"status": "firing", "labels": a["labels"], "annotations": a["annotations"],
+         "startsAt": a["startsAt"], "fingerprint": a["fingerprint"]} for a in ours]}
+
+
+def test_xid_alert_from_alertmanager_drains_the_node_naming_the_alert(rig: Rig) -> None:
+    assert ALERT in rig.drained_reason
+    assert "xid 79" in rig.drained_reason and "gpu 1" in rig.drained_reason
+
+
+def test_second_post_of_the_same_alert_does_not_act_again(rig: Rig) -> None:
+    resume(rig.cluster)  # the admin reset the GPU and put the node back
+    status, body = post(rig, firing_payload(rig))
+    assert status == 200 and isinstance(body, dict)
+    assert body["results"] == ["ignored: acted on this alert before"]
+    assert not drained(rig.cluster)
+
+
+def test_unauthenticated_post_is_refused_and_drains_nothing(rig: Rig) -> None:
+    resume(rig.cluster)
+    payload = firing_payload(rig)
+    payload["alerts"][0]["fingerprint"] = "forged"
+    status, _ = post(rig, payload, auth=False)
+    assert status == 401
+    assert not drained(rig.cluster)
+
+
+def test_hostile_node_labels_resolved_and_other_alerts_drain_nothing(rig: Rig) -> None:
+    resume(rig.cluster)
+    node = rig.cluster.node_name
+    alerts = []
+    for i, name in enumerate([f"{node} State=RESUME", "-h", f"{node};reboot", "../etc"]):
+        alerts.append({"status": "firing", "fingerprint": f"f{i}", "startsAt": "t",
+                       "labels": {"alertname": ALERT, "node": name}})
+    alerts.append({"status": "firing", "fingerprint": "t1", "startsAt": "t",
+                   "labels": {"alertname": "SlurmGpuTemperatureHigh", "node": node}})
+    alerts.append({"status": "resolved", "fingerprint": "r1", "startsAt": "t",
+                   "labels": {"alertname": ALERT, "node": node}})
+    status, body = post(rig, {"alerts": alerts})
+    assert status == 200 and isinstance(body, dict)
+    results = body["results"]
+    assert results[:4] == ["refused: not a node name"] * 4
+    assert results[4] == "ignored: alert not in the allow-list"
+    assert results[5].startswith("ignored: not firing")
+    assert not drained(rig.cluster)
+    status, _ = post(rig, {"alerts": "nope"})
+    assert status == 400
+
+
+def test_dry_run_mode_drains_nothing(rig: Rig, tmp_path: Path) -> None:
+    resume(rig.cluster)
+    port = free_port()
+    dry = Daemon("remediate-dry", [
+        *with_slurm_env(rig.cluster), str(REPORT), "remediate", "--web.listen-address",
+        f"127.0.0.1:{port}", "--dry-run", "--node-label", "node"], port, tmp_path)
+    try:
+        dry.wait_ready("/-/healthy")
+        payload = {"alerts": [{"status": "firing", "fingerprint": "d1", "startsAt": "t",
+                               "labels": {"alertname": ALERT, "node": rig.cluster.node_name}}]}
+        request = urllib.request.Request(f"{dry.url}/alerts", data=json.dumps(payload).encode(),
+                                         method="POST")
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            assert json.load(resp)["results"] == [f"dry run: would drain "
+                                                  f"{rig.cluster.node_name}"]
+        assert not drained(rig.cluster)
+        assert "without basic auth or TLS" in dry.log()
+    finally:
+        dry.stop()
