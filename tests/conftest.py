@@ -20,10 +20,11 @@ COMPONENT_MARKERS = ("slurm", "prometheus", "fakenvml")
 PROCESS_FIXTURES = frozenset({"slurm_cluster", "stack", "senders"})
 
 
-# Node-wide resources (the one Slurm cluster, /etc, /opt): their tests run one at a
-# time, in one group on one worker when the suite runs in parallel (pytest-xdist).
-NODE_FIXTURES = frozenset({"slurm_cluster", "node_lock"})
-NODE_MODULES = ("tests/deploy/",)
+# Node-wide resources, each used by one test at a time: the one Slurm cluster, and
+# what the Ansible role writes (/opt, /etc). Each has its group, which runs on one
+# worker when the suite runs in parallel (pytest-xdist); the two groups overlap.
+SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm_lock"})
+ETC_MODULES = ("tests/deploy/",)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -37,10 +38,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("process") is None:
             continue  # the fast tier: spread test by test
         path = item.nodeid.split("::")[0]
-        if item.get_closest_marker("slurm") or fixtures & NODE_FIXTURES or (
-            path.startswith(NODE_MODULES)
-        ):
-            group = "node"
+        if item.get_closest_marker("slurm") or fixtures & SLURM_FIXTURES:
+            group = "slurm"
+        elif path.startswith(ETC_MODULES) or "etc_lock" in fixtures:
+            group = "etc"
         elif "stack" in fixtures:
             group = "observe-stack"  # one Prometheus/Alertmanager stack per session
         else:
@@ -48,17 +49,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group(group))
 
 
-# One per machine, whichever checkout the tests run from: the Slurm cluster (fixed
-# node name, ports, spool) and what the Ansible role writes (/opt, /etc/default).
-NODE_LOCK = "/var/tmp/sge-testcluster.lock"
+# One user at a time per machine, whichever checkout the tests run from: the Slurm
+# cluster (fixed node name, ports, spool), and what the Ansible role writes.
+SLURM_LOCK = "/var/tmp/sge-testcluster.lock"
+ETC_LOCK = "/var/tmp/sge-etc.lock"
+
+
+def _held(path: str) -> Iterator[None]:
+    with open(path, "w") as lock:  # not inherited by the daemons tests start
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")
-def node_lock() -> Iterator[None]:
-    """Held while a session uses the node-wide resources; another test run waits."""
-    with open(NODE_LOCK, "w") as lock:  # not inherited by the daemons tests start
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+def slurm_lock() -> Iterator[None]:
+    """Held while a session uses the Slurm cluster; another test run waits."""
+    yield from _held(SLURM_LOCK)
+
+
+@pytest.fixture(scope="session")
+def etc_lock() -> Iterator[None]:
+    """Held while a session applies the Ansible role to this machine (/opt, /etc)."""
+    yield from _held(ETC_LOCK)
 
 
 @pytest.fixture(autouse=True)

@@ -6,5 +6,5 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _node_wide(node_lock: None) -> None:
-    """Every test here waits for the node lock (see tests/conftest.py)."""
+def _node_wide(etc_lock: None) -> None:
+    """Every test here waits for the lock on /opt and /etc (see tests/conftest.py)."""

@@ -11,7 +11,7 @@ from tests.support import require
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(node_lock: None) -> Iterator[SlurmCluster]:
+def slurm_cluster(slurm_lock: None) -> Iterator[SlurmCluster]:
     """The real one-node Slurm cluster, up for the whole session.
 
     Started by this fixture when it is not running yet, and then stopped at the end;

@@ -80,6 +80,8 @@ class SlurmCluster:
         self.node_name = exports["SGE_NODE_NAME"]
         self.cluster_name = exports["SGE_CLUSTER_NAME"]
         self.spool_dir = Path(exports["SLURM_GPU_EXPORTER_SPOOL_DIR"])
+        # Where the cluster's prolog/epilog helpers read the spool they write to.
+        self.hook_spool_file = Path(exports["SGE_HOOK_SPOOL_FILE"])
         self.jobs_dir = self.state_dir / "jobs"
         self.log_dir = self.state_dir / "log"
         self.cgroup_root = CGROUP_ROOT

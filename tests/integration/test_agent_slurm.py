@@ -267,26 +267,18 @@ def wait_samples(agent: Agent, count: int = 2) -> Scrape:
 
 
 @contextlib.contextmanager
-def epilog_writes_elsewhere(spool: Path) -> Iterator[None]:
+def epilog_writes_elsewhere(cluster: SlurmCluster, spool: Path) -> Iterator[None]:
     """Point the prolog/epilog's spool directory at ``spool`` until the block ends.
 
-    The hooks read SLURM_GPU_EXPORTER_SPOOL_DIR from /etc/default/slurm-gpu-exporter
-    (written by scripts/slurm-testcluster) every time they run; the file is restored
-    byte for byte afterwards.
+    The cluster's hooks read their spool directory from a file every time they run
+    (scripts/slurm-testcluster); the file is restored byte for byte afterwards.
     """
-    defaults = Path("/etc/default/slurm-gpu-exporter")
-    saved = defaults.read_bytes()
-    lines = [
-        line
-        for line in saved.decode().splitlines()
-        if not line.startswith("SLURM_GPU_EXPORTER_SPOOL_DIR=")
-    ]
-    lines.append(f"SLURM_GPU_EXPORTER_SPOOL_DIR={spool}")
+    saved = cluster.hook_spool_file.read_bytes()
     try:
-        defaults.write_text("\n".join(lines) + "\n")
+        cluster.hook_spool_file.write_text(f"{spool}\n")
         yield
     finally:
-        defaults.write_bytes(saved)
+        cluster.hook_spool_file.write_bytes(saved)
 
 
 # -- jobs recorded by the prolog ------------------------------------------------------
@@ -813,7 +805,7 @@ def test_job_whose_epilog_never_reaches_the_spool_ends_after_cgroup_grace_keepin
     """The job's record is never marked ended: its cgroup going is the only sign.
 
     Real: slurmd runs the epilog, but the epilog writes to another directory
-    (/etc/default/slurm-gpu-exporter changed after the prolog ran), so the agent's
+    (the hooks' spool changed after the prolog ran), so the agent's
     spool keeps an unended record. A slow epilog looks the same to the agent until it
     finishes: Slurm removes the job's cgroups before it runs the epilog.
     Fails today: JobStatsCollector._sample (jobstats.py) returns an empty sample for a
@@ -837,7 +829,7 @@ def test_job_whose_epilog_never_reaches_the_spool_ends_after_cgroup_grace_keepin
         )
         cpu = running.job("slurm_job_cpu_seconds_total", jobid)
         assert cpu is not None
-        with epilog_writes_elsewhere(elsewhere):
+        with epilog_writes_elsewhere(cluster, elsewhere):
             cancelled = time.time()
             cluster.cancel(jobid)
             cluster.wait_finished(jobid)
