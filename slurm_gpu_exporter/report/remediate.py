@@ -20,9 +20,11 @@ from typing import Any
 
 from aiohttp import web
 
+from slurm_gpu_exporter.connections import ConnectionGuard, ConnectionLimits
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.queries import node_name
 from slurm_gpu_exporter.report.slurm_actions import NODE_RE, drain_node, inert, node_state
+from slurm_gpu_exporter.server import GUARD_KEY
 from slurm_gpu_exporter.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
@@ -92,11 +94,19 @@ def make_app(remediator: Remediator, web_config: WebConfig | None = None) -> web
     """The receiver: ``POST /alerts`` (Alertmanager's webhook), ``GET /-/healthy``."""
     config = web_config or WebConfig()
     lock = asyncio.Lock()  # one post at a time: a node is looked at, then drained
+    # The agent's listener rules: a connection cap, header and idle timeouts.
+    guard = ConnectionGuard(ConnectionLimits())
 
     @web.middleware
     async def security(request: web.Request,
                        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                        ) -> web.StreamResponse:
+        with guard.request(request.transport):
+            return await checked(request, handler)
+
+    async def checked(request: web.Request,
+                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                      ) -> web.StreamResponse:
         if request.path in HEALTH_PATHS:
             return await handler(request)  # says nothing but "up": for probes, no secret
         transport = request.transport
@@ -130,6 +140,7 @@ def make_app(remediator: Remediator, web_config: WebConfig | None = None) -> web
         return web.Response(text="Healthy\n")
 
     app = web.Application(middlewares=[security], client_max_size=MAX_BODY_BYTES)
+    app[GUARD_KEY] = guard
     app.router.add_post("/alerts", alerts)
     app.router.add_get("/-/healthy", healthy)
     app.router.add_get("/-/ready", healthy)
