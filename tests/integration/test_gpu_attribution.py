@@ -33,7 +33,7 @@ from tests.fakenvml import (
     XidEvent,
     fake_nvml_or_skip,
 )
-from tests.support import require
+from tests.support import require, wait_until
 
 pytestmark = pytest.mark.fakenvml
 
@@ -62,15 +62,14 @@ def labelsets(text: str, name: str) -> list[dict[str, str]]:
 def wait_for(agent: Agent, check: Callable[[str], bool], timeout: float = 15.0,
              what: str = "condition") -> str:  # fmt: skip
     """Scrape until ``check(text)`` holds; returns that scrape."""
-    deadline = time.monotonic() + timeout
-    text = ""
-    while time.monotonic() < deadline:
-        text = agent.metrics()
-        if check(text):
-            return text
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; agent log:\n{agent.log()}\n"
-                         f"last scrape:\n{text}")  # fmt: skip
+    last = [""]
+
+    def scrape() -> str | None:
+        last[0] = agent.metrics()
+        return last[0] if check(last[0]) else None
+
+    return wait_until(scrape, timeout, what, poll=0.2,
+                      log=lambda: f"agent log:\n{agent.log()}\nlast scrape:\n{last[0]}")
 
 
 def last_sample(text: str) -> float:

@@ -11,6 +11,7 @@ import pytest
 from tests.agent import Agent, series
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
 from tests.integration.slurmcluster import SlurmCluster
+from tests.support import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.fakenvml]
 
@@ -22,13 +23,7 @@ wait
 
 
 def _wait_for(predicate, timeout: float, what: str, agent: Agent):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"{what} not seen within {timeout} s\n{agent.log()}")
+    return wait_until(predicate, timeout, what, poll=0.5, log=agent.log)
 
 
 def test_slurm_job_gpus_are_attributed_by_real_pid_and_idle_gpu_shows_zero(

@@ -15,6 +15,7 @@ from slurm_gpu_exporter.synthnode import SynthNode
 from tests.agent import Agent, series
 from tests.fakenvml import Device, NvmlState, fake_nvml_or_skip
 from tests.hardening.churn import end_job, rss_kib
+from tests.support import wait_until
 
 pytestmark = pytest.mark.fakenvml
 
@@ -48,14 +49,15 @@ def _churn(node: SynthNode, agent: Agent, first: int, count: int, seen: set[str]
 
 
 def _settle(agent: Agent, running: set[str], timeout: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = agent.metrics()
-        if _jobids(text) == running:
-            return text
-        time.sleep(0.2)
-    raise AssertionError(f"exposed {sorted(_jobids(text) - running)[:20]} stale, "
-                         f"{sorted(running - _jobids(text))[:20]} missing")
+    last = [""]
+
+    def settled() -> str | None:
+        last[0] = agent.metrics()
+        return last[0] if _jobids(last[0]) == running else None
+
+    return wait_until(settled, timeout, "the exposed jobs to be the running ones", poll=0.2,
+                      log=lambda: f"exposed {sorted(_jobids(last[0]) - running)[:20]} stale, "
+                                  f"{sorted(running - _jobids(last[0]))[:20]} missing")
 
 
 def test_thousand_jobs_churn_exactly_and_memory_returns(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from slurm_gpu_exporter.state import STATE_FILE
 from slurm_gpu_exporter.synthnode import SynthNode
 from tests.agent import Agent, series
 from tests.fakenvml import Device, NvmlState, fake_nvml_or_skip
-from tests.support import require
+from tests.support import require, wait_until
 
 pytestmark = pytest.mark.fakenvml
 
@@ -27,13 +26,8 @@ def _value(text: str, name: str, **labels: str) -> float:
 
 
 def _until(agent: Agent, check: Callable[[str], bool], what: str, timeout: float = 15) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = agent.metrics()
-        if check(text):
-            return text
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}: {agent.log()}")
+    return wait_until(lambda: (lambda t: t if check(t) else None)(agent.metrics()), timeout,
+                      what, poll=0.1, log=agent.log)
 
 
 @pytest.fixture()

@@ -7,21 +7,19 @@ import time
 import pytest
 
 from tests.observe.conftest import Stack
+from tests.support import wait_until
 
 pytestmark = pytest.mark.prometheus
 
 
 def wait_for_alert(stack: Stack, want: dict[str, str], timeout: float) -> tuple[str, dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for path, alert in stack.webhook.alerts():
-            if all(alert["labels"].get(k) == v for k, v in want.items()):
-                return path, alert
-        time.sleep(0.5)
-    raise AssertionError(
-        f"no alert with {want} after {timeout} s; received "
-        f"{[(p, a['labels']) for p, a in stack.webhook.alerts()]}\n"
-        f"Prometheus alerts: {stack.node.vector('ALERTS')}\n{stack.alertmanager.log()}")
+    def received() -> tuple[str, dict] | None:
+        return next(((path, alert) for path, alert in stack.webhook.alerts()
+                     if all(alert["labels"].get(k) == v for k, v in want.items())), None)
+
+    return wait_until(received, timeout, f"an alert with {want}", poll=0.5, log=lambda: (
+        f"received {[(p, a['labels']) for p, a in stack.webhook.alerts()]}\n"
+        f"Prometheus alerts: {stack.node.vector('ALERTS')}\n{stack.alertmanager.log()}"))
 
 
 def held_idle_jobs(stack: Stack) -> dict[str, dict]:

@@ -5,7 +5,6 @@ Time is a clock the test steps: retries are checked without sleeping.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.backend import GpuUnavailable, XidEvent
 from slurm_gpu_exporter.gpu.polling import BackendLink, XidCounts
+from tests.support import wait_until
 from tests.unit.fake_gpu import FakeBackend
 
 
@@ -49,11 +49,7 @@ def nvml_errors(link: BackendLink) -> int:
 
 def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
     """Poll ``condition`` (the backend's worker threads are real) until it holds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
+    wait_until(condition, timeout, f"{condition}", poll=0.01)
     return True
 
 
