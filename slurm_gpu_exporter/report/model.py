@@ -153,6 +153,10 @@ class Accounting:
     nodes: int | None = None
     start: float | None = None
     end: float | None = None
+    exit_code: str = ""  # "0:0", "1:0" (code:signal)
+    account: str = ""
+    qos: str = ""
+    requested_gpus: int | None = None
 
 
 @dataclass

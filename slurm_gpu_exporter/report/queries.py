@@ -233,10 +233,17 @@ async def fetch_jobs(prom: PrometheusClient, window: Window, jobids: list[str],
     """The named jobs' usage and per-node detail; a job Prometheus does not know is absent."""
     queries = job_queries(window, jobids, filters)
     answers = await gather(*(prom.instant(q, window.end) for q in queries.values()))
-    got = dict(zip(queries, answers, strict=True))
+    found = jobs_from_answers(dict(zip(queries, answers, strict=True)), filters)
+    return {jobid: job for (_, jobid), job in found.items()}
+
+
+def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
+                      ) -> dict[tuple[str, str], tuple[JobUsage, list[NodeDetail]]]:
+    """Jobs by (cluster, jobid) from the answers to ``job_queries`` (a ``*_base`` answer
+    left out counts as 0: the window holds the whole job)."""
 
     def per(name: str, *labels: str) -> dict[tuple[str, ...], float]:
-        return {tuple(s.labels.get(k, "") for k in labels): s.value for s in got[name]}
+        return {tuple(s.labels.get(k, "") for k in labels): s.value for s in got.get(name, [])}
 
     node_keys = ("jobid", "instance")
     gpu_keys = ("jobid", "instance", "gpu", "uuid")
@@ -251,20 +258,21 @@ async def fetch_jobs(prom: PrometheusClient, window: Window, jobids: list[str],
     gpu_peak = per("gpu_memory_peak", *gpu_keys)
     gpu_total = per("gpu_memory_total", "instance", "uuid")
 
-    found: dict[str, tuple[JobUsage, list[NodeDetail]]] = {}
+    found: dict[tuple[str, str], tuple[JobUsage, list[NodeDetail]]] = {}
     # The same job on the same target twice: its metadata changed (spool record found).
     infos = {(s.labels.get("jobid", ""), s.labels.get("instance", "")): s for s in got["info"]}
     targets_of: dict[str, set[str]] = {}
     for _, instance in infos:
         targets_of.setdefault(node_name(instance), set()).add(instance)
     for (jobid, instance), info in sorted(infos.items()):
-        if jobid not in found:
-            found[jobid] = (JobUsage(
+        cluster = info.labels.get(filters.cluster_label, "")
+        if (cluster, jobid) not in found:
+            found[cluster, jobid] = (JobUsage(
                 jobid=jobid, user=info.labels.get("user", ""),
                 account=info.labels.get("account", ""),
                 partition=info.labels.get("partition", ""), name=info.labels.get("name", ""),
-                cluster=info.labels.get(filters.cluster_label, "")), [])
-        usage, nodes = found[jobid]
+                cluster=cluster), [])
+        usage, nodes = found[cluster, jobid]
         key = (jobid, instance)
         # Two targets on one host (several agents, tests): keep the port to tell them apart.
         name = node_name(instance)
