@@ -96,6 +96,7 @@ class LowUtilReport:
     timelines: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     # busy ratios of every job seen, for the distribution chart
     all_ratios: list[float] = field(default_factory=list)
+    from_archive: int = 0  # jobs seen only in the job archive (--db), not in Prometheus
 
     @property
     def by_user(self) -> list[Total]:
