@@ -94,7 +94,7 @@ def parse_db_url(url: str) -> URL:
         raise ReportError(f"bad --db {url!r}: use sqlite:///PATH or "
                           "postgresql://USER@HOST/DATABASE")
     if parsed.drivername == "sqlite" and not parsed.database:
-        raise ReportError("bad --db: give the SQLite file, e.g. sqlite:////var/lib/"
+        raise ReportError("bad --db: give the SQLite file as sqlite:///PATH, e.g. sqlite:////var/lib/"
                           "slurm-gpu-report/archive.sqlite")
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
