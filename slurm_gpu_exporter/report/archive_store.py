@@ -290,11 +290,9 @@ class ArchiveStore:
 
     def usage(self, window: Window, by: Sequence[str], cluster: str | None = None,
               by_month: bool = False) -> list[UsageGroup]:
-        """Sums per group of the jobs that ended in the window (one query); with
-        ``by_month`` per month of the whole selection instead."""
-        keys = [] if by_month else [BY_KEYS[k] for k in by]
-        if by_month:
-            keys = [jobs.c.end_month]
+        """Sums per group of the jobs that ended in the window, one query; with
+        ``by_month`` per group and month (``UsageGroup.month``)."""
+        keys = [BY_KEYS[k] for k in by] + ([jobs.c.end_month] if by_month else [])
         sums = [func.count(), func.sum(jobs.c.allocated_s), func.sum(jobs.c.busy_s),
                 func.sum(func.coalesce(jobs.c.sm_active_s, 0.0)),
                 func.sum(jobs.c.gpm_allocated_s), func.sum(func.coalesce(jobs.c.energy_j, 0.0)),
@@ -302,18 +300,19 @@ class ArchiveStore:
         where = [jobs.c.end_time >= window.start, jobs.c.end_time < window.end]
         if cluster:
             where.append(jobs.c.cluster == cluster)
-        query = select(*keys, *sums).where(*where).group_by(*keys).order_by(*keys)
+        query = select(*keys, *sums).where(*where).group_by(*keys)
         with self._transaction() as conn:
             rows = conn.execute(query).all()
         groups = []
+        n = len(by)
         for row in rows:
-            key, values = tuple(row[:len(keys)]), row[len(keys):]
+            values = row[len(keys):]
             groups.append(UsageGroup(
-                key=() if by_month else tuple(str(k) for k in key),
-                month=str(key[0]) if by_month else "", jobs=int(values[0]),
-                allocated_s=float(values[1] or 0), busy_s=float(values[2] or 0),
-                sm_active_s=float(values[3] or 0), gpm_allocated_s=float(values[4] or 0),
-                energy_j=float(values[5] or 0), cpu_s=float(values[6] or 0)))
+                key=tuple(str(k) for k in row[:n]), month=str(row[n]) if by_month else "",
+                jobs=int(values[0]), allocated_s=float(values[1] or 0),
+                busy_s=float(values[2] or 0), sm_active_s=float(values[3] or 0),
+                gpm_allocated_s=float(values[4] or 0), energy_j=float(values[5] or 0),
+                cpu_s=float(values[6] or 0)))
         return groups
 
     def counts(self) -> tuple[int, int]:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 from slurm_gpu_exporter.report.archive_store import BY_KEYS, ArchiveStore
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.model import UsageReport
+from slurm_gpu_exporter.report.model import UsageGroup, UsageReport
 from slurm_gpu_exporter.report.window import Window
 
 
@@ -45,10 +45,24 @@ def spans_months(window: Window) -> bool:
 
 def usage_report(store: ArchiveStore, window: Window, by: Sequence[str],
                  cluster: str | None = None) -> UsageReport:
-    """Per-group sums, largest GPU-hours first; per month too when the window spans months."""
+    """Per-group sums, largest GPU-hours first; per month too when the window spans months
+    (one query either way: by group and month, summed here)."""
     keys = check_by(by)
-    groups = store.usage(window, keys, cluster)
-    groups.sort(key=lambda g: (-g.allocated_s, g.key))
-    months = store.usage(window, keys, cluster, by_month=True) if spans_months(window) else []
-    return UsageReport(window=window, by=keys, groups=groups, months=months,
-                       source=store.where)
+    months = spans_months(window)
+    rows = store.usage(window, keys, cluster, by_month=months)
+    groups: dict[tuple[str, ...], UsageGroup] = {}
+    by_month: dict[str, UsageGroup] = {}
+    for row in rows:
+        for total in (groups.setdefault(row.key, UsageGroup(row.key)),
+                      *([by_month.setdefault(row.month, UsageGroup((), row.month))]
+                        if months else [])):
+            total.jobs += row.jobs
+            total.allocated_s += row.allocated_s
+            total.busy_s += row.busy_s
+            total.sm_active_s += row.sm_active_s
+            total.gpm_allocated_s += row.gpm_allocated_s
+            total.energy_j += row.energy_j
+            total.cpu_s += row.cpu_s
+    ordered = sorted(groups.values(), key=lambda g: (-g.allocated_s, g.key))
+    return UsageReport(window=window, by=keys, groups=ordered,
+                       months=[by_month[m] for m in sorted(by_month)], source=store.where)
