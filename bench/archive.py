@@ -140,7 +140,7 @@ def _ended_jobs(count: int, end: float, seed: int = 2) -> list[Job]:
     jobs = []
     for i in range(count):
         finish = end - rng.uniform(360, 7200)
-        duration = rng.uniform(600, 3 * 3600)
+        duration = rng.uniform(600, 5400)
         gpus = rng.choice([1, 1, 2, 4, 8])
         user = f"user{rng.randrange(300):03d}"
         jobs.append(Job(jobid=2_000_000 + i, user=user, account=f"acct{hash(user) % 40:02d}",

@@ -101,7 +101,10 @@ async def collect(prom: PrometheusClient, window: Window, filters: Filters, conf
     found = jobs_from_answers(got, filters)
     models = {(s.labels.get("instance", ""), s.labels.get("uuid", "")): s.labels.get("name", "")
               for s in got["gpu_info"]}
-    instances = {s.labels.get("instance", "") for s in got["info"]}
+    # NodeDetail.node is a target's host name, or the target itself when a host has two.
+    target_of = {node_name(i): i for i in sorted({s.labels.get("instance", "")
+                                                  for s in got["info"]}, reverse=True)}
+    target_of.update({i: i for i in target_of.values()})
     acct = accounting(window)
     records = []
     for key in sorted(ended):
@@ -117,18 +120,11 @@ async def collect(prom: PrometheusClient, window: Window, filters: Filters, conf
         detail.notes = notes_for(job_facts(detail, config), config.notes)
         gpu_models = {}
         for node in nodes:
-            instance = _instance_of(node.node, instances)
+            instance = target_of.get(node.node, node.node)
             for gpu in node.gpus:
                 gpu_models[node.node, gpu.gpu] = models.get((instance, gpu.uuid), "")
         records.append(ArchiveRecord(detail, gpu_models))
     return records
-
-
-def _instance_of(node: str, instances: set[str]) -> str:
-    """The target a NodeDetail's name came from (a host name, or the target itself)."""
-    if node in instances:
-        return node
-    return next((i for i in sorted(instances) if node_name(i) == node), node)
 
 
 async def archive(prom: PrometheusClient, store: ArchiveStore, window: Window,

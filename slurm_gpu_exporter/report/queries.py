@@ -261,6 +261,9 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
     found: dict[tuple[str, str], tuple[JobUsage, list[NodeDetail]]] = {}
     # The same job on the same target twice: its metadata changed (spool record found).
     infos = {(s.labels.get("jobid", ""), s.labels.get("instance", "")): s for s in got["info"]}
+    gpus_of: dict[tuple[str, ...], list[tuple[str, ...]]] = {}  # (jobid, instance) -> GPUs
+    for gkey in alloc:
+        gpus_of.setdefault(gkey[:2], []).append(gkey)
     targets_of: dict[str, set[str]] = {}
     for _, instance in infos:
         targets_of.setdefault(node_name(instance), set()).add(instance)
@@ -282,7 +285,7 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
             cpu_s=cpu[key] - cpu_base.get(key, 0.0) if key in cpu else None,
             memory_peak=mem_peak.get(key), memory_limit=mem_limit.get(key),
         )
-        for gkey in sorted((k for k in alloc if k[:2] == key), key=_gpu_order):
+        for gkey in sorted(gpus_of.get(key, []), key=_gpu_order):
             gpu = GpuDetail(
                 gpu=gkey[2], uuid=gkey[3],
                 allocated_s=max(0.0, alloc[gkey] - alloc_base.get(gkey, 0.0)),
