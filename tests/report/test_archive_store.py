@@ -137,6 +137,10 @@ def test_usage_sums_per_group_and_month(archive_url: str) -> None:
     data = json.loads(render_usage(year, "json"))
     assert data["groups"][0] == {**data["groups"][0], "account": "physics", "user": "bob",
                                  "jobs": 1}
+    assert [m["month"] for m in data["months"]] == ["2026-10", "2026-11", "2026-12"]
+    for fmt in ("table", "csv", "markdown", "html"):
+        assert "carol" in render_usage(year, fmt) and "physics" in render_usage(november, fmt)
+    assert render_usage(year, "csv").splitlines()[0].startswith("account,user,jobs,gpu_hours")
 
 
 def test_usage_html_has_a_bar_per_group_a_month_trend_and_inert_names(tmp_path: Path) -> None:
