@@ -223,3 +223,16 @@ def test_an_unreachable_store_fails_with_its_own_exit_code_and_makes_nothing(
     blocked.write_text("")
     got = report("archive", "--db", f"sqlite:///{blocked}/sub/a.sqlite", *NO_PROMETHEUS)
     assert got.returncode == EXIT_STORE_UNREACHABLE and got.stderr.count("\n") == 1
+
+
+def test_user_chosen_text_is_stored_as_text_never_as_sql(archive_url: str) -> None:
+    hostile = "x'); DROP TABLE archive_jobs; --\" \\ %s ${x} \x1b[31m"
+    job = record("66", user="eve")
+    job.detail.usage.name = hostile
+    job.detail.notes = [hostile]
+    with ArchiveStore(archive_url, write=True) as store:
+        store.store([job], archived_at=NOV_1)
+        store.store([job], archived_at=NOV_1)
+        (detail, _), = store.details([hostile, "66"])["66"]
+        assert store.counts() == (1, 2)
+    assert detail.usage.name == hostile and detail.notes == [hostile]
