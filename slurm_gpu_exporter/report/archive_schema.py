@@ -88,13 +88,31 @@ gpus = Table(
     Column("energy_j", Float),
 )
 
+# What `usage` reads for whole months: the sums of archive_jobs per group and month of
+# the end, kept in the same transaction as the rows (archive_rollup.py).
+usage_monthly = Table(
+    "archive_usage_monthly", metadata,
+    Column("cluster", String(128), primary_key=True),
+    Column("account", String(128), primary_key=True),
+    Column("username", String(128), primary_key=True),
+    Column("partition", String(128), primary_key=True),
+    Column("end_month", String(7), primary_key=True),
+    Column("jobs", Integer, nullable=False),
+    Column("allocated_s", Float, nullable=False),
+    Column("busy_s", Float, nullable=False),
+    Column("sm_active_s", Float, nullable=False),
+    Column("gpm_allocated_s", Float, nullable=False),
+    Column("energy_j", Float, nullable=False),
+    Column("cpu_s", Float, nullable=False),
+)
+
 # Migration N (index N - 1) brings a store from version N - 1 to N. Never edit one that
 # shipped: add the next. The first makes the tables as defined above.
 Migration = Callable[[Connection], None]
 
 
 def _create_v1(conn: Connection) -> None:
-    metadata.create_all(conn, tables=[jobs, gpus])
+    metadata.create_all(conn, tables=[jobs, gpus, usage_monthly])
 
 
 MIGRATIONS: list[Migration] = [_create_v1]

@@ -39,12 +39,14 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
+from slurm_gpu_exporter.report.archive_rollup import GROUP, SUMS, apply_change, job_sums, split
 from slurm_gpu_exporter.report.archive_schema import (
     SCHEMA_VERSION,
     gpus,
     jobs,
     migrate,
     read_version,
+    usage_monthly,
 )
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.model import (
@@ -63,8 +65,8 @@ EXIT_STORE_UNREACHABLE = 7
 EXIT_STORE_LOCKED = 8
 EXIT_STORE_NEWER = 9
 DEFAULT_DB = "sqlite:////var/lib/slurm-gpu-report/archive.sqlite"
-BY_KEYS = {"account": jobs.c.account, "user": jobs.c.username,
-           "partition": jobs.c.partition, "cluster": jobs.c.cluster}
+BY_KEYS = {"account": "account", "user": "username", "partition": "partition",
+           "cluster": "cluster"}  # --by key -> column (archive_jobs and the roll-up)
 # Counters only grow: a later run keeps the larger of the stored and the new value.
 JOB_COUNTERS = ("allocated_s", "busy_s", "sm_active_s", "gpm_allocated_s", "energy_j",
                 "cpu_s", "gpu_memory_peak", "memory_peak")
@@ -246,11 +248,14 @@ class ArchiveStore:
             return
         job_rows = [job_row(r, archived_at) for r in records]
         gpu_rows = [row for r in records for row in gpu_rows_of(r)]
+        keys = list(dict.fromkeys((row["jobid"], row["cluster"]) for row in job_rows))
         with self._transaction() as conn:
             self._check_schema(conn)  # a newer program may have upgraded it meanwhile
+            before = job_sums(conn, keys)
             conn.execute(self._job_upsert(), job_rows)
             if gpu_rows:
                 conn.execute(self._gpu_upsert(), gpu_rows)
+            apply_change(conn, before, job_sums(conn, keys), self._insert)
 
     # -- reading ----------------------------------------------------------------------
 
@@ -290,30 +295,42 @@ class ArchiveStore:
 
     def usage(self, window: Window, by: Sequence[str], cluster: str | None = None,
               by_month: bool = False) -> list[UsageGroup]:
-        """Sums per group of the jobs that ended in the window, one query; with
-        ``by_month`` per group and month (``UsageGroup.month``)."""
-        keys = [BY_KEYS[k] for k in by] + ([jobs.c.end_month] if by_month else [])
-        sums = [func.count(), func.sum(jobs.c.allocated_s), func.sum(jobs.c.busy_s),
-                func.sum(func.coalesce(jobs.c.sm_active_s, 0.0)),
-                func.sum(jobs.c.gpm_allocated_s), func.sum(func.coalesce(jobs.c.energy_j, 0.0)),
-                func.sum(func.coalesce(jobs.c.cpu_s, 0.0))]
-        where = [jobs.c.end_time >= window.start, jobs.c.end_time < window.end]
-        if cluster:
-            where.append(jobs.c.cluster == cluster)
-        query = select(*keys, *sums).where(*where).group_by(*keys)
-        with self._transaction() as conn:
-            rows = conn.execute(query).all()
-        groups = []
+        """Sums per group of the jobs that ended in the window; with ``by_month`` per group
+        and month (``UsageGroup.month``). Whole months come from the roll-up, the edges of
+        the window from the job rows: at most three queries, whatever the jobs."""
+        months, edges = split(window)
+        found: dict[tuple[tuple[str, ...], str], UsageGroup] = {}
+        queries = []
+        if months:
+            t = usage_monthly.c
+            queries.append(select(*[t[BY_KEYS[k]] for k in by], t.end_month, func.sum(t.jobs),
+                                  *[func.sum(t[name]) for name in SUMS])
+                           .where(t.end_month.in_(months),
+                                  *([t.cluster == cluster] if cluster else []))
+                           .group_by(*[t[BY_KEYS[k]] for k in by], t.end_month))
+        for edge in edges:
+            j = jobs.c
+            queries.append(select(*[j[BY_KEYS[k]] for k in by], j.end_month, func.count(),
+                                  *[func.sum(func.coalesce(j[name], 0.0)) for name in SUMS])
+                           .where(j.end_time >= edge.start, j.end_time < edge.end,
+                                  *([j.cluster == cluster] if cluster else []))
+                           .group_by(*[j[BY_KEYS[k]] for k in by], j.end_month))
         n = len(by)
-        for row in rows:
-            values = row[len(keys):]
-            groups.append(UsageGroup(
-                key=tuple(str(k) for k in row[:n]), month=str(row[n]) if by_month else "",
-                jobs=int(values[0]), allocated_s=float(values[1] or 0),
-                busy_s=float(values[2] or 0), sm_active_s=float(values[3] or 0),
-                gpm_allocated_s=float(values[4] or 0), energy_j=float(values[5] or 0),
-                cpu_s=float(values[6] or 0)))
-        return groups
+        with self._transaction() as conn:
+            for query in queries:
+                for row in conn.execute(query):
+                    key = tuple(str(k) for k in row[:n])
+                    month = str(row[n]) if by_month else ""
+                    group = found.setdefault((key, month), UsageGroup(key=key, month=month))
+                    values = [float(v or 0) for v in row[n + 1:]]
+                    group.jobs += round(values[0])
+                    group.allocated_s += values[1]
+                    group.busy_s += values[2]
+                    group.sm_active_s += values[3]
+                    group.gpm_allocated_s += values[4]
+                    group.energy_j += values[5]
+                    group.cpu_s += values[6]
+        return [g for g in found.values() if g.jobs > 0]
 
     def counts(self) -> tuple[int, int]:
         """(job rows, GPU rows)."""
@@ -334,8 +351,20 @@ class ArchiveStore:
         orphans = (select(gpus.c.jobid).select_from(gpus.outerjoin(jobs, and_(
             jobs.c.jobid == gpus.c.jobid, jobs.c.cluster == gpus.c.cluster)))
             .where(jobs.c.jobid.is_(None)))
+        sums = [func.coalesce(func.sum(func.coalesce(jobs.c[name], 0.0)), 0.0) for name in SUMS]
+        raw = (select(*[jobs.c[name] for name in GROUP], func.count(), *sums)
+               .group_by(*[jobs.c[name] for name in GROUP]))
         with self._transaction() as conn:
-            return sorted({*conn.execute(query).scalars(), *conn.execute(orphans).scalars()})
+            bad = {*conn.execute(query).scalars(), *conn.execute(orphans).scalars()}
+            truth = {tuple(r[:len(GROUP)]): tuple(r[len(GROUP):]) for r in conn.execute(raw)}
+            rolled = {tuple(r[:len(GROUP)]): tuple(r[len(GROUP):])
+                      for r in conn.execute(select(usage_monthly).where(usage_monthly.c.jobs != 0))}
+        for group in truth.keys() | rolled.keys():
+            want, got = truth.get(group, ()), rolled.get(group, ())
+            if len(want) != len(got) or any(abs(a - b) > 1e-6 * (1 + abs(a))
+                                            for a, b in zip(want, got, strict=True)):
+                bad.add(f"roll-up {'/'.join(group)}")
+        return sorted(bad)
 
 
 # --- rows <-> report model -----------------------------------------------------------

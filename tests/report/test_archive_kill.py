@@ -19,7 +19,9 @@ import pytest
 
 from slurm_gpu_exporter.report.archive_schema import gpus as gpus_table
 from slurm_gpu_exporter.report.archive_schema import jobs as jobs_table
+from slurm_gpu_exporter.report.archive_schema import usage_monthly
 from slurm_gpu_exporter.report.archive_store import ArchiveStore
+from slurm_gpu_exporter.report.window import Window
 from tests.report.archive_data import NOV_1, record
 
 pytestmark = pytest.mark.process
@@ -52,6 +54,7 @@ def _empty(url: str) -> None:
     with ArchiveStore(url, write=True) as store, store.engine.begin() as conn:
         conn.execute(gpus_table.delete())
         conn.execute(jobs_table.delete())
+        conn.execute(usage_monthly.delete())
 
 
 def test_sigkill_at_random_points_leaves_a_consistent_store_the_next_run_completes(
@@ -78,4 +81,6 @@ def test_sigkill_at_random_points_leaves_a_consistent_store_the_next_run_complet
     assert _run(archive_url, None) == 0
     with ArchiveStore(archive_url, write=False) as store:
         assert store.counts() == (JOBS, JOBS * GPUS)
-        assert store.inconsistent() == []
+        assert store.inconsistent() == []  # the monthly roll-up too
+        (november,) = store.usage(Window(NOV_1, NOV_1 + 30 * 86400), ["account"])
+    assert november.jobs == JOBS

@@ -236,3 +236,22 @@ def test_user_chosen_text_is_stored_as_text_never_as_sql(archive_url: str) -> No
         (detail, _), = store.details([hostile, "66"])["66"]
         assert store.counts() == (1, 2)
     assert detail.usage.name == hostile and detail.notes == [hostile]
+
+
+def test_the_monthly_roll_up_follows_upserts_as_the_job_rows_do(archive_url: str) -> None:
+    month, shifted = Window(NOV_1, DEC_1), Window(NOV_1 - 3600, DEC_1 - 1)  # roll-up, rows
+    with ArchiveStore(archive_url, write=True) as store:
+        store.store([record("1", hours=1.0), record("2", user="bob")], archived_at=NOV_1)
+        store.store([record("1", hours=3.0, busy=0.9), record("2", user="bob", hours=0.5)],
+                    archived_at=NOV_1 + 1)  # one grew, one came late and smaller
+        store.store([record("1", hours=3.0, busy=0.9)], archived_at=NOV_1 + 2)
+        assert store.inconsistent() == []
+        from_roll_up = {g.key: g for g in store.usage(month, ["user"])}
+        from_rows = {g.key: g for g in store.usage(shifted, ["user"])}
+    assert from_roll_up.keys() == from_rows.keys() == {("alice",), ("bob",)}
+    for key, group in from_roll_up.items():
+        assert (group.jobs, group.allocated_s, group.busy_s) == (
+            from_rows[key].jobs, pytest.approx(from_rows[key].allocated_s),
+            pytest.approx(from_rows[key].busy_s))
+    assert from_roll_up[("alice",)].allocated_s == 2 * 3 * 3600
+    assert from_roll_up[("bob",)].allocated_s == 2 * 1 * 3600
