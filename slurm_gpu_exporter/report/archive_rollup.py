@@ -13,14 +13,14 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, func, select, tuple_
+from sqlalchemy import Connection, func, select
 
 from slurm_gpu_exporter.report.archive_schema import jobs, usage_monthly
 from slurm_gpu_exporter.report.window import Window
 
 GROUP = ("cluster", "account", "username", "partition", "end_month")
 SUMS = ("allocated_s", "busy_s", "sm_active_s", "gpm_allocated_s", "energy_j", "cpu_s")
-CHUNK = 400  # (jobid, cluster) pairs per IN list
+CHUNK = 500  # job ids per IN list
 
 Row = tuple[tuple[str, ...], tuple[float, ...]]  # group, sums
 
@@ -28,15 +28,19 @@ Row = tuple[tuple[str, ...], tuple[float, ...]]  # group, sums
 def job_sums(conn: Connection, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Row]:
     """Each stored job's group and counters, by (jobid, cluster)."""
     found: dict[tuple[str, str], Row] = {}
+    wanted = set(keys)
     columns = [jobs.c[name] for name in GROUP]
     sums = [func.coalesce(jobs.c[name], 0.0) for name in SUMS]
-    for i in range(0, len(keys), CHUNK):
-        chunk = list(keys[i:i + CHUNK])
+    jobids = sorted({jobid for jobid, _ in keys})
+    for i in range(0, len(jobids), CHUNK):
+        # By job id alone, the primary key's first column: SQLite scans the whole key
+        # for a (jobid, cluster) IN list. Other clusters' rows are dropped here.
         query = (select(jobs.c.jobid, jobs.c.cluster, *columns, *sums)
-                 .where(tuple_(jobs.c.jobid, jobs.c.cluster).in_(chunk)))
+                 .where(jobs.c.jobid.in_(jobids[i:i + CHUNK])))
         for row in conn.execute(query):
-            found[row[0], row[1]] = (tuple(row[2:2 + len(GROUP)]),
-                                     tuple(float(v) for v in row[2 + len(GROUP):]))
+            if (row[0], row[1]) in wanted:
+                found[row[0], row[1]] = (tuple(row[2:2 + len(GROUP)]),
+                                         tuple(float(v) for v in row[2 + len(GROUP):]))
     return found
 
 
