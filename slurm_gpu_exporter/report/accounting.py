@@ -1,6 +1,7 @@
-"""What Slurm accounting knows and the metrics do not: state, time limit, requested memory.
+"""What Slurm accounting knows and the metrics do not: state, exit code, limits, requests.
 
-One ``sacct`` call for all the jobs of a report. The agent's Slurm adapter
+One ``sacct`` call for all the jobs of a report (by id for ``job``, by time window
+for ``archive``). The agent's Slurm adapter
 (``slurm_gpu_exporter.slurm``) answers the agent's questions and carries no time
 limit or memory request, so these fields are asked for here. A site without
 accounting (or without the Slurm commands) gets ``None`` and the notes that need
@@ -20,7 +21,8 @@ from slurm_gpu_exporter.report.model import Accounting
 log = logging.getLogger(__name__)
 
 SACCT_TIMEOUT_S = 10.0
-FIELDS = ("JobIDRaw", "State", "Timelimit", "ReqMem", "AllocCPUS", "NNodes", "Start", "End")
+FIELDS = ("JobIDRaw", "State", "Timelimit", "ReqMem", "AllocCPUS", "NNodes", "Start", "End",
+          "ExitCode", "Account", "QOS", "ReqTRES")
 _MEM_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -51,6 +53,15 @@ def parse_reqmem(text: str, cpus: int | None, nodes: int | None) -> float | None
     return value * (nodes or 1) if per == "n" else value
 
 
+def parse_gpus(tres: str) -> int | None:
+    """The GPU count of a TRES list (``cpu=2,mem=1G,gres/gpu=2`` -> 2); None without GPUs."""
+    for item in tres.split(","):
+        key, _, value = item.partition("=")
+        if key == "gres/gpu" and value.isdigit():
+            return int(value)
+    return None
+
+
 def _time(text: str) -> float | None:
     try:
         return datetime.fromisoformat(text).timestamp()
@@ -73,16 +84,34 @@ def parse_sacct(output: str) -> dict[str, Accounting]:
             time_limit_s=parse_timelimit(row["Timelimit"]),
             requested_memory=parse_reqmem(row["ReqMem"], cpus, nodes),
             cpus=cpus, nodes=nodes, start=_time(row["Start"]), end=_time(row["End"]),
+            exit_code=row["ExitCode"], account=row["Account"], qos=row["QOS"],
+            requested_gpus=parse_gpus(row["ReqTRES"]),
         )
     return found
 
 
 def sacct_accounting(jobids: list[str], sacct: str | None = None) -> dict[str, Accounting]:
     """Accounting of the jobs from one sacct call; empty when sacct is absent or fails."""
-    sacct = sacct or shutil.which("sacct")
-    if not sacct or not jobids:
+    if not jobids:
         return {}
-    argv = [sacct, "-X", "-n", "-P", "-j", ",".join(jobids), "-o", ",".join(FIELDS)]
+    return _run_sacct(["-j", ",".join(jobids)], sacct)
+
+
+def sacct_window(start: float, end: float, sacct: str | None = None) -> dict[str, Accounting]:
+    """Accounting of every job of every user that ran in [start, end], from one sacct call
+    (its size does not grow with a list of ids); empty when sacct is absent or fails."""
+    # sacct reads -S/-E in the local time zone, as it prints Start/End.
+    def local(t: float) -> str:
+        return datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S")
+
+    return _run_sacct(["-a", "-S", local(start), "-E", local(end)], sacct)
+
+
+def _run_sacct(selection: list[str], sacct: str | None) -> dict[str, Accounting]:
+    sacct = sacct or shutil.which("sacct")
+    if not sacct:
+        return {}
+    argv = [sacct, "-X", "-n", "-P", *selection, "-o", ",".join(FIELDS)]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=SACCT_TIMEOUT_S,
                               check=False, errors="replace")

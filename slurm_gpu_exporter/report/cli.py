@@ -1,5 +1,6 @@
-"""``slurm-gpu-report``: ``job JOBID…`` and ``low-util``, from Prometheus; ``enforce``
-(warn, then cancel, idle GPU jobs) and ``remediate`` (drain nodes on GPU faults).
+"""``slurm-gpu-report``: ``job JOBID…`` and ``low-util`` from Prometheus; ``archive`` into
+the job archive, and ``usage`` from it; ``enforce`` (warn, then cancel, idle GPU jobs)
+and ``remediate`` (drain nodes on GPU faults).
 
 Every failure is one line on stderr and a non-zero exit status; an empty result
 says so and exits 0.
@@ -17,7 +18,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from slurm_gpu_exporter.report.accounting import sacct_accounting
+from slurm_gpu_exporter.report.accounting import sacct_accounting, sacct_window
+from slurm_gpu_exporter.report.archive import archive
+from slurm_gpu_exporter.report.archive_store import DEFAULT_DB, ArchiveStore
 from slurm_gpu_exporter.report.defaults import DEFAULT_CONFIG
 from slurm_gpu_exporter.report.enforce import EXIT_DOUBTFUL, EnforceOptions, run_enforce
 from slurm_gpu_exporter.report.errors import ReportError
@@ -35,9 +38,17 @@ from slurm_gpu_exporter.report.queries import Filters
 from slurm_gpu_exporter.report.remediate_cli import add_remediate_command, run_remediate
 from slurm_gpu_exporter.report.render import html, text
 from slurm_gpu_exporter.report.render.decisions_text import decisions_json, decisions_table
-from slurm_gpu_exporter.report.reports import job_report, low_util_report, unknown_jobs_error
+from slurm_gpu_exporter.report.render.usage import render_usage
+from slurm_gpu_exporter.report.render.values import when
+from slurm_gpu_exporter.report.reports import (
+    EXIT_UNKNOWN_JOB,
+    job_report,
+    low_util_report,
+    unknown_jobs_error,
+)
 from slurm_gpu_exporter.report.rules import Config, load_config
-from slurm_gpu_exporter.report.window import make_window
+from slurm_gpu_exporter.report.usage import month_window, usage_report
+from slurm_gpu_exporter.report.window import Window, make_window
 
 log = logging.getLogger("slurm_gpu_exporter.report")
 
@@ -64,17 +75,40 @@ def _prometheus_options(parser: argparse.ArgumentParser) -> None:
                       help="do not verify Prometheus' TLS certificate")
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    _prometheus_options(parser)
+def _db(parser: argparse.ArgumentParser, default: str | None) -> None:
+    store = parser.add_argument_group("job archive")
+    env = os.environ.get("SLURM_GPU_REPORT_DB")
+    if default is None:
+        store.add_argument("--db", metavar="URL",
+                           help="also read the job archive: sqlite:///PATH or postgresql://…")
+    else:
+        store.add_argument("--db", metavar="URL", default=env or default,
+                           help="the job archive: sqlite:///PATH or postgresql://… (env "
+                                f"SLURM_GPU_REPORT_DB; default {default})")
+    store.add_argument("--db-timeout", type=float, default=10.0, metavar="SECONDS",
+                       help="how long to wait for the archive (connection, locks)")
+
+
+def _window_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--since", help="window length up to --end (e.g. 7d, 36h)")
+    parser.add_argument("--start", help="window start (ISO 8601 or Unix time)")
+    parser.add_argument("--end", help="window end (ISO 8601, Unix time or 'now')")
+
+
+def _output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default="table")
     parser.add_argument("--output", "-o", help="write the report to this file, not stdout")
+
+
+def _common(parser: argparse.ArgumentParser, outputs: bool = True) -> None:
+    _prometheus_options(parser)
+    if outputs:
+        _output_options(parser)
     parser.add_argument("--config", help="TOML file with thresholds, notes and templates")
     parser.add_argument("--cluster", help="only series whose cluster label has this value")
     parser.add_argument("--cluster-label", default="cluster",
                         help="the label the scrape config puts the cluster name in")
-    parser.add_argument("--since", help="window length up to --end (e.g. 7d, 36h)")
-    parser.add_argument("--start", help="window start (ISO 8601 or Unix time)")
-    parser.add_argument("--end", help="window end (ISO 8601, Unix time or 'now')")
+    _window_options(parser)
     parser.add_argument("--verbose", "-v", action="store_true",
                         help="log each query and the query count on stderr")
 
@@ -90,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--no-sacct", action="store_true",
                      help="do not ask Slurm accounting for time limit and memory request")
     _common(job)
+    _db(job, None)
     low = sub.add_parser("low-util", help="jobs under a GPU busy threshold in a window")
     low.add_argument("--threshold", type=float,
                      help="busy ratio under which a job is flagged (0..1; default from config)")
@@ -107,6 +142,22 @@ def build_parser() -> argparse.ArgumentParser:
     low.add_argument("--state-file", default=DEFAULT_STATE,
                      help=f"when each job was reported (default {DEFAULT_STATE})")
     _common(low)
+    _db(low, None)
+    arch = sub.add_parser("archive", help="store a summary of the jobs that ended in a window "
+                                          "in the job archive (default --since 2h)")
+    arch.add_argument("--no-sacct", action="store_true",
+                      help="do not ask Slurm accounting for state, exit code and limits")
+    _common(arch, outputs=False)
+    _db(arch, DEFAULT_DB)
+    use = sub.add_parser("usage", help="GPU-hours held, busy and wasted per account, user, "
+                                       "partition or cluster, from the job archive")
+    use.add_argument("--by", nargs="+", required=True, metavar="KEY",
+                     help="one or more of account, user, partition, cluster")
+    use.add_argument("--month", metavar="YYYY-MM", help="the jobs that ended in this month")
+    use.add_argument("--cluster", help="only jobs of this cluster")
+    _window_options(use)
+    _output_options(use)
+    _db(use, DEFAULT_DB)
     sub.add_parser("default-config", help="print the default configuration (TOML)")
     _add_enforce_commands(sub)
     return parser
@@ -242,11 +293,23 @@ async def run_low_util(args: argparse.Namespace, config: Config, now: float) -> 
     min_gpu_hours = (args.min_gpu_hours if args.min_gpu_hours is not None
                      else config.min_gpu_hours)
     chart_jobs = config.chart_jobs if args.format == "html" else 0
+    store = ArchiveStore(args.db, write=False, timeout_s=args.db_timeout) if args.db else None
+
+    def archived(window: Window) -> list:  # type: ignore[type-arg]
+        assert store is not None
+        with store:
+            return store.ended_usage(window, args.user, args.account, args.partition,
+                                     args.cluster)
+
     async with PrometheusClient(_connection(args), on_query=_log_query) as prom:
         with _progress("querying Prometheus…"):
             report = await low_util_report(prom, window, filters, threshold, min_gpu_hours,
-                                           chart_jobs)
+                                           chart_jobs, archived if store else None)
     log.info("%d PromQL queries for %d jobs", report.queries, report.jobs_seen)
+    if store is not None:
+        print(f"slurm-gpu-report: {report.jobs_seen - report.from_archive} jobs from "
+              f"Prometheus, {report.from_archive} ended ones only in the archive "
+              f"{store.where} (whole-life figures)", file=sys.stderr)
     if args.notify or args.dry_run:
         return _notify(args, report, config, now)
     _write(args, render_low_util(report, args.format))
@@ -287,10 +350,61 @@ async def run_job(args: argparse.Namespace, config: Config, now: float) -> int:
                                                 filters, config, accounting, now)
         log.info("%d PromQL queries for %d jobs", prom.queries, len(args.jobids))
         queries = prom.queries
+    if unknown and args.db:
+        details, unknown = _from_archive(args, details, unknown)
     if details:
         _write(args, render_jobs(details, args.format, queries))
     if unknown:
+        if args.db:
+            raise ReportError(f"no metrics for job {', '.join(unknown)} in Prometheus in the "
+                              "window, nor in the archive; check the id, or widen --since",
+                              EXIT_UNKNOWN_JOB)
         raise unknown_jobs_error(unknown, window)
+    return 0
+
+
+def _from_archive(args: argparse.Namespace, details: list[JobDetail], unknown: list[str]
+                  ) -> tuple[list[JobDetail], list[str]]:
+    """The jobs Prometheus has no samples of, from the archive, in the order asked."""
+    with ArchiveStore(args.db, write=False, timeout_s=args.db_timeout) as store:
+        archived = store.details(unknown, args.cluster)
+    order = {jobid: i for i, jobid in enumerate(args.jobids)}
+    for jobid in unknown:
+        for detail, archived_at in archived.get(jobid, []):
+            # A note, so every format says it the way it says the rest of the job.
+            detail.notes.insert(0, f"From the job archive ({store.where}, archived "
+                                   f"{when(archived_at)}): Prometheus has no samples of this "
+                                   "job in the window.")
+            details.append(detail)
+    details.sort(key=lambda d: order.get(d.usage.jobid, len(order)))
+    return details, [j for j in unknown if j not in archived]
+
+
+async def run_archive(args: argparse.Namespace, config: Config, now: float) -> int:
+    window = make_window(args.since, args.start, args.end, now, default_since="2h")
+    filters = Filters(cluster=args.cluster, cluster_label=args.cluster_label)
+
+    def accounting(window: Window) -> dict:  # type: ignore[type-arg]
+        return {} if args.no_sacct else sacct_window(window.start, window.end)
+
+    with ArchiveStore(args.db, write=True, timeout_s=args.db_timeout) as store:
+        async with PrometheusClient(_connection(args), on_query=_log_query) as prom:
+            with _progress("querying Prometheus…"):
+                run = await archive(prom, store, window, filters, config, accounting, now)
+    print(f"archived {run.stored} jobs that ended by {when(window.end)} into {store.where} "
+          f"({run.batches} batches, {run.queries} PromQL queries)")
+    return 0
+
+
+def run_usage(args: argparse.Namespace) -> int:
+    now = time.time()
+    if args.month and (args.since or args.start or args.end):
+        raise ReportError("give either --month or --since/--start/--end, not both")
+    window = (month_window(args.month, now) if args.month
+              else make_window(args.since, args.start, args.end, now, default_since="30d"))
+    with ArchiveStore(args.db, write=False, timeout_s=args.db_timeout) as store:
+        report = usage_report(store, window, args.by, args.cluster)
+    _write(args, render_usage(report, args.format, color=_color()))
     return 0
 
 
@@ -310,9 +424,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ENFORCE_COMMANDS:
         return _enforce_command(args)
     try:
+        if args.command == "usage":
+            return run_usage(args)
         config = load_config(args.config)
-        runner = run_job if args.command == "job" else run_low_util
-        return asyncio.run(runner(args, config, time.time()))
+        runners = {"job": run_job, "low-util": run_low_util, "archive": run_archive}
+        return asyncio.run(runners[args.command](args, config, time.time()))
     except ReportError as exc:
         print(f"slurm-gpu-report: {exc}", file=sys.stderr)
         return exc.exit_code

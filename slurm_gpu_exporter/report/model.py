@@ -96,6 +96,7 @@ class LowUtilReport:
     timelines: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     # busy ratios of every job seen, for the distribution chart
     all_ratios: list[float] = field(default_factory=list)
+    from_archive: int = 0  # jobs seen only in the job archive (--db), not in Prometheus
 
     @property
     def by_user(self) -> list[Total]:
@@ -153,6 +154,10 @@ class Accounting:
     nodes: int | None = None
     start: float | None = None
     end: float | None = None
+    exit_code: str = ""  # "0:0", "1:0" (code:signal)
+    account: str = ""
+    qos: str = ""
+    requested_gpus: int | None = None
 
 
 @dataclass
@@ -221,3 +226,58 @@ class JobDetail:
     def energy_j(self) -> float | None:
         known = [g.energy_j for n in self.nodes for g in n.gpus if g.energy_j is not None]
         return sum(known) if known else None
+
+
+@dataclass
+class UsageGroup:
+    """``usage``: sums over the archived jobs of one group (and month, for the trend)."""
+
+    key: tuple[str, ...]  # the values of the --by keys, in their order
+    month: str = ""  # YYYY-MM for the trend rows; "" for the window's totals
+    jobs: int = 0
+    allocated_s: float = 0.0
+    busy_s: float = 0.0
+    sm_active_s: float = 0.0
+    gpm_allocated_s: float = 0.0
+    energy_j: float = 0.0
+    cpu_s: float = 0.0
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.allocated_s / 3600
+
+    @property
+    def busy_gpu_hours(self) -> float:
+        return self.busy_s / 3600
+
+    @property
+    def sm_active_gpu_hours(self) -> float:
+        return self.sm_active_s / 3600
+
+    @property
+    def wasted_gpu_hours(self) -> float:
+        return max(0.0, self.allocated_s - self.busy_s) / 3600
+
+    @property
+    def busy_ratio(self) -> float | None:
+        return min(1.0, self.busy_s / self.allocated_s) if self.allocated_s > 0 else None
+
+    @property
+    def energy_kwh(self) -> float:
+        return self.energy_j / 3.6e6
+
+    @property
+    def cpu_hours(self) -> float:
+        return self.cpu_s / 3600
+
+
+@dataclass
+class UsageReport:
+    """``usage``: per-group sums over a window from the archive, and by month when the
+    window spans several."""
+
+    window: Window
+    by: tuple[str, ...]
+    groups: list[UsageGroup]
+    months: list[UsageGroup] = field(default_factory=list)  # key () per month, in order
+    source: str = ""  # the archive, without its password

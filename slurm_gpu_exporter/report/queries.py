@@ -233,10 +233,17 @@ async def fetch_jobs(prom: PrometheusClient, window: Window, jobids: list[str],
     """The named jobs' usage and per-node detail; a job Prometheus does not know is absent."""
     queries = job_queries(window, jobids, filters)
     answers = await gather(*(prom.instant(q, window.end) for q in queries.values()))
-    got = dict(zip(queries, answers, strict=True))
+    found = jobs_from_answers(dict(zip(queries, answers, strict=True)), filters)
+    return {jobid: job for (_, jobid), job in found.items()}
+
+
+def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
+                      ) -> dict[tuple[str, str], tuple[JobUsage, list[NodeDetail]]]:
+    """Jobs by (cluster, jobid) from the answers to ``job_queries`` (a ``*_base`` answer
+    left out counts as 0: the window holds the whole job)."""
 
     def per(name: str, *labels: str) -> dict[tuple[str, ...], float]:
-        return {tuple(s.labels.get(k, "") for k in labels): s.value for s in got[name]}
+        return {tuple(s.labels.get(k, "") for k in labels): s.value for s in got.get(name, [])}
 
     node_keys = ("jobid", "instance")
     gpu_keys = ("jobid", "instance", "gpu", "uuid")
@@ -251,20 +258,24 @@ async def fetch_jobs(prom: PrometheusClient, window: Window, jobids: list[str],
     gpu_peak = per("gpu_memory_peak", *gpu_keys)
     gpu_total = per("gpu_memory_total", "instance", "uuid")
 
-    found: dict[str, tuple[JobUsage, list[NodeDetail]]] = {}
+    found: dict[tuple[str, str], tuple[JobUsage, list[NodeDetail]]] = {}
     # The same job on the same target twice: its metadata changed (spool record found).
     infos = {(s.labels.get("jobid", ""), s.labels.get("instance", "")): s for s in got["info"]}
+    gpus_of: dict[tuple[str, ...], list[tuple[str, ...]]] = {}  # (jobid, instance) -> GPUs
+    for gkey in alloc:
+        gpus_of.setdefault(gkey[:2], []).append(gkey)
     targets_of: dict[str, set[str]] = {}
     for _, instance in infos:
         targets_of.setdefault(node_name(instance), set()).add(instance)
     for (jobid, instance), info in sorted(infos.items()):
-        if jobid not in found:
-            found[jobid] = (JobUsage(
+        cluster = info.labels.get(filters.cluster_label, "")
+        if (cluster, jobid) not in found:
+            found[cluster, jobid] = (JobUsage(
                 jobid=jobid, user=info.labels.get("user", ""),
                 account=info.labels.get("account", ""),
                 partition=info.labels.get("partition", ""), name=info.labels.get("name", ""),
-                cluster=info.labels.get(filters.cluster_label, "")), [])
-        usage, nodes = found[jobid]
+                cluster=cluster), [])
+        usage, nodes = found[cluster, jobid]
         key = (jobid, instance)
         # Two targets on one host (several agents, tests): keep the port to tell them apart.
         name = node_name(instance)
@@ -274,7 +285,7 @@ async def fetch_jobs(prom: PrometheusClient, window: Window, jobids: list[str],
             cpu_s=cpu[key] - cpu_base.get(key, 0.0) if key in cpu else None,
             memory_peak=mem_peak.get(key), memory_limit=mem_limit.get(key),
         )
-        for gkey in sorted((k for k in alloc if k[:2] == key), key=_gpu_order):
+        for gkey in sorted(gpus_of.get(key, []), key=_gpu_order):
             gpu = GpuDetail(
                 gpu=gkey[2], uuid=gkey[3],
                 allocated_s=max(0.0, alloc[gkey] - alloc_base.get(gkey, 0.0)),

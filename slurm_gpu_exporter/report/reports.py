@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.model import Accounting, JobDetail, LowUtilReport
+from slurm_gpu_exporter.report.model import Accounting, JobDetail, JobUsage, LowUtilReport
 from slurm_gpu_exporter.report.promql import PrometheusClient
 from slurm_gpu_exporter.report.queries import Filters, fetch_jobs, fetch_timelines, fetch_usage
 from slurm_gpu_exporter.report.rules import Config, job_facts, notes_for
@@ -14,21 +14,29 @@ from slurm_gpu_exporter.report.window import Window
 EXIT_UNKNOWN_JOB = 5
 
 AccountingSource = Callable[[list[str]], dict[str, Accounting]]
+ArchivedJobs = Callable[[Window], list[JobUsage]]
 
 
 async def low_util_report(prom: PrometheusClient, window: Window, filters: Filters,
-                          threshold: float, min_gpu_hours: float, chart_jobs: int = 0
-                          ) -> LowUtilReport:
+                          threshold: float, min_gpu_hours: float, chart_jobs: int = 0,
+                          archived: ArchivedJobs | None = None) -> LowUtilReport:
     """Jobs under ``threshold`` busy, most wasteful first; ``chart_jobs`` of them get a
-    timeline (one range query for all of them)."""
+    timeline (one range query for all of them). ``archived`` adds the jobs that ended in
+    the window and that Prometheus has no samples of (past its retention)."""
     jobs = await fetch_usage(prom, window, filters)
+    from_archive = 0
+    if archived is not None:
+        seen = {(j.cluster, j.jobid) for j in jobs}
+        extra = [j for j in archived(window) if (j.cluster, j.jobid) not in seen]
+        from_archive = len(extra)
+        jobs.extend(extra)
     ratios = [j.busy_ratio for j in jobs if j.busy_ratio is not None]
     flagged = [j for j in jobs
                if j.busy_ratio is not None and j.busy_ratio < threshold
                and j.gpu_hours >= min_gpu_hours]
     flagged.sort(key=lambda j: (-j.wasted_gpu_hours, j.cluster, j.jobid))
     report = LowUtilReport(window=window, threshold=threshold, jobs_seen=len(jobs),
-                           flagged=flagged, all_ratios=ratios)
+                           flagged=flagged, all_ratios=ratios, from_archive=from_archive)
     if chart_jobs > 0 and flagged:
         report.timelines = await fetch_timelines(
             prom, window, filters, [j.jobid for j in flagged[:chart_jobs]])

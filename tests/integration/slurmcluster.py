@@ -24,7 +24,12 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm-testcluster"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-REQUIRED_BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "munged")
+REQUIRED_BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "munged",
+                     "slurmdbd", "sacct", "sacctmgr", "mariadbd")
+# The accounts `up` makes with sacctmgr: user -> (default account, other accounts).
+ACCOUNTS = {"sgeuser": ("physics", ("chemistry",)), "sgeuser2": ("chemistry", ())}
+SACCT_FIELDS = ("JobIDRaw", "State", "ExitCode", "Account", "User", "Timelimit", "ReqMem",
+                "AllocCPUS", "Start", "End")
 # Job states after which a job runs no more processes.
 FINISHED_STATES = frozenset(
     {
@@ -53,7 +58,8 @@ def unavailable_reason() -> str | None:
     """Why the real cluster cannot run here, or None when it can."""
     missing = [b for b in REQUIRED_BINARIES if _which(b) is None]
     if missing:
-        return f"missing {', '.join(missing)} (apt-get install slurm-wlm munge)"
+        return (f"missing {', '.join(missing)}"
+                " (apt-get install slurm-wlm slurmdbd mariadb-server munge)")
     if os.geteuid() != 0:
         return "the Slurm test cluster needs root (it starts slurmctld, slurmd and munged)"
     if not (CGROUP_ROOT / "freezer" / "cgroup.procs").exists():
@@ -275,6 +281,29 @@ class SlurmCluster:
     def cancel(self, jobid: int) -> None:
         """Cancel a job (no error when it already ended)."""
         self.run(["scancel", str(jobid)], check=False)
+
+    def sacct(self, jobids: Iterable[int]) -> dict[str, dict[str, str]]:
+        """What Slurm accounting (slurmdbd) holds of the jobs: SACCT_FIELDS by job id."""
+        ids = ",".join(str(j) for j in jobids)
+        out = self.run(["sacct", "-X", "-n", "-P", "-j", ids, "-o", ",".join(SACCT_FIELDS)])
+        rows = [dict(zip(SACCT_FIELDS, line.split("|"), strict=True))
+                for line in out.splitlines() if line.count("|") == len(SACCT_FIELDS) - 1]
+        return {row["JobIDRaw"]: row for row in rows}
+
+    def wait_accounted(self, jobids: Collection[int], timeout: float = 30.0
+                       ) -> dict[str, dict[str, str]]:
+        """Wait until sacct has every job with its end time (slurmctld sends it to slurmdbd
+        a moment after the job ends); return their records."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = self.sacct(jobids)
+            if all(rows.get(str(j), {}).get("End", "Unknown") not in ("Unknown", "")
+                   for j in jobids):
+                return rows
+            if time.monotonic() > deadline:
+                raise SlurmError(f"sacct has no end of jobs {sorted(jobids)} after "
+                                 f"{timeout}s: {rows}")
+            time.sleep(0.2)
 
     def array_task_job_ids(self, array_jobid: int) -> dict[int, int]:
         """Map array task id -> the task's own job id.

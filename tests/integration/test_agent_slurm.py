@@ -31,7 +31,7 @@ from typing import TypeVar
 import pytest
 
 from tests.agent import Agent, series
-from tests.integration.slurmcluster import SBIN_PATH, SlurmCluster, SlurmError
+from tests.integration.slurmcluster import ACCOUNTS, SBIN_PATH, SlurmCluster, SlurmError
 from tests.support import wait_until
 
 INTERVAL = 1.0  # --sample-interval
@@ -317,7 +317,7 @@ def test_prolog_recorded_gpu_job_is_exported_with_its_usage_and_goes_after_epilo
                     "jobid": str(jobid),
                     "user": "sgeuser",
                     "uid": str(uid),
-                    "account": "",
+                    "account": ACCOUNTS["sgeuser"][0],  # the user's default account
                     "partition": "debug",
                     "name": "sge-e2e-spool",
                     "array_job_id": "",
@@ -432,7 +432,7 @@ def test_job_without_spool_record_is_discovered_from_its_cgroup_with_metadata_fr
                     "jobid": str(jobid),
                     "user": "sgeuser2",
                     "uid": str(uid),
-                    "account": "",
+                    "account": ACCOUNTS["sgeuser2"][0],
                     "partition": "debug",
                     "name": "sge-e2e-found",
                     "array_job_id": "",

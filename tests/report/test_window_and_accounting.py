@@ -55,10 +55,15 @@ def test_requested_memory_per_job_node_or_cpu() -> None:
 
 
 def test_sacct_rows() -> None:
-    out = ("101|COMPLETED|1-00:00:00|64G|16|1|2026-11-29T08:00:00|2026-11-29T10:00:00\n"
-           "102|CANCELLED by 1001|02:00:00|4Gc|4|1|2026-11-29T08:00:00|Unknown\n"
+    out = ("101|COMPLETED|1-00:00:00|64G|16|1|2026-11-29T08:00:00|2026-11-29T10:00:00|0:0"
+           "|physics|normal|billing=16,cpu=16,gres/gpu=4,mem=64G,node=1\n"
+           "102|CANCELLED by 1001|02:00:00|4Gc|4|1|2026-11-29T08:00:00|Unknown|0:15"
+           "|chemistry|normal|billing=4,cpu=4,mem=16G,node=1\n"
            "garbage\n")
     rows = parse_sacct(out)
     assert rows["101"].time_limit_s == 86400 and rows["101"].requested_memory == 64 * 2**30
+    assert rows["101"].requested_gpus == 4 and rows["101"].exit_code == "0:0"
+    assert rows["101"].account == "physics" and rows["101"].qos == "normal"
     assert rows["102"].state == "CANCELLED" and rows["102"].requested_memory == 16 * 2**30
     assert rows["102"].end is None and set(rows) == {"101", "102"}
+    assert rows["102"].requested_gpus is None and rows["102"].exit_code == "0:15"

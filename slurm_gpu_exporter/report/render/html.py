@@ -38,7 +38,8 @@ td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 """
 
 NUMERIC = {"gpus", "gpu_hours", "busy_ratio", "sm_active_ratio", "idle_gpus", "gpu_memory_peak_gib",
-           "wasted_gpu_hours", "jobs", "allocated_hours", "gpu_memory_total_gib", "energy_kwh"}
+           "wasted_gpu_hours", "jobs", "allocated_hours", "gpu_memory_total_gib", "energy_kwh",
+           "busy_gpu_hours", "sm_active_gpu_hours", "cpu_hours"}
 
 
 def _page(title: str, body: str) -> str:

@@ -31,7 +31,8 @@ from slurm_gpu_exporter.report.render.values import (
 )
 
 NUMERIC = {"gpus", "gpu_hours", "busy_ratio", "sm_active_ratio", "idle_gpus", "gpu_memory_peak_gib",
-           "wasted_gpu_hours", "jobs", "allocated_hours", "gpu_memory_total_gib", "energy_kwh"}
+           "wasted_gpu_hours", "jobs", "allocated_hours", "gpu_memory_total_gib", "energy_kwh",
+           "busy_gpu_hours", "sm_active_gpu_hours", "cpu_hours"}
 
 
 def _console(width: int, color: bool) -> tuple[Console, io.StringIO]:
