@@ -15,11 +15,13 @@ from collections.abc import Iterator
 import pytest
 
 from slurm_gpu_exporter.slurm import SlurmCli, SlurmJobInfo
-from tests.integration.slurmcluster import SlurmCluster, SlurmError
+from tests.integration.slurmcluster import ACCOUNTS, SlurmCluster, SlurmError
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm]
 
-FORGED = "Account=physics UserId=victim(1002) JobName=innocent GRES=gpu:8(IDX:0-7)"
+# An account the job's user is not in (with accounting on, its real one is the user's
+# default account, physics).
+FORGED = "Account=victims UserId=victim(1002) JobName=innocent GRES=gpu:8(IDX:0-7)"
 
 
 @contextlib.contextmanager
@@ -45,7 +47,7 @@ def look_up(cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch, jobid: int
 
 def assert_real_identity(cluster: SlurmCluster, info: SlurmJobInfo) -> None:
     assert (info.user, info.uid) == ("sgeuser", cluster.uid("sgeuser"))
-    assert info.account == "" and info.state == "RUNNING"
+    assert info.account == ACCOUNTS["sgeuser"][0] and info.state == "RUNNING"
     assert re.fullmatch(r"\d", info.job_gpus), info.job_gpus  # its one GPU, not 0-7
 
 

@@ -32,21 +32,34 @@ GPUS = 4
 KILLS = 20
 
 
-def _write_all(url: str) -> None:
+def _write_all(url: str, progress: int | None = None) -> None:
     records = [record(str(i), gpus=GPUS, end=NOV_1 + i) for i in range(JOBS)]
     with ArchiveStore(url, write=True) as store:
         for i in range(0, JOBS, BATCH):
             store.store(records[i:i + BATCH], archived_at=NOV_1 + 86400)
+            if progress is not None:
+                os.write(progress, b".")  # one batch committed
 
 
-def _run(url: str, kill_after: float | None) -> int | None:
-    process = multiprocessing.get_context("fork").Process(target=_write_all, args=(url,))
+def _run(url: str, kill_at: tuple[int, float] | None = None) -> int | None:
+    """Write every job in a child; with ``kill_at`` (batches, seconds), SIGKILL it that
+    many seconds after that many batches were committed: a random point inside a run,
+    whatever the machine's load makes a run last."""
+    read_end, write_end = os.pipe()
+    process = multiprocessing.get_context("fork").Process(target=_write_all,
+                                                          args=(url, write_end))
     process.start()
-    if kill_after is not None:
-        process.join(kill_after)
+    os.close(write_end)
+    if kill_at is not None:
+        batches, delay = kill_at
+        for _ in range(batches):
+            if not os.read(read_end, 1):
+                break  # the writer ended first
+        process.join(delay)
         if process.is_alive():
             os.kill(process.pid, signal.SIGKILL)
     process.join(60)
+    os.close(read_end)
     return process.exitcode
 
 
@@ -59,16 +72,16 @@ def _empty(url: str) -> None:
 
 def test_sigkill_at_random_points_leaves_a_consistent_store_the_next_run_completes(
         archive_url: str) -> None:
-    # How long a whole run takes here: the kills fall inside one.
+    # How long one batch takes here: each kill falls inside a batch chosen at random.
     started = time.monotonic()
-    assert _run(archive_url, None) == 0
-    whole = time.monotonic() - started
-    _empty(archive_url)
+    assert _run(archive_url) == 0
+    per_batch = (time.monotonic() - started) / (JOBS // BATCH)
     rng = random.Random(21)
     killed = partial = 0
     for _ in range(KILLS):
-        # Inside the first four fifths: the machine's load moves the length of a run.
-        exitcode = _run(archive_url, rng.uniform(0, 0.8 * whole))
+        _empty(archive_url)  # each kill on its own; the last one's store is completed below
+        kill_at = (rng.randrange(JOBS // BATCH), rng.uniform(0, per_batch))
+        exitcode = _run(archive_url, kill_at)
         with ArchiveStore(archive_url, write=False) as store:
             jobs, gpus = store.counts()
             assert store.inconsistent() == []
@@ -78,7 +91,7 @@ def test_sigkill_at_random_points_leaves_a_consistent_store_the_next_run_complet
         partial += 0 < jobs < JOBS
     assert killed >= KILLS // 4, f"only {killed} of {KILLS} kills fell inside a run"
     assert partial > 0
-    assert _run(archive_url, None) == 0
+    assert _run(archive_url) == 0
     with ArchiveStore(archive_url, write=False) as store:
         assert store.counts() == (JOBS, JOBS * GPUS)
         assert store.inconsistent() == []  # the monthly roll-up too
