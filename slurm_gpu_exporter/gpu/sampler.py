@@ -30,7 +30,7 @@ from slurm_gpu_exporter.attribution import (
 from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.activity import DeviceActivity, job_activity, sole_job
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpmFigures, GpuBackend
+from slurm_gpu_exporter.gpu.backend import DeviceReading, GpmFigures, GpuBackend, MigInstance
 from slurm_gpu_exporter.gpu.clocks import HostClocks, wall_to_driver_us
 from slurm_gpu_exporter.gpu.counters import CounterStore, JobGpuCounters
 from slurm_gpu_exporter.gpu.integration import DeviceIntegrator, since_start
@@ -254,18 +254,11 @@ class GpuSampler:
                 c.accrue(window=0.0, busy=None, energy=None, memory=usage.memory.get(jobid, 0),
                          processes=usage.processes.get(jobid, 0))
             self._count_activity(target, inst.gpm, jobids, bool(usage.unattributed), poll)
-            activity, traffic = self.activity.of(inst.uuid)
             for user, (n, mem) in sorted(usage.unattributed.items()):
                 poll.unattributed.append(
                     UnattributedSample(target.gpu, target.uuid, user, n, mem))
-            poll.devices.append(GpuSample(
-                gpu=target.gpu, uuid=inst.uuid, name=inst.name, minor=None, pci_bus_id="",
-                parent_uuid=reading.uuid, memory_used_bytes=inst.memory_used,
-                memory_total_bytes=inst.memory_total,
-                unattributed_processes=sum(n for n, _ in usage.unattributed.values()),
-                unattributed_memory_bytes=sum(m for _, m in usage.unattributed.values()),
-                activity_seconds=activity, traffic_bytes=traffic,
-            ))
+            poll.devices.append(mig_sample(reading.uuid, target.gpu, inst, usage.unattributed,
+                                           self.activity))
 
     def _hold(self, c: JobGpuCounters, job: Job, now: float, window: float) -> None:
         c.hold(now, job.start_time, self._first_poll or now, window)
@@ -353,6 +346,20 @@ def device_sample(reading: DeviceReading, busy: float | None, utilization: float
         temperature_celsius=reading.temperature_c,
         ecc_corrected=reading.ecc_corrected, ecc_uncorrected=reading.ecc_uncorrected,
         xid_errors=xid_errors, clamped_samples=devices.clamped.get(reading.uuid),
+        unattributed_processes=sum(n for n, _ in unattributed.values()),
+        unattributed_memory_bytes=sum(m for _, m in unattributed.values()),
+        activity_seconds=seconds, traffic_bytes=traffic,
+    )
+
+
+def mig_sample(parent_uuid: str, gpu: str, inst: MigInstance,
+               unattributed: dict[str, tuple[int, int]], activity: DeviceActivity) -> GpuSample:
+    """A MIG instance's series: its memory, the processes outside every job, its GPM totals."""
+    seconds, traffic = activity.of(inst.uuid)
+    return GpuSample(
+        gpu=gpu, uuid=inst.uuid, name=inst.name, minor=None, pci_bus_id="",
+        parent_uuid=parent_uuid, memory_used_bytes=inst.memory_used,
+        memory_total_bytes=inst.memory_total,
         unattributed_processes=sum(n for n, _ in unattributed.values()),
         unattributed_memory_bytes=sum(m for _, m in unattributed.values()),
         activity_seconds=seconds, traffic_bytes=traffic,
