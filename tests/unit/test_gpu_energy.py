@@ -126,7 +126,7 @@ def backend() -> FakeBackend:
 
 
 @pytest.fixture
-def agents(backend: FakeBackend, tmp_path: Path) -> Iterator[list[GpuSampler]]:
+def agents() -> Iterator[list[GpuSampler]]:
     """GpuSamplers started one after another on the same node (close them all)."""
     started: list[GpuSampler] = []
     yield started
