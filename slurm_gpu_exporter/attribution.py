@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from slurm_gpu_exporter.allocation import GpuAllocation
@@ -68,11 +68,19 @@ def shares(
 
 
 def energy_shares(busy_shares: Mapping[str, float], busy_seconds: float,
-                  holders: Iterable[str]) -> dict[str, float]:
-    """Fractions of one GPU's energy per job: by busy share, or evenly among holders when idle."""
+                  holders: Iterable[str], only: Collection[str] | None = None
+                  ) -> dict[str, float]:
+    """Fractions of one GPU's energy per job: by busy share, or evenly among holders when idle.
+
+    ``only`` names the jobs that may take part (None: all): for the energy of a time
+    the agent was down, the jobs that held the GPU on both sides of it. The parts of
+    the others (jobs that started or ended meanwhile, processes outside every job) go
+    to no job, as that time is in no other job's allocated time either.
+    """
     if busy_seconds > 0:
-        return {k: v for k, v in busy_shares.items() if k != UNATTRIBUTED}
-    holders = list(holders)
+        return {k: v for k, v in busy_shares.items()
+                if k != UNATTRIBUTED and (only is None or k in only)}
+    holders = [h for h in holders if only is None or h in only]
     return {key: 1.0 / len(holders) for key in holders} if holders else {}
 
 

@@ -165,10 +165,11 @@ def _write_atomically(dir_fd: int, payload: bytes) -> None:
     os.fsync(dir_fd)  # the rename itself survives a crash of the node
 
 
-# -- driver sample cursors ----------------------------------------------------
-# A cursor is a driver timestamp, and drivers stamp on clocks that restart with the
-# boot (CLOCK_BOOTTIME) or with the driver: saved cursors carry the boot id and the
-# driver version they were read in, and are good for that boot and driver only.
+# -- per-boot readings of the driver ------------------------------------------
+# Driver sample cursors and energy readings are only good for the boot and the driver
+# they were read in: drivers stamp samples on clocks that restart with the boot
+# (CLOCK_BOOTTIME) or with the driver, and count energy since the driver loaded. They
+# are saved with the boot id and the driver version.
 
 BOOT_ID_PATH = Path("sys/kernel/random/boot_id")
 
@@ -184,20 +185,24 @@ def read_boot_id(proc_root: Path) -> str | None:
     return boot_id if 0 < len(boot_id) <= 64 else None
 
 
-def stamp_cursors(by_gpu: dict[str, Any], boot_id: str | None,
-                  driver: str | None) -> dict[str, Any]:
-    """The cursors as saved: per GPU, with the boot and the driver version they are of."""
+def stamp_boot(by_gpu: dict[str, Any], boot_id: str | None,
+               driver: str | None) -> dict[str, Any]:
+    """Per-GPU readings as saved: with the boot and the driver version they are of."""
     return {"boot_id": boot_id, "driver": driver, "gpus": by_gpu}
 
 
-def cursors_of_this_boot(saved: Any, boot_id: str | None) -> tuple[dict[str, Any], str | None]:
-    """The saved cursors by GPU and the driver version they were read from; none where
-    they were saved in another boot, or in a form this version does not read."""
+def of_this_boot(saved: Any, boot_id: str | None,
+                 what: str = "driver sample cursors",
+                 then: str = "each GPU's first poll starts afresh",
+                 ) -> tuple[dict[str, Any], str | None]:
+    """The saved readings by GPU and the driver version they were read from; none where
+    they were saved in another boot, or in a form this version does not read. ``what``
+    and ``then`` name them and the consequence in the log line."""
     if not isinstance(saved, dict) or not isinstance(saved.get("gpus"), dict):
         return {}, None
     if saved.get("boot_id") != boot_id:
-        log.info("the driver sample cursors in the state dir are from another boot; they are "
-                 "dropped and each GPU's first poll starts afresh")
+        log.info("the %s in the state dir are from another boot; they are dropped and %s",
+                 what, then)
         return {}, None
     driver = saved.get("driver")
     return saved["gpus"], driver if isinstance(driver, str) else None

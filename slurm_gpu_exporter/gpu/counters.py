@@ -8,13 +8,14 @@ energy only ever grow, and stay absent only where the GPU cannot measure them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_gpu_exporter.attribution import UNATTRIBUTED, user_shares
 from slurm_gpu_exporter.gpu.integration import held_seconds
 from slurm_gpu_exporter.gpu.usage import Usage
+from slurm_gpu_exporter.registry import Job
 
 JobKey = tuple[str, float | None]  # (job id, start time): a requeued job is a new run
 
@@ -151,6 +152,16 @@ class CounterStore:
         if counter is None:
             counter = per_run[uuid] = JobGpuCounters(gpu=gpu)
         return counter
+
+    def held_across(self, jobs: Iterable[Job], uuid: str, since: float) -> set[str]:
+        """The ids of ``jobs`` whose counters on the GPU were held at wall time ``since``
+        or later: the jobs that held it before a gap up to now."""
+        out = set()
+        for job in jobs:
+            c = (self.of_run((job.jobid, job.start_time)) or {}).get(uuid)
+            if c is not None and c.held_until is not None and c.held_until >= since - 1e-3:
+                out.add(job.jobid)
+        return out
 
     def count_unattributed_busy(self, uuid: str, usage: Usage, busy: float | None,
                                 busy_shares: dict[str, float]) -> dict[str, float]:

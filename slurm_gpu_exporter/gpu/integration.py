@@ -1,5 +1,5 @@
-"""The pure arithmetic of GPU sampling: driver samples into busy seconds, energy deltas,
-wall time held, and the per-GPU cursors into the driver's sample buffers.
+"""The pure arithmetic of GPU sampling: driver samples into busy seconds, wall time held,
+and the per-GPU cursors into the driver's sample buffers (energy: gpu/energy.py).
 
 Nothing here reads a device or a clock: every time comes in as an argument (the host
 clocks as a HostClocks), so each piece is tested on plain numbers.
@@ -129,18 +129,9 @@ def held_seconds(held_until: float | None, start: float | None, first_poll: floa
     return max(0.0, now - since)
 
 
-def energy_delta_j(previous_mj: int | None, current_mj: int) -> float:
-    """Joules between two readings of the driver's cumulative energy counter; 0 on the
-    first look or when the counter went back (the driver reloaded)."""
-    if previous_mj is None or current_mj < previous_mj:
-        return 0.0
-    return (current_mj - previous_mj) / 1000.0
-
-
-
 class DeviceIntegrator:
-    """Per GPU: the cursors into the driver's sample buffers, busy-time totals, the last
-    energy reading and how many samples had to be clamped.
+    """Per GPU: the cursors into the driver's sample buffers, busy-time totals and how
+    many samples had to be clamped.
 
     Each driver sample newer than the cursor is integrated once, so a GPU's busy time
     is exact whatever the poll interval. A cursor ahead of every sample the driver
@@ -152,7 +143,6 @@ class DeviceIntegrator:
     def __init__(self) -> None:
         self.cursors: dict[str, SampleCursor] = {}
         self.device_busy: dict[str, float] = {}
-        self.last_energy: dict[str, int] = {}
         self.clamped: dict[str, int] = {}  # uuid -> samples clamped to 0..100
         self._warned: set[tuple[str, str]] = set()  # (uuid, what): logged once
         self.restored_driver: str | None = None  # the driver the saved cursors are of
@@ -275,24 +265,6 @@ class DeviceIntegrator:
                     "step, a driver reload or another clock); counting resumes from its "
                     "newest sample", reading.index, reading.uuid, what, ahead_us / 1e6)
 
-    def energy_delta(self, reading: DeviceReading) -> float | None:
-        """Joules since the previous reading; None where the GPU has no energy counter.
-
-        A read that failed counts 0 now: the last good value is kept, so the next good
-        read counts the energy used in between (the driver's counter is cumulative).
-        """
-        if reading.energy_mj is None:
-            return 0.0 if "energy" in reading.failed else None
-        last = self.last_energy.get(reading.uuid)
-        self.last_energy[reading.uuid] = reading.energy_mj
-        return energy_delta_j(last, reading.energy_mj)
-
-    def energy_mj(self, reading: DeviceReading) -> int | None:
-        """The energy counter to export: after a failed read, the last good one."""
-        if reading.energy_mj is None and "energy" in reading.failed:
-            return self.last_energy.get(reading.uuid)
-        return reading.energy_mj
-
     def driver_seen(self, generation: int, driver: str | None) -> None:
         """Drop the cursors when NVML was initialised again (a driver reload restarts its
         clocks) or, at the first init, when the saved ones are of another driver."""
@@ -320,7 +292,7 @@ class DeviceIntegrator:
 
     def prune(self, present: set[str]) -> None:
         """Forget GPUs no longer present (a MIG layout changed, a GPU was removed)."""
-        for cache in (self.cursors, self.last_energy, self.device_busy, self.clamped):
+        for cache in (self.cursors, self.device_busy, self.clamped):
             for uuid in [u for u in cache if u not in present]:
                 del cache[uuid]
         self._warned = {w for w in self._warned if w[0] in present}

@@ -8,9 +8,12 @@ at 0 with the job and are saved in the state dir (gpu/counters.py), so a restart
 of the agent never lowers them. Allocated time is wall-clock time held; busy time
 and energy come from the driver, and a read that fails once leaves them where they
 were (the driver's counters are cumulative, so the next good read counts what was
-missed). The backend itself is read in a worker thread (gpu/polling.py); who uses
-and holds each GPU comes from gpu/usage.py; GPM activity (SM, tensor, DRAM) is
-counted by gpu/activity.py, for the job that has a GPU or MIG instance to itself.
+missed). The last energy reading of each held GPU is saved too (gpu/energy.py): the
+first reading after a restart counts the energy used while the agent was down, for
+the jobs that held the GPU across that time. The backend itself is read in a worker
+thread (gpu/polling.py); who uses and holds each GPU comes from gpu/usage.py; GPM
+activity (SM, tensor, DRAM) is counted by gpu/activity.py, for the job that has a GPU
+or MIG instance to itself.
 """
 
 from __future__ import annotations
@@ -30,16 +33,17 @@ from slurm_gpu_exporter.attribution import (
 from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.activity import DeviceActivity, job_activity, sole_job
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpmFigures, GpuBackend
+from slurm_gpu_exporter.gpu.backend import DeviceReading, GpmFigures, GpuBackend, MigInstance
 from slurm_gpu_exporter.gpu.clocks import HostClocks, wall_to_driver_us
 from slurm_gpu_exporter.gpu.counters import CounterStore, JobGpuCounters
+from slurm_gpu_exporter.gpu.energy import EnergyCounters
 from slurm_gpu_exporter.gpu.integration import DeviceIntegrator, since_start
 from slurm_gpu_exporter.gpu.polling import BackendLink
 from slurm_gpu_exporter.gpu.usage import UsageReader
 from slurm_gpu_exporter.procfs import PidJobMapper
 from slurm_gpu_exporter.registry import Job
 from slurm_gpu_exporter.snapshot import GpuSample, JobGpuSample, UnattributedSample
-from slurm_gpu_exporter.state import cursors_of_this_boot, read_boot_id, stamp_cursors
+from slurm_gpu_exporter.state import of_this_boot, read_boot_id, stamp_boot
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ class GpuSampler:
         self.cgroups = cgroups
         self.users = UsageReader(proc_root)
         self.devices = DeviceIntegrator()
+        self.energy = EnergyCounters()
         self.counters = CounterStore()
         self.activity = DeviceActivity()
         self._first_poll: float | None = None  # wall time of the first sample
@@ -111,6 +116,7 @@ class GpuSampler:
             self._first_poll = now
         readings = self.link.read(self.devices.driver_cursors())
         self.devices.driver_seen(self.link.generation, self.link.driver)
+        self.energy.driver_seen(self.link.driver)
         if readings is None:
             self.devices.interrupted()
             self._last_part = self._frozen(jobs, now)
@@ -146,6 +152,7 @@ class GpuSampler:
                 self._attribute_gpu(reading, poll)
         present = {r.uuid for r in readings} | {m.uuid for r in readings for m in r.mig}
         self.devices.prune(present)
+        self.energy.prune(present)
         self.counters.prune_gpus(present)
         self.activity.prune(present)
         self.link.xids.prune(present)
@@ -163,7 +170,7 @@ class GpuSampler:
         window, busy = figures.window, figures.busy
         usage = self.users.usage(reading.processes, figures.process_samples,
                                  poll.key_to_job, poll.seen_pids)
-        energy = self.devices.energy_delta(reading)
+        energy = self.energy.delta(reading, poll.now)
         if reading.mig:
             self._attribute_mig(reading, poll)
             # The parent keeps its device series (power, energy, temperature, ECC, Xid);
@@ -174,7 +181,12 @@ class GpuSampler:
         trim = figures.clock if window and figures.before is not None else None
         holders = self.users.holders(parent, poll.running)
         busy_shares = shares(usage.weight, holders) if busy else {}
-        e_shares = energy_shares(busy_shares, busy or 0.0, holders)
+        self.energy.hold(parent.uuid, bool(holders))
+        # The first reading after a restart covers the time the agent was down: only the
+        # jobs that held the GPU across it take part.
+        across = None if energy.gap_from is None else self.counters.held_across(
+            [poll.key_to_job[j] for j in holders], parent.uuid, energy.gap_from)
+        e_shares = energy_shares(busy_shares, busy or 0.0, holders, only=across)
         jobids = set(holders) | set(usage.processes) - {UNATTRIBUTED}
         for jobid in jobids:
             job = poll.key_to_job.get(jobid)
@@ -198,7 +210,7 @@ class GpuSampler:
             c.accrue(
                 window=job_window,
                 busy=None if job_busy is None else job_busy * busy_shares.get(jobid, 0.0),
-                energy=None if energy is None else energy * e_shares.get(jobid, 0.0),
+                energy=None if energy.joules is None else energy.joules * e_shares.get(jobid, 0.0),
                 memory=usage.memory.get(jobid, 0), processes=usage.processes.get(jobid, 0))
         self._count_activity(parent, reading.gpm, jobids, bool(usage.unattributed), poll)
         user_busy = self.counters.count_unattributed_busy(parent.uuid, usage, busy, busy_shares)
@@ -254,18 +266,11 @@ class GpuSampler:
                 c.accrue(window=0.0, busy=None, energy=None, memory=usage.memory.get(jobid, 0),
                          processes=usage.processes.get(jobid, 0))
             self._count_activity(target, inst.gpm, jobids, bool(usage.unattributed), poll)
-            activity, traffic = self.activity.of(inst.uuid)
             for user, (n, mem) in sorted(usage.unattributed.items()):
                 poll.unattributed.append(
                     UnattributedSample(target.gpu, target.uuid, user, n, mem))
-            poll.devices.append(GpuSample(
-                gpu=target.gpu, uuid=inst.uuid, name=inst.name, minor=None, pci_bus_id="",
-                parent_uuid=reading.uuid, memory_used_bytes=inst.memory_used,
-                memory_total_bytes=inst.memory_total,
-                unattributed_processes=sum(n for n, _ in usage.unattributed.values()),
-                unattributed_memory_bytes=sum(m for _, m in usage.unattributed.values()),
-                activity_seconds=activity, traffic_bytes=traffic,
-            ))
+            poll.devices.append(mig_sample(reading.uuid, target.gpu, inst, usage.unattributed,
+                                           self.activity))
 
     def _hold(self, c: JobGpuCounters, job: Job, now: float, window: float) -> None:
         c.hold(now, job.start_time, self._first_poll or now, window)
@@ -285,7 +290,7 @@ class GpuSampler:
                        utilization: float | None,
                        unattributed: dict[str, tuple[int, int]] | None = None) -> GpuSample:
         return device_sample(reading, busy, utilization, unattributed or {}, self.devices,
-                             self.link.xids.of(reading.uuid), self.activity)
+                             self.energy, self.link.xids.of(reading.uuid), self.activity)
 
     def _frozen(self, jobs: list[Job], now: float) -> GpuPartResult:
         """The last figures (NVML down or stuck): only the time held goes on."""
@@ -303,14 +308,15 @@ class GpuSampler:
 
     def export_state(self) -> dict[str, Any]:
         devices = self.devices.export_state()
-        cursors = stamp_cursors(devices.pop("cursors_by_gpu"), self.boot_id,
-                                self.link.driver or self.devices.restored_driver)
-        return {"sample_cursors": cursors, **devices, **self.counters.export_state(),
-                **self.activity.export_state()}
+        cursors = stamp_boot(devices.pop("cursors_by_gpu"), self.boot_id,
+                             self.link.driver or self.devices.restored_driver)
+        return {"sample_cursors": cursors, **self.energy.export_state(self.boot_id), **devices,
+                **self.counters.export_state(), **self.activity.export_state()}
 
     def import_state(self, data: dict[str, Any]) -> None:
-        by_gpu, driver = cursors_of_this_boot(data.get("sample_cursors"), self.boot_id)
+        by_gpu, driver = of_this_boot(data.get("sample_cursors"), self.boot_id)
         self.devices.import_state(data, by_gpu, driver)
+        self.energy.import_state(data, self.boot_id)
         self.counters.import_state(data)
         self.activity.import_state(data)
 
@@ -337,10 +343,10 @@ def job_gpu_samples(counters: CounterStore, jobs: list[Job],
 
 def device_sample(reading: DeviceReading, busy: float | None, utilization: float | None,
                   unattributed: dict[str, tuple[int, int]], devices: DeviceIntegrator,
-                  xid_errors: tuple[tuple[int, int], ...], activity: DeviceActivity
-                  ) -> GpuSample:
+                  energy: EnergyCounters, xid_errors: tuple[tuple[int, int], ...],
+                  activity: DeviceActivity) -> GpuSample:
     """A physical GPU's series: this poll's reading with the totals kept for it."""
-    energy_mj = devices.energy_mj(reading)
+    energy_mj = energy.exported_mj(reading)
     seconds, traffic = activity.of(reading.uuid)
     return GpuSample(
         gpu=str(reading.index), uuid=reading.uuid, name=reading.name, minor=reading.minor,
@@ -353,6 +359,20 @@ def device_sample(reading: DeviceReading, busy: float | None, utilization: float
         temperature_celsius=reading.temperature_c,
         ecc_corrected=reading.ecc_corrected, ecc_uncorrected=reading.ecc_uncorrected,
         xid_errors=xid_errors, clamped_samples=devices.clamped.get(reading.uuid),
+        unattributed_processes=sum(n for n, _ in unattributed.values()),
+        unattributed_memory_bytes=sum(m for _, m in unattributed.values()),
+        activity_seconds=seconds, traffic_bytes=traffic,
+    )
+
+
+def mig_sample(parent_uuid: str, gpu: str, inst: MigInstance,
+               unattributed: dict[str, tuple[int, int]], activity: DeviceActivity) -> GpuSample:
+    """A MIG instance's series: its memory, the processes outside every job, its GPM totals."""
+    seconds, traffic = activity.of(inst.uuid)
+    return GpuSample(
+        gpu=gpu, uuid=inst.uuid, name=inst.name, minor=None, pci_bus_id="",
+        parent_uuid=parent_uuid, memory_used_bytes=inst.memory_used,
+        memory_total_bytes=inst.memory_total,
         unattributed_processes=sum(n for n, _ in unattributed.values()),
         unattributed_memory_bytes=sum(m for _, m in unattributed.values()),
         activity_seconds=seconds, traffic_bytes=traffic,

@@ -245,7 +245,10 @@ class Device:
     Energy is ``energy_base_mj + power_w * 1000 * (now - energy_origin)``;
     with ``energy_origin`` None, the first write starts the counter at
     ``energy_base_mj`` and later writes continue it (a power change applies
-    from that write on).  ``errors`` maps an NVML function name (or "*") to
+    from that write on).  ``energy_reset_at`` (NVML time; None: never) is a
+    driver reload or GPU reset: the counter restarts at ``energy_base_mj`` then,
+    lower than it read before, and later writes continue from there.
+    ``errors`` maps an NVML function name (or "*") to
     an error name; ``sleeps`` maps a function name (or "*") to seconds of
     delay before it answers.  A name without its ``_vN`` suffix also matches
     the versioned symbol.
@@ -265,6 +268,7 @@ class Device:
     power_w: float = 60.0
     energy_base_mj: int = 0
     energy_origin: float | None = None
+    energy_reset_at: float | None = None  # the counter restarted at energy_base_mj then
     temperature_c: int = 35
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
@@ -713,9 +717,14 @@ class FakeNvml:
             "memory_used " + ("auto" if dev.memory_used is None else str(int(dev.memory_used))),
             f"power_w {float(dev.power_w)!r}",
         ]
-        # Energy: continue the counter across rewrites unless pinned.
+        # Energy: continue the counter across rewrites unless pinned or reset since.
+        reset = dev.energy_reset_at
         if dev.energy_origin is not None:
             base, origin = float(dev.energy_base_mj), float(dev.energy_origin)
+        elif reset is not None and (uid not in self._energy or self._energy[uid][2] < reset):
+            if not math.isfinite(reset):
+                raise ValueError("energy_reset_at must be finite")
+            base, origin = float(dev.energy_base_mj), float(reset)
         elif uid in self._energy:
             pbase, ppower, porigin = self._energy[uid]
             if ppower == dev.power_w:

@@ -141,6 +141,28 @@ def test_render_rejects_bad_values(tmp_path: Path) -> None:
         fake.render(NvmlState(devices=[Device(0, processes=[Process(1), Process(1)])]))
 
 
+def test_an_energy_reset_restarts_the_counter_lower_once_then_it_continues(
+    tmp_path: Path,
+) -> None:
+    fake = FakeNvml(tmp_path)
+
+    def energy(dev: Device, now: float) -> str:
+        text = fake.render(NvmlState(devices=[dev]), now)
+        [line] = [ln for ln in text.splitlines() if ln.startswith("energy ")]
+        return line
+
+    dev = Device(0, power_w=200.0, energy_base_mj=5 * 10**9)
+    assert energy(dev, 100.0) == "energy 5000000000.0 100.0"
+    assert energy(dev, 150.0) == "energy 5000000000.0 100.0"  # today: it continues
+    dev.energy_base_mj, dev.energy_reset_at = 10**9, 160.0  # a driver reload at 160
+    assert energy(dev, 170.0) == "energy 1000000000.0 160.0"  # reads 1e9 + 200 W x 10 s
+    assert energy(dev, 180.0) == "energy 1000000000.0 160.0"  # not restarted again
+    dev.power_w = 100.0
+    assert energy(dev, 190.0) == "energy 1006000000.0 190.0"  # continued from the reset
+    with pytest.raises(ValueError):
+        energy(Device(1, energy_reset_at=float("inf")), 200.0)
+
+
 # --------------------------------------------------------- through pynvml
 
 

@@ -13,7 +13,7 @@ from slurm_gpu_exporter.gpu.backend import (
     UtilSample,
 )
 from slurm_gpu_exporter.gpu.clocks import HostClocks
-from slurm_gpu_exporter.gpu.integration import DeviceIntegrator, energy_delta_j
+from slurm_gpu_exporter.gpu.integration import DeviceIntegrator
 
 AT = HostClocks(realtime=1_800_000_000.0, boottime=1_000.0, monotonic=1_000.0)
 
@@ -126,23 +126,6 @@ def test_a_process_cursor_ahead_of_the_drivers_samples_is_rebased() -> None:
     assert dev.driver_cursors()["GPU-a"][1] == 5_000_000
 
 
-def test_energy_counts_deltas_and_a_failed_read_keeps_the_last_good_value() -> None:
-    dev = DeviceIntegrator()
-    assert dev.energy_delta(reading(energy_mj=10_000)) == 0.0  # first look
-    assert dev.energy_delta(reading(energy_mj=13_000)) == pytest.approx(3.0)
-    failed = reading(energy_mj=None, failed=frozenset({"energy"}))
-    assert dev.energy_delta(failed) == 0.0
-    assert dev.energy_mj(failed) == 13_000  # exported: the last good value
-    assert dev.energy_delta(reading(energy_mj=20_000)) == pytest.approx(7.0)
-    assert dev.energy_delta(reading(energy_mj=None)) is None  # not supported
-
-
-def test_an_energy_counter_that_goes_back_counts_nothing() -> None:
-    assert energy_delta_j(None, 5_000) == 0.0
-    assert energy_delta_j(9_000, 5_000) == 0.0  # the driver reloaded
-    assert energy_delta_j(5_000, 9_500) == pytest.approx(4.5)
-
-
 def test_a_driver_on_no_host_clock_is_logged_once_per_gpu(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -160,9 +143,8 @@ def test_state_round_trip_and_pruning_of_gpus_no_longer_present() -> None:
         dev.integrate(reading(grid(100.0, 3, 100.0), uuid=uuid), at(100.2))
         dev.integrate(reading(grid(100.3, 3, 100.0), uuid=uuid, pids=(4,), process_samples=(
             ProcessUtilSample(4, 100_300_000, 10.0),)), at(100.5))
-        dev.energy_delta(reading(energy_mj=1, uuid=uuid))
     dev.prune({"GPU-b"})
-    assert set(dev.cursors) == set(dev.device_busy) == set(dev.last_energy) == {"GPU-b"}
+    assert set(dev.cursors) == set(dev.device_busy) == {"GPU-b"}
     saved = dev.export_state()
     again = DeviceIntegrator()
     again.import_state(saved, {**saved["cursors_by_gpu"], "GPU-bad": [1]})

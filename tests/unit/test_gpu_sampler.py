@@ -284,7 +284,7 @@ def test_caches_of_a_gpu_never_seen_again_are_dropped(sampler: GpuSampler,
     state = sampler.export_state()
     assert list(state["sample_cursors"]["gpus"]) == ["GPU-bbbb"]
     assert list(state["device_busy"]) == ["GPU-bbbb"]
-    assert old not in sampler.devices.last_energy
+    assert old not in sampler.energy.last
     # The job's counters on the old GPU stay with it while the job runs ...
     [(_, _, per)] = state["job_counters"]
     assert set(per) == {old, "GPU-bbbb"}

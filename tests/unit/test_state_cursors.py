@@ -8,9 +8,9 @@ from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.state import (
     BOOT_ID_PATH,
-    cursors_of_this_boot,
+    of_this_boot,
     read_boot_id,
-    stamp_cursors,
+    stamp_boot,
 )
 from tests.unit.fake_gpu import FakeBackend, StubMapper
 
@@ -30,11 +30,11 @@ def test_the_boot_id_is_read_from_the_proc_root_and_none_where_it_is_missing(
 
 
 def test_cursors_are_good_for_their_own_boot_only() -> None:
-    saved = stamp_cursors({"GPU-a": {"device": 5}}, "boot-1", "550.54.15")
-    assert cursors_of_this_boot(saved, "boot-1") == ({"GPU-a": {"device": 5}}, "550.54.15")
-    assert cursors_of_this_boot(saved, "boot-2") == ({}, None)
+    saved = stamp_boot({"GPU-a": {"device": 5}}, "boot-1", "550.54.15")
+    assert of_this_boot(saved, "boot-1") == ({"GPU-a": {"device": 5}}, "550.54.15")
+    assert of_this_boot(saved, "boot-2") == ({}, None)
     for odd in (None, [], {"gpus": []}, {"boot_id": "boot-1"}):
-        assert cursors_of_this_boot(odd, "boot-1") == ({}, None)
+        assert of_this_boot(odd, "boot-1") == ({}, None)
 
 
 def sampler(proc_root: Path, backend: FakeBackend) -> GpuSampler:
@@ -43,7 +43,7 @@ def sampler(proc_root: Path, backend: FakeBackend) -> GpuSampler:
     return s
 
 
-def test_a_restart_keeps_the_cursors_of_this_boot_and_drops_another_boots(
+def test_a_restart_keeps_the_of_this_boot_and_drops_another_boots(
     tmp_path: Path,
 ) -> None:
     backend = FakeBackend()
@@ -72,7 +72,7 @@ def test_cursors_of_another_driver_or_a_reinitialised_nvml_are_dropped(
 ) -> None:
     backend = FakeBackend()
     s = sampler(tmp_path, backend)
-    s.import_state({"sample_cursors": stamp_cursors(
+    s.import_state({"sample_cursors": stamp_boot(
         {backend.uuid: {"device": 1, "counted": 1, "period": 0}}, None, "535.104.05")})
     assert s.devices.driver_cursors()
     backend.advance(1.0)
