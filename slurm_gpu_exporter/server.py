@@ -74,28 +74,32 @@ def _accepted(header: str, wanted: str) -> bool:
 GUARD_KEY = web.AppKey("connection_guard", ConnectionGuard)
 
 
-def make_app(holder: ExpositionHolder,
-             web_config: WebConfig | LiveWebConfig | None = None,
-             limits: ConnectionLimits | None = None) -> web.Application:
-    """Build the aiohttp application (tests start it on a random port).
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-    With a LiveWebConfig, each request is checked against the config in force.
-    ``limits`` bound the connections of the listeners ``start_server`` opens."""
-    live = web_config if isinstance(web_config, LiveWebConfig) else None
-    fixed = web_config if isinstance(web_config, WebConfig) else WebConfig()
-    guard = ConnectionGuard(limits or ConnectionLimits())
+
+def guard_middleware(guard: ConnectionGuard) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Marks each request in progress on its connection, so the guard (connection cap,
+    header and idle timeouts) never closes a connection that is being answered."""
 
     @web.middleware
-    async def security(request: web.Request,
-                       handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                       ) -> web.StreamResponse:
+    async def in_progress(request: web.Request, handler: Handler) -> web.StreamResponse:
         with guard.request(request.transport):
-            return await checked(request, handler)
+            return await handler(request)
 
-    async def checked(request: web.Request,
-                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                      ) -> web.StreamResponse:
-        config = live.current if live is not None else fixed
+    return in_progress
+
+
+def auth_middleware(config_of: Callable[[], WebConfig], realm: str,
+                    open_paths: frozenset[str] = frozenset()
+                    ) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """The web config's client certificates and basic auth, and its response headers,
+    on every path but ``open_paths`` (health probes that say nothing but "up")."""
+
+    @web.middleware
+    async def authenticated(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in open_paths:
+            return await handler(request)
+        config = config_of()
         transport = request.transport
         peercert = transport.get_extra_info("peercert") if transport else None
         if not config.client_cert_allowed(peercert):
@@ -107,10 +111,24 @@ def make_app(holder: ExpositionHolder,
                                 "retry in a second\n", headers={"Retry-After": "1"})
         if not allowed:
             return web.Response(status=401, text="Unauthorized\n",
-                                headers={"WWW-Authenticate": 'Basic realm="slurm-gpu-exporter"'})
+                                headers={"WWW-Authenticate": f'Basic realm="{realm}"'})
         response = await handler(request)
         response.headers.update(config.headers)
         return response
+
+    return authenticated
+
+
+def make_app(holder: ExpositionHolder,
+             web_config: WebConfig | LiveWebConfig | None = None,
+             limits: ConnectionLimits | None = None) -> web.Application:
+    """Build the aiohttp application (tests start it on a random port).
+
+    With a LiveWebConfig, each request is checked against the config in force.
+    ``limits`` bound the connections of the listeners ``start_server`` opens."""
+    live = web_config if isinstance(web_config, LiveWebConfig) else None
+    fixed = web_config if isinstance(web_config, WebConfig) else WebConfig()
+    guard = ConnectionGuard(limits or ConnectionLimits())
 
     async def metrics(request: web.Request) -> web.Response:
         exposition = holder.current
@@ -152,7 +170,9 @@ def make_app(holder: ExpositionHolder,
         return web.Response(text=LANDING_PAGE.format(version=__version__),
                             content_type="text/html")
 
-    app = web.Application(middlewares=[security])
+    config_of = (lambda: live.current) if live is not None else (lambda: fixed)
+    app = web.Application(middlewares=[guard_middleware(guard),
+                                       auth_middleware(config_of, "slurm-gpu-exporter")])
     app[GUARD_KEY] = guard
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/-/healthy", healthy)

@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from slurm_gpu_exporter.connections import ConnectionGuard, ConnectionLimits
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.queries import node_name
 from slurm_gpu_exporter.report.slurm_actions import NODE_RE, drain_node, inert, node_state
-from slurm_gpu_exporter.server import GUARD_KEY
+from slurm_gpu_exporter.server import GUARD_KEY, auth_middleware, guard_middleware
 from slurm_gpu_exporter.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
@@ -97,29 +97,6 @@ def make_app(remediator: Remediator, web_config: WebConfig | None = None) -> web
     # The agent's listener rules: a connection cap, header and idle timeouts.
     guard = ConnectionGuard(ConnectionLimits())
 
-    @web.middleware
-    async def security(request: web.Request,
-                       handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                       ) -> web.StreamResponse:
-        with guard.request(request.transport):
-            return await checked(request, handler)
-
-    async def checked(request: web.Request,
-                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                      ) -> web.StreamResponse:
-        if request.path in HEALTH_PATHS:
-            return await handler(request)  # says nothing but "up": for probes, no secret
-        transport = request.transport
-        peercert = transport.get_extra_info("peercert") if transport else None
-        if not config.client_cert_allowed(peercert):
-            return web.Response(status=403, text="client certificate not allowed\n")
-        if not await config.check_basic_auth_async(request.headers.get("Authorization")):
-            return web.Response(status=401, text="Unauthorized\n", headers={
-                "WWW-Authenticate": 'Basic realm="slurm-gpu-report remediate"'})
-        response = await handler(request)
-        response.headers.update(config.headers)
-        return response
-
     async def alerts(request: web.Request) -> web.Response:
         try:
             payload = await request.json()
@@ -139,7 +116,11 @@ def make_app(remediator: Remediator, web_config: WebConfig | None = None) -> web
     async def healthy(request: web.Request) -> web.Response:
         return web.Response(text="Healthy\n")
 
-    app = web.Application(middlewares=[security], client_max_size=MAX_BODY_BYTES)
+    # Health probes say nothing but "up": no secret needed for them.
+    security = auth_middleware(lambda: config, "slurm-gpu-report remediate",
+                               HEALTH_PATHS)
+    app = web.Application(middlewares=[guard_middleware(guard), security],
+                          client_max_size=MAX_BODY_BYTES)
     app[GUARD_KEY] = guard
     app.router.add_post("/alerts", alerts)
     app.router.add_get("/-/healthy", healthy)
