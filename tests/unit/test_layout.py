@@ -29,6 +29,9 @@ IO_MODULES = {
     "slurm_gpu_exporter.jobstats",
     "slurm_gpu_exporter.state",
     "slurm_gpu_exporter.gpu.nvml",
+    "slurm_gpu_exporter.gpu.nvml_samples",
+    "slurm_gpu_exporter.gpu.gpm",
+    "slurm_gpu_exporter.jobhooks",
 }
 
 MAX_MODULE_LINES = 500
