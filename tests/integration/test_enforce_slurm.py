@@ -183,7 +183,8 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
         sc.marks["dry_c"] = wait_until(
             lambda: (r := _enforce(sc, url, policy, label="dry c"))
             and r.action(jobs["c"]) == "cancel" and r, 30, "a dry run that cancels C",
-            poll=0.5)
+            poll=0.5, log=lambda: f"last run: {sc.runs[-1].stdout[-2000:]}"
+                                  f"{sc.runs[-1].stderr[-1000:]}")
         # Now break the data under C, due for its cancel: nothing may be cancelled.
         state.errors = {"*": "UNKNOWN"}
         fake.write(state)
