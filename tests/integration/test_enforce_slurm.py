@@ -3,8 +3,9 @@ a real Prometheus scraping it every second, a webhook that gets the warnings.
 
 One scenario for the module, with the policy's windows in seconds (warn at 10 s and
 20 s idle, cancel at 30 s, at most one cancel per run). Four one-GPU jobs start
-together: A (a hostile name) and B idle from the start, C busy for its first 8 s and
-idle since, D busy all along. The scenario runs enforce until each step is seen and
+together: A (a hostile name) and B idle from the start, C busy until A and B are
+cancelled and idle since (so it cannot fall due while A and B are handled, however slow
+the machine), D busy all along. The scenario runs enforce until each step is seen and
 keeps every run; then it breaks the data (NVML down, the agent stopped, Prometheus
 stopped) and runs it again. The tests read what the runs and Slurm show.
 """
@@ -46,7 +47,6 @@ max_cancels_per_run = 1
 [exempt]
 job_names = [{exempt}]
 """
-C_BUSY_S = 8.0
 
 
 @dataclass
@@ -140,9 +140,7 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
             record = wait_until(lambda j=jobid: _spool(slurm_cluster, j), 15,
                                 f"the prolog's spool record of job {jobid}")
             gpu_of[role] = int(record["job_gpus"])
-        now = time.time()
-        for role, sm in (("a", None), ("b", None),
-                         ("c", Pattern([(C_BUSY_S, 80.0)], origin=now, repeat=False)),
+        for role, sm in (("a", None), ("b", None), ("c", Pattern.constant(80)),
                          ("d", Pattern.constant(80))):
             state.devices[gpu_of[role]].processes = [Process(pid_of[role], 1 << 30, sm=sm)]
         fake.write(state)
@@ -177,7 +175,9 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
         sc.marks["second"] = cancel_run("second")
         for role in "ab":
             slurm_cluster.wait_finished(int(jobs[role]), timeout=30)
-        # C, busy at first: warned from its idle window, then due for its cancel.
+        # C, busy so far, goes idle: warned from its idle window, then due for its cancel.
+        state.devices[gpu_of["c"]].processes = [Process(pid_of["c"], 1 << 30)]
+        fake.write(state)
         wait_until(lambda: cancel_run("warnings c") and sc.warned("c") == 2, 60,
                    "both warnings to C", poll=0.5)
         sc.marks["dry_c"] = wait_until(
