@@ -85,7 +85,8 @@ def _seconds(*, positive: bool) -> Callable[[str], float]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="slurm-gpu-exporter",
-        description="Per-job GPU, CPU and memory metrics of a Slurm node, for Prometheus.",
+        description="Per-job GPU, CPU and memory metrics of a Slurm node, for Prometheus. "
+                    "'slurm-gpu-exporter check --help': what the node shows the agent.",
         formatter_class=_HelpFormatter,
     )
     p.add_argument("--web.listen-address", dest="listen", action="append", metavar="ADDRESS",
@@ -152,6 +153,11 @@ def _setup_logging(level: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check"]:
+        from slurm_gpu_exporter.check.command import main as check_main
+
+        return check_main(argv[1:])
     args = build_parser().parse_args(argv)
     _setup_logging(args.log_level)
     listen = args.listen or [DEFAULT_LISTEN]

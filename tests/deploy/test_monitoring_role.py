@@ -1,0 +1,162 @@
+"""The monitoring role, applied for real to this machine with ``connection: local``.
+
+Every path the role writes is a role variable, pointed here into a temporary directory:
+the machine's own /etc is not touched. Prometheus and Alertmanager are not running
+here (no systemd), so the reload handlers are skipped; promtool and amtool check what
+the role wrote. The tests build on each other in file order (first run, second run,
+check mode, switches, removal).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import require
+
+pytestmark = pytest.mark.process
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_DIR = REPO / "deploy" / "ansible"
+VENV_BIN = Path(sys.executable).parent
+RULES = ("slurm-gpu-exporter.rules.yml", "slurm-gpu-exporter.alerts.yml", "training.rules.yml")
+
+
+class MonitoringHost:
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.etc = base / "etc"
+        self.prom_config = self.etc / "prometheus" / "prometheus.yml"
+        self.prom_dir = self.etc / "prometheus" / "slurm-gpu-exporter"
+        self.am_config = self.etc / "prometheus" / "alertmanager.yml"
+        self.grafana = self.etc / "grafana" / "provisioning"
+        self.dashboards = base / "var" / "dashboards"
+        self.systemd = self.etc / "systemd" / "system"
+        self.systemd.mkdir(parents=True)
+        self.inventory = base / "inventory.yml"
+        self.inventory.write_text(json.dumps({"all": {"children": {
+            "monitoring": {"hosts": {"localhost": {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": sys.executable,
+                "ansible_become": False}}},
+            "gpu_nodes": {"hosts": {"gpu-b": {"ansible_host": "10.0.0.2"}, "gpu-a": {}}},
+        }}}))
+        self.vars: dict[str, object] = {
+            "slurm_gpu_monitoring_cluster": "testcluster",
+            "slurm_gpu_monitoring_prometheus_config": str(self.prom_config),
+            "slurm_gpu_monitoring_prometheus_dir": str(self.prom_dir),
+            "slurm_gpu_monitoring_alertmanager_config": str(self.am_config),
+            "slurm_gpu_monitoring_grafana_provisioning_dir": str(self.grafana),
+            "slurm_gpu_monitoring_grafana_dashboards_dir": str(self.dashboards),
+            "slurm_gpu_monitoring_systemd_dir": str(self.systemd),
+            "slurm_gpu_monitoring_proxy": True,
+        }
+        self.runs = 0
+
+    def play(self, *args: str, **overrides: object) -> tuple[int, str, dict[str, int]]:
+        self.runs += 1
+        varfile = self.base / f"vars-{self.runs}.json"
+        varfile.write_text(json.dumps({**self.vars, **overrides}))
+        env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "0",
+               "ANSIBLE_HOME": str(self.base / "ansible-home"),
+               "ANSIBLE_LOCAL_TEMP": str(self.base / "ansible-tmp"),
+               "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}"}
+        proc = subprocess.run(
+            [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory), "site.yml",
+             "--limit", "monitoring", "-e", f"@{varfile}", *args],
+            cwd=ANSIBLE_DIR, env=env, capture_output=True, text=True, timeout=300)
+        out = proc.stdout + proc.stderr
+        m = re.search(r"^localhost\s*:\s*(.*)$", out, re.MULTILINE)
+        recap = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))} if m else {}
+        return proc.returncode, out, recap
+
+    def written(self) -> list[str]:
+        return sorted(str(p.relative_to(self.base)) for p in self.base.rglob("*")
+                      if p.is_file() and (p.is_relative_to(self.etc)
+                                          or p.is_relative_to(self.dashboards)))
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> MonitoringHost:
+    for tool in ("promtool", "amtool"):
+        require(shutil.which(tool) is not None, f"{tool} is missing: apt-get install "
+                                                f"prometheus prometheus-alertmanager")
+    return MonitoringHost(tmp_path_factory.mktemp("monitoring"))
+
+
+def test_first_run_writes_config_rules_routes_provisioning_and_units(host: MonitoringHost) -> None:
+    rc, out, recap = host.play()
+    assert rc == 0, out[-4000:]
+    assert recap["failed"] == 0 and recap["changed"] > 0
+    config = yaml.safe_load(host.prom_config.read_text())
+    assert config["global"]["external_labels"] == {"cluster": "testcluster"}
+    targets = yaml.safe_load((host.prom_dir / "targets" / "gpu-nodes.yml").read_text())
+    assert targets == [{"targets": ["gpu-a:9817", "10.0.0.2:9817"],  # by inventory name
+                        "labels": {"cluster": "testcluster"}}]
+    for name in RULES:
+        assert (host.prom_dir / "rules" / name).read_bytes() == (
+            REPO / "deploy" / "prometheus" / "rules" / name).read_bytes()
+    shipped_routes = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
+    assert host.am_config.read_bytes() == shipped_routes.read_bytes()
+    ds = yaml.safe_load((host.grafana / "datasources" / "slurm-gpu-exporter.yml").read_text())
+    assert ds["datasources"][0]["url"] == "http://127.0.0.1:9090"
+    provider = yaml.safe_load((host.grafana / "dashboards" / "slurm-gpu-exporter.yml").read_text())
+    assert provider["providers"][0]["options"]["path"] == str(host.dashboards)
+    assert sorted(p.name for p in host.dashboards.iterdir()) == sorted(
+        p.name for p in (REPO / "deploy/grafana/dashboards").glob("*.json"))
+    assert sorted(p.name for p in host.systemd.iterdir()) == [
+        "slurm-gpu-proxy.service", "slurm-gpu-report-archive.service",
+        "slurm-gpu-report-archive.timer"]
+
+
+def test_promtool_and_amtool_accept_what_it_wrote(host: MonitoringHost) -> None:
+    prom = subprocess.run(["promtool", "check", "config", str(host.prom_config)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert prom.returncode == 0, prom.stdout + prom.stderr
+    for name in RULES:  # every installed rules file was found through the config's glob
+        assert str(host.prom_dir / "rules" / name) in prom.stdout + prom.stderr
+    am = subprocess.run(["amtool", "check-config", str(host.am_config)],
+                        capture_output=True, text=True, timeout=60, check=False)
+    assert am.returncode == 0, am.stdout + am.stderr
+
+
+def test_second_run_changes_nothing(host: MonitoringHost) -> None:
+    rc, out, recap = host.play()
+    assert rc == 0 and recap["changed"] == 0, out[-4000:]
+
+
+def test_check_mode_after_it_changes_nothing(host: MonitoringHost) -> None:
+    rc, out, recap = host.play("--check", "--diff")
+    assert rc == 0 and recap["changed"] == 0, out[-4000:]
+
+
+def test_a_broken_rules_file_is_refused_before_it_is_installed(host: MonitoringHost) -> None:
+    files = host.base / "deploy-copy"
+    shutil.copytree(REPO / "deploy", files, ignore=shutil.ignore_patterns("ansible"))
+    (files / "prometheus" / "rules" / "training.rules.yml").write_text("groups: [{rules: 1}]\n")
+    before = (host.prom_dir / "rules" / "training.rules.yml").read_bytes()
+    rc, out, _ = host.play(slurm_gpu_monitoring_files_dir=str(files))
+    assert rc != 0 and "failed to validate" in out
+    assert (host.prom_dir / "rules" / "training.rules.yml").read_bytes() == before
+
+
+def test_switching_the_proxy_off_removes_its_unit(host: MonitoringHost) -> None:
+    rc, out, recap = host.play(slurm_gpu_monitoring_proxy=False)
+    assert rc == 0 and recap["changed"] == 1, out[-4000:]
+    assert not (host.systemd / "slurm-gpu-proxy.service").exists()
+
+
+def test_state_absent_removes_everything_it_wrote(host: MonitoringHost) -> None:
+    rc, out, _ = host.play(slurm_gpu_monitoring_state="absent")
+    assert rc == 0, out[-4000:]
+    assert host.written() == []
+    rc, out, recap = host.play(slurm_gpu_monitoring_state="absent")
+    assert rc == 0 and recap["changed"] == 0, out[-4000:]
