@@ -82,13 +82,16 @@ class Daemon:
 
 
 class Prometheus(Daemon):
-    """Debian's prometheus with a config written from a dict."""
+    """Debian's prometheus with a config written from a dict, or on a config file as is."""
 
-    def __init__(self, name: str, config: dict, workdir: Path,
+    def __init__(self, name: str, config: dict | Path, workdir: Path,
                  extra_args: tuple[str, ...] = ()) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
-        config_path = workdir / "prometheus.yml"
-        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        if isinstance(config, Path):
+            config_path = config
+        else:
+            config_path = workdir / "prometheus.yml"
+            config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         port = free_port()
         binary = tool("prometheus", package="prometheus")
         super().__init__(name, [

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import require
+from tests.agent import Agent
+from tests.daemons import Prometheus, http_json
+from tests.support import require, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -31,7 +33,7 @@ RULES = ("slurm-gpu-exporter.rules.yml", "slurm-gpu-exporter.alerts.yml", "train
 
 
 class MonitoringHost:
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, gpu_nodes: dict[str, dict[str, str]] | None = None) -> None:
         self.base = base
         self.etc = base / "etc"
         self.prom_config = self.etc / "prometheus" / "prometheus.yml"
@@ -47,7 +49,8 @@ class MonitoringHost:
                 "ansible_connection": "local",
                 "ansible_python_interpreter": sys.executable,
                 "ansible_become": False}}},
-            "gpu_nodes": {"hosts": {"gpu-b": {"ansible_host": "10.0.0.2"}, "gpu-a": {}}},
+            "gpu_nodes": {"hosts": gpu_nodes if gpu_nodes is not None else {
+                "gpu-b": {"ansible_host": "10.0.0.2"}, "gpu-a": {}}},
         }}}))
         self.vars: dict[str, object] = {
             "slurm_gpu_monitoring_cluster": "testcluster",
@@ -58,6 +61,8 @@ class MonitoringHost:
             "slurm_gpu_monitoring_grafana_dashboards_dir": str(self.dashboards),
             "slurm_gpu_monitoring_systemd_dir": str(self.systemd),
             "slurm_gpu_monitoring_proxy": True,
+            # Installing the package (into /opt) is shown with the default paths, below.
+            "slurm_gpu_monitoring_install": False,
         }
         self.runs = 0
 
@@ -128,6 +133,52 @@ def test_promtool_and_amtool_accept_what_it_wrote(host: MonitoringHost) -> None:
     assert am.returncode == 0, am.stdout + am.stderr
 
 
+def _shipped_rules() -> set[tuple[str, str]]:
+    """(group, alert or record name) of every rule in the shipped rules files."""
+    return {(group["name"], rule.get("alert") or rule["record"])
+            for name in RULES
+            for group in yaml.safe_load((REPO / "deploy/prometheus/rules" / name).read_text())[
+                "groups"]
+            for rule in group["rules"]}
+
+
+def test_prometheus_on_the_written_config_scrapes_an_agent_and_loads_every_rule(
+        tmp_path: Path) -> None:
+    """A real Prometheus on exactly what the role wrote, its one GPU node a simulated agent."""
+    agent = Agent(["--simulate", "--sample-interval", "1"], log_path=tmp_path / "agent.log")
+    prom = None
+    try:
+        site = MonitoringHost(tmp_path / "site", gpu_nodes={"sim-node": {
+            "ansible_host": "127.0.0.1"}})
+        rc, out, _ = site.play(slurm_gpu_monitoring_exporter_port=agent.port,
+                               slurm_gpu_monitoring_scrape_interval="1s",
+                               slurm_gpu_monitoring_alertmanager_targets=[])
+        assert rc == 0, out[-4000:]
+        agent.wait_ready()
+        prom = Prometheus("monitoring", site.prom_config, tmp_path / "prometheus")
+        prom.wait_ready()
+        # The node's series, with the cluster label from the generated targets file.
+        jobs = prom.wait_for('slurm_job_gpu_allocated_seconds_total{cluster="testcluster",'
+                             f'instance="127.0.0.1:{agent.port}"}}', timeout=30)
+        assert {s["metric"]["job"] for s in jobs} == {"slurm-gpu-exporter"}
+
+        def rules_evaluated() -> list[dict] | None:
+            groups = http_json(prom.url + "/api/v1/rules")["data"]["groups"]
+            rules = [dict(r, group=g["name"]) for g in groups for r in g["rules"]]
+            done = all(r["lastEvaluation"] > "2000" for r in rules)
+            return rules if rules and done else None
+
+        rules = wait_until(rules_evaluated, 30, "every rule group evaluated once", poll=0.5)
+        assert {(r["group"], r["name"]) for r in rules} == _shipped_rules()
+        assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
+        recorded = [r["name"] for r in rules if r["type"] == "recording"]
+        assert prom.wait_for(recorded[0], timeout=30), recorded[0]
+    finally:
+        if prom is not None:
+            prom.stop()
+        agent.stop()
+
+
 def test_second_run_changes_nothing(host: MonitoringHost) -> None:
     rc, out, recap = host.play()
     assert rc == 0 and recap["changed"] == 0, out[-4000:]
@@ -160,3 +211,81 @@ def test_state_absent_removes_everything_it_wrote(host: MonitoringHost) -> None:
     assert host.written() == []
     rc, out, recap = host.play(slurm_gpu_monitoring_state="absent")
     assert rc == 0 and recap["changed"] == 0, out[-4000:]
+
+
+# What the role writes with its default paths on a Debian monitoring host.
+DEFAULT_PATHS = tuple(Path(p) for p in (
+    "/etc/prometheus/prometheus.yml", "/etc/prometheus/slurm-gpu-exporter",
+    "/etc/prometheus/alertmanager.yml",
+    "/etc/grafana/provisioning/datasources/slurm-gpu-exporter.yml",
+    "/etc/grafana/provisioning/dashboards/slurm-gpu-exporter.yml",
+    "/var/lib/grafana/dashboards/slurm-gpu-exporter",
+    "/etc/systemd/system/slurm-gpu-report-archive.service",
+    "/etc/systemd/system/slurm-gpu-report-archive.timer"))
+PREFIX = Path("/opt/slurm-gpu-exporter")
+
+
+def _save(path: Path) -> Path | None:
+    """Move path aside, next to itself (a rename: nothing copied); None when absent."""
+    if not path.exists():
+        return None
+    sibling = path.with_name(f".{path.name}.ansible-test-saved")
+    os.rename(path, sibling)
+    return sibling
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost directory above path that does not exist yet (the role makes it)."""
+    missing = None
+    for parent in path.parents:
+        if parent.exists():
+            break
+        missing = parent
+    return missing
+
+
+def test_applied_with_its_default_paths_on_this_machine(tmp_path: Path) -> None:
+    """The role on the real /etc/prometheus, /etc/grafana, /etc/systemd: what Debian's
+    packages left there is put back afterwards, and what the role made is removed."""
+    require(os.geteuid() == 0, "the role writes /etc/prometheus and /etc/systemd (needs root)")
+    require(Path("/etc/prometheus").is_dir(), "Debian's prometheus is not installed")
+    made = {d for d in map(_first_missing, DEFAULT_PATHS) if d is not None}
+    saved = {path: _save(path) for path in (*DEFAULT_PATHS, PREFIX)}
+    site = MonitoringHost(tmp_path)
+    for key in [k for k in site.vars if k.endswith(("_config", "_dir", "_install"))]:
+        del site.vars[key]  # the role's defaults
+    try:
+        rc, out, recap = site.play()
+        assert rc == 0 and recap["changed"] > 0, out[-4000:]
+        for path in DEFAULT_PATHS:
+            assert path.exists(), path
+        # The report and the proxy the units run, with the archive's libraries.
+        for tool in ("slurm-gpu-report", "slurm-gpu-proxy"):
+            run = subprocess.run([str(PREFIX / "bin" / tool), "--help"], capture_output=True,
+                                 text=True, timeout=60, check=False)
+            assert run.returncode == 0, run.stdout + run.stderr
+        run = subprocess.run([str(PREFIX / "bin" / "python"), "-c", "import sqlalchemy, psycopg"],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert run.returncode == 0, run.stderr
+        prom = subprocess.run(["promtool", "check", "config", "/etc/prometheus/prometheus.yml"],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert prom.returncode == 0, prom.stdout + prom.stderr
+        am = subprocess.run(["amtool", "check-config", "/etc/prometheus/alertmanager.yml"],
+                            capture_output=True, text=True, timeout=60, check=False)
+        assert am.returncode == 0, am.stdout + am.stderr
+        rc, out, recap = site.play()
+        assert rc == 0 and recap["changed"] == 0, out[-4000:]
+        rc, out, _ = site.play(slurm_gpu_monitoring_state="absent")
+        assert rc == 0, out[-4000:]
+        assert [str(p) for p in DEFAULT_PATHS if p.exists()] == []
+        assert (PREFIX / "bin" / "slurm-gpu-report").exists()  # kept: an agent may share it
+    finally:
+        for path, sibling in saved.items():
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+            if sibling is not None:
+                os.rename(sibling, path)
+        for directory in made:
+            shutil.rmtree(directory, ignore_errors=True)
