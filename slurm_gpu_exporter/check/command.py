@@ -14,6 +14,7 @@ from slurm_gpu_exporter.check.gpus import check_gpus
 from slurm_gpu_exporter.check.node import check_cgroups, check_jobs, check_trust, read_spool
 from slurm_gpu_exporter.check.slurmconf import check_config, parse_config
 from slurm_gpu_exporter.check.slurmside import LOCAL, SlurmAccess, check_lookup, read_config
+from slurm_gpu_exporter.check.training import check_training
 from slurm_gpu_exporter.gpu.backend import GpuBackend
 
 
@@ -56,6 +57,7 @@ def run_checks(args: argparse.Namespace, *, slurm: SlurmAccess = LOCAL,
     findings.extend(check_cgroups(cgroups, args.node_name, jobs, len(records)))
     findings.extend(check_jobs(records, jobs, spool_dir.is_dir()))
     findings.extend(trust)
+    findings.extend(check_training(spool_dir, args.training_relay))
     findings.extend(check_gpus(gpu(), args.proc_root))
     return findings
 

@@ -18,7 +18,8 @@ SEVERITIES: tuple[Severity, ...] = ("ok", "note", "warn", "block")
 
 @dataclass(frozen=True)
 class Finding:
-    """One line of the check: ``area`` is slurm, slurm.conf, cgroup, jobs, gpu, spool or state."""
+    """One line of the check: ``area`` is slurm, slurm.conf, cgroup, jobs, gpu, spool, state or
+    training."""
 
     severity: Severity
     area: str

@@ -16,8 +16,10 @@ from slurm_gpu_exporter.check.command import build_parser, run_checks
 from slurm_gpu_exporter.check.findings import Finding, exit_code, render_json, render_text
 from slurm_gpu_exporter.check.slurmconf import parse_config
 from slurm_gpu_exporter.check.slurmside import SlurmAccess
+from slurm_gpu_exporter.check.training import check_training
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, MigInstance
 from slurm_gpu_exporter.spool import JobRecord, open_spool_dir, write_record
+from slurm_gpu_exporter.training_relay.socketfile import bind_socket
 
 LAYOUTS = Path(__file__).resolve().parent.parent / "fixtures" / "cgroup-layouts"
 
@@ -146,7 +148,9 @@ def test_v1_prefix_names_the_node_and_a_wrong_node_name_is_a_warning(tmp_path: P
 def test_v1_without_cpuacct_job_cgroups_warns_that_cpu_time_is_missing(tmp_path: Path) -> None:
     warned = lines(check(tmp_path, "v1-node-prefix", "--node-name", "node01"), "warn")
     assert any("no job has a cpuacct cgroup" in t for t in warned)
-    assert not any("cpuacct" in t for t in lines(check(tmp_path / "b", "v1-slurm"), "warn"))
+    # (cgroup findings only: the test's own path, in the training finding, says cpuacct)
+    assert not any("cpuacct" in t for t in lines(check(tmp_path / "b", "v1-slurm"), "warn")
+                   if t.startswith("cgroup: "))
 
 
 def test_multiple_slurmd_roots_are_noted(tmp_path: Path) -> None:
@@ -318,3 +322,55 @@ def test_text_has_one_line_per_finding_and_json_carries_the_exit_code() -> None:
     assert data["exit_code"] == 1
     assert data["findings"][1] == {"severity": "block", "area": "spool",
                                    "message": "bad; fix: chmod go-w /s"}
+
+
+def _training(findings: list[Finding]) -> list[tuple[str, str]]:
+    return [(f.severity, f.message) for f in findings if f.area == "training"]
+
+
+def _reachable_spool(tmp_path: Path) -> Path:
+    # pytest's own temporary root is mode 0700: the relay's socket needs a path others pass.
+    spool = Path("/var/tmp") / f"sge-check-{os.getpid()}-{tmp_path.name}"
+    spool.mkdir(mode=0o755)
+    return spool
+
+
+def test_training_relay_off_is_a_note_and_a_missing_socket_too(tmp_path: Path) -> None:
+    spool = _reachable_spool(tmp_path)
+    try:
+        assert _training([*check_training(spool, enabled=False)]) == [
+            ("note", "the training relay is off (--no-training.relay): no slurm_job_training_* "
+                     "series from job scripts")]
+        assert _training(check_training(spool, enabled=True)) == [
+            ("note", f"no socket at {spool}/training.sock yet: the agent makes it when it starts")]
+    finally:
+        shutil.rmtree(spool)
+
+
+def test_training_socket_served_or_left_behind(tmp_path: Path) -> None:
+    spool = _reachable_spool(tmp_path)
+    try:
+        listener, _ = bind_socket(str(spool / "training.sock"))
+        assert _training(check_training(spool, enabled=True)) == [
+            ("ok", f"the agent serves {spool}/training.sock; job scripts can reach it")]
+        listener.close()  # the socket file stays, as after an agent that was killed
+        [(severity, message)] = _training(check_training(spool, enabled=True))
+        assert severity == "warn" and message.startswith(f"nothing listens on {spool}/")
+    finally:
+        shutil.rmtree(spool)
+
+
+def test_training_socket_behind_a_private_directory_or_too_long_warns(tmp_path: Path) -> None:
+    base = _reachable_spool(tmp_path)
+    try:
+        private = base / "private"
+        (private / "spool").mkdir(parents=True)
+        private.chmod(0o700)
+        assert _training(check_training(private / "spool", enabled=True)) == [
+            ("warn", f"{private} is not searchable by other users, so training scripts in jobs "
+                     f"cannot reach {private}/spool/training.sock; chmod o+x {private}")]
+    finally:
+        shutil.rmtree(base)
+    deep = Path("/var/tmp") / ("d" * 120)
+    [(severity, message)] = _training(check_training(deep, enabled=True))
+    assert severity == "warn" and "use a shorter --spool-dir" in message
