@@ -61,14 +61,24 @@ def _output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", "-o", help="write the report to this file, not stdout")
 
 
+def _cluster_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster", help="only series whose cluster label has this value")
+    parser.add_argument("--cluster-label", default="cluster",
+                        help="the label the scrape config puts the cluster name in")
+
+
+def _mail_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mail-to", default="{user}",
+                        help="recipient template, e.g. '{user}@example.org' (default '{user}')")
+    parser.add_argument("--mail-from", default="slurm-gpu-report", help="sender address")
+
+
 def _common(parser: argparse.ArgumentParser, outputs: bool = True) -> None:
     _prometheus_options(parser)
     if outputs:
         _output_options(parser)
     parser.add_argument("--config", help="TOML file with thresholds, notes and templates")
-    parser.add_argument("--cluster", help="only series whose cluster label has this value")
-    parser.add_argument("--cluster-label", default="cluster",
-                        help="the label the scrape config puts the cluster name in")
+    _cluster_options(parser)
     _window_options(parser)
     parser.add_argument("--verbose", "-v", action="store_true",
                         help="log each query and the query count on stderr")
@@ -97,9 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     low.add_argument("--notify", metavar="TARGET",
                      help="tell each flagged user: smtp://host[:port] or a webhook URL")
     low.add_argument("--dry-run", action="store_true", help="print what --notify would send")
-    low.add_argument("--mail-to", default="{user}",
-                     help="recipient template, e.g. '{user}@example.org' (default '{user}')")
-    low.add_argument("--mail-from", default="slurm-gpu-report", help="sender address")
+    _mail_options(low)
     low.add_argument("--state-file", default=DEFAULT_STATE,
                      help=f"when each job was reported (default {DEFAULT_STATE})")
     _common(low)
@@ -135,14 +143,10 @@ def _add_enforce_commands(sub: argparse._SubParsersAction) -> None:  # type: ign
     enforce.add_argument("--format", choices=("table", "json"), default="table")
     enforce.add_argument("--notify", metavar="TARGET",
                          help="warn users through smtp://host[:port] or a webhook URL")
-    enforce.add_argument("--mail-to", default="{user}",
-                         help="recipient template, e.g. '{user}@example.org' (default '{user}')")
-    enforce.add_argument("--mail-from", default="slurm-gpu-report", help="sender address")
+    _mail_options(enforce)
     enforce.add_argument("--state-file", default=DEFAULT_ENFORCE_STATE,
                          help=f"warnings sent and cancels (default {DEFAULT_ENFORCE_STATE})")
-    enforce.add_argument("--cluster", help="only series whose cluster label has this value")
-    enforce.add_argument("--cluster-label", default="cluster",
-                         help="the label the scrape config puts the cluster name in")
+    _cluster_options(enforce)
     enforce.add_argument("--verbose", "-v", action="store_true",
                          help="log each query on stderr")
     _prometheus_options(enforce)
