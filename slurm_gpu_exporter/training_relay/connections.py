@@ -15,6 +15,8 @@ from slurm_gpu_exporter.training_relay.series import JobIdentity
 
 @dataclass(eq=False)
 class Connection:
+    """One accepted connection and the sender the kernel named (SO_PEERCRED)."""
+
     sock: socket.socket
     pid: int
     uid: int
