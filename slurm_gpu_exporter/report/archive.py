@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from slurm_gpu_exporter.report.archive_store import ArchiveRecord, ArchiveStore
+from slurm_gpu_exporter.report.archive_rows import ArchiveRecord
+from slurm_gpu_exporter.report.archive_store import ArchiveStore
 from slurm_gpu_exporter.report.model import Accounting, JobDetail
 from slurm_gpu_exporter.report.promql import PrometheusClient, gather
 from slurm_gpu_exporter.report.queries import (

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from slurm_gpu_exporter.report.archive_store import BY_KEYS, ArchiveStore
+from slurm_gpu_exporter.report.archive_read import BY_KEYS
+from slurm_gpu_exporter.report.archive_store import ArchiveStore
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.model import UsageGroup, UsageReport
 from slurm_gpu_exporter.report.window import Window

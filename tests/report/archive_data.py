@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from slurm_gpu_exporter.report.archive_store import ArchiveRecord
+from slurm_gpu_exporter.report.archive_rows import ArchiveRecord
 from slurm_gpu_exporter.report.model import (
     Accounting,
     GpuDetail,

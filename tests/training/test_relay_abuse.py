@@ -17,7 +17,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.training_relay import RelayLimits, TrainingRelay
-from slurm_gpu_exporter.training_relay.store import JobIdentity, TrainingStore
+from slurm_gpu_exporter.training_relay.series import JobIdentity
+from slurm_gpu_exporter.training_relay.store import TrainingStore
 from slurm_gpu_exporter.training_source import RelayJobs
 from tests.support import require, wait_until
 from tests.training.conftest import Jobs
