@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +39,8 @@ ENFORCE_COMMANDS = ("enforce", "default-policy", "remediate")
 def _reported(run: Callable[[], int], interrupted: str = "interrupted",
               closed_stdout_is_ok: bool = True) -> int:
     """Run a command: a ReportError is its one line on stderr and its exit status, ^C is
-    130, and (where ``closed_stdout_is_ok``) a reader that closed stdout early is 0."""
+    130, and a reader that closed stdout early is 0 (where ``closed_stdout_is_ok``) or a
+    line on stderr and 1."""
     try:
         return run()
     except ReportError as exc:
@@ -48,9 +50,13 @@ def _reported(run: Callable[[], int], interrupted: str = "interrupted",
         print(f"slurm-gpu-report: {interrupted}", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        if not closed_stdout_is_ok:
-            raise
-        return 0
+        # Python flushes stdout again at exit: point it at /dev/null so that says nothing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if closed_stdout_is_ok:
+            return 0
+        print("slurm-gpu-report: stdout was closed before the output was written; what "
+              "was done is on stderr and in the state file", file=sys.stderr)
+        return 1
 
 
 def _enforce_command(args: argparse.Namespace) -> int:

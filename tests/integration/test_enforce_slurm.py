@@ -338,3 +338,28 @@ def test_prometheus_down_acts_on_nothing_and_exits_3(scenario: Scenario) -> None
     assert run.rc == 3 and run.stdout == ""
     assert "cannot reach Prometheus" in run.stderr and len(run.stderr.splitlines()) == 1
     assert scenario.slurm_states["end"]["c"] == "RUNNING"
+
+
+def test_a_closed_stdout_is_one_line_on_stderr_and_exit_1(slurm_cluster: SlurmCluster,
+                                                          tmp_path: Path) -> None:
+    """enforce's exit status says what it did: a reader that closed stdout early does not
+    turn it into 0, nor into a traceback."""
+    prom = Prometheus("prometheus", {"global": {"scrape_interval": "1s"}}, tmp_path / "prom")
+    try:
+        prom.wait_ready()
+        policy = tmp_path / "policy.toml"
+        policy.write_text(POLICY.format(exempt=""))
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        proc = subprocess.run(
+            [str(REPORT), "enforce", "--policy", str(policy), "--prometheus-url", prom.url,
+             "--state-file", str(tmp_path / "state.json")],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+            env={**os.environ, **slurm_cluster.env})
+        os.close(write_end)
+    finally:
+        prom.stop()
+    assert proc.stderr.splitlines() == [
+        "slurm-gpu-report: stdout was closed before the output was written; what was done "
+        "is on stderr and in the state file"]
+    assert proc.returncode == 1

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -211,3 +213,19 @@ def test_tls_with_the_site_ca_and_a_clear_error_without_it(
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+
+@pytest.mark.process
+def test_a_closed_stdout_ends_a_report_quietly(server: Callable[[Answer], str]) -> None:
+    """``| head`` that closed early: exit 0, nothing on stderr (enforce, whose exit status
+    says what it did: tests/integration/test_enforce_slurm.py)."""
+    url = server(lambda h: _json(h, 200, {"status": "success",
+                                           "data": {"resultType": "vector", "result": []}}))
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    report = Path(sys.executable).with_name("slurm-gpu-report")
+    proc = subprocess.run([str(report), "low-util", "--prometheus-url", url], stdout=write_end,
+                          stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    os.close(write_end)
+    assert proc.returncode == 0 and proc.stderr == ""
