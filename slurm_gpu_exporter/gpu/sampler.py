@@ -24,15 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_gpu_exporter.attribution import (
+from slurm_gpu_exporter.exposition.snapshot import GpuSample, JobGpuSample, UnattributedSample
+from slurm_gpu_exporter.gpu.activity import DeviceActivity, job_activity, sole_job
+from slurm_gpu_exporter.gpu.attribution import (
     UNATTRIBUTED,
     GpuTarget,
     energy_shares,
     shares,
 )
-from slurm_gpu_exporter.cgroups import CgroupFS
-from slurm_gpu_exporter.errors import SourceErrors
-from slurm_gpu_exporter.gpu.activity import DeviceActivity, job_activity, sole_job
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpmFigures, GpuBackend, MigInstance
 from slurm_gpu_exporter.gpu.clocks import HostClocks, wall_to_driver_us
 from slurm_gpu_exporter.gpu.counters import CounterStore, JobGpuCounters
@@ -40,10 +39,11 @@ from slurm_gpu_exporter.gpu.energy import EnergyCounters
 from slurm_gpu_exporter.gpu.integration import DeviceIntegrator, since_start
 from slurm_gpu_exporter.gpu.polling import BackendLink
 from slurm_gpu_exporter.gpu.usage import UsageReader
-from slurm_gpu_exporter.procfs import PidJobMapper
-from slurm_gpu_exporter.registry import Job
-from slurm_gpu_exporter.snapshot import GpuSample, JobGpuSample, UnattributedSample
-from slurm_gpu_exporter.state import of_this_boot, read_boot_id, stamp_boot
+from slurm_gpu_exporter.jobs.tracker import Job
+from slurm_gpu_exporter.node.cgroup import CgroupFS
+from slurm_gpu_exporter.node.procfs import PidJobMapper
+from slurm_gpu_exporter.node.source_health import SourceErrors
+from slurm_gpu_exporter.node.state_dir import of_this_boot, read_boot_id, stamp_boot
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_gpu_exporter.allocation import GpuAllocation, gpu_allocation
-from slurm_gpu_exporter.attribution import UNATTRIBUTED, GpuTarget, held_targets
-from slurm_gpu_exporter.base import user_name
+from slurm_gpu_exporter.gpu.attribution import UNATTRIBUTED, GpuTarget, held_targets
 from slurm_gpu_exporter.gpu.backend import GpuProcess, ProcessUtilSample
-from slurm_gpu_exporter.procfs import PidJobMapper, ProcessGone, read_uid
-from slurm_gpu_exporter.registry import Job
+from slurm_gpu_exporter.hooks.ids import user_name
+from slurm_gpu_exporter.jobs.allocation import GpuAllocation, gpu_allocation
+from slurm_gpu_exporter.jobs.tracker import Job
+from slurm_gpu_exporter.node.procfs import PidJobMapper, ProcessGone, read_uid
 
 
 @dataclass

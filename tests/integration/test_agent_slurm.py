@@ -748,7 +748,7 @@ def test_discovered_job_keeps_its_start_time_and_info_series_while_it_lingers_af
 
     That record must neither drop the job's start time nor turn its slurm_job_info
     into a second series (source="cgroup" -> "spool") for the last moments of its life.
-    Fails today: Registry._job (registry.py) takes start_time and source="spool" from
+    Fails today: JobTracker._job (jobs/tracker.py) takes start_time and source="spool" from
     whatever record exists, and the epilog's record has start_time None.
     """
     cluster = slurm_cluster
@@ -808,7 +808,7 @@ def test_job_whose_epilog_never_reaches_the_spool_ends_after_cgroup_grace_keepin
     (the hooks' spool changed after the prolog ran), so the agent's
     spool keeps an unended record. A slow epilog looks the same to the agent until it
     finishes: Slurm removes the job's cgroups before it runs the epilog.
-    Fails today: JobStatsCollector._sample (jobstats.py) returns an empty sample for a
+    Fails today: JobStatsCollector._sample (jobs/stats.py) returns an empty sample for a
     running job without a cgroup, so its counters vanish until it expires; and the
     registry back-dates end_time to when the cgroup went and expires from there, so
     the job lingers --job-linger minus --cgroup-grace seconds (not at all when

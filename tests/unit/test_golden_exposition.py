@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter import __version__
-from slurm_gpu_exporter.errors import SOURCES
-from slurm_gpu_exporter.metrics import render
-from slurm_gpu_exporter.snapshot import (
+from slurm_gpu_exporter.exposition.metrics import render
+from slurm_gpu_exporter.exposition.snapshot import (
     GpuSample,
     JobGpuSample,
     JobInfo,
@@ -27,6 +26,7 @@ from slurm_gpu_exporter.snapshot import (
     StepTiming,
     UnattributedSample,
 )
+from slurm_gpu_exporter.node.source_health import SOURCES
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 # The agent's own process figures (RSS, CPU, open files) change from run to run.

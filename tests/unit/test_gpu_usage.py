@@ -6,10 +6,10 @@ import os
 import pwd
 from pathlib import Path
 
-from slurm_gpu_exporter.attribution import UNATTRIBUTED, GpuTarget
+from slurm_gpu_exporter.gpu.attribution import UNATTRIBUTED, GpuTarget
 from slurm_gpu_exporter.gpu.backend import GpuProcess, ProcessUtilSample
 from slurm_gpu_exporter.gpu.usage import UsageReader
-from slurm_gpu_exporter.registry import Job
+from slurm_gpu_exporter.jobs.tracker import Job
 from tests.unit.fake_gpu import StubMapper
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter import jobhooks, spool
+from slurm_gpu_exporter.hooks import jobhooks, spool
 from tests.support import require
 
 REPO = Path(__file__).resolve().parents[2]

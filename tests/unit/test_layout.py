@@ -15,23 +15,26 @@ PACKAGE = ROOT / "slurm_gpu_exporter"
 # Modules that read files, list directories, run commands or load NVML: the
 # exposition side must not pull in any of them.
 IO_MODULES = {
-    "slurm_gpu_exporter.base",
-    "slurm_gpu_exporter.cgroups",
-    "slurm_gpu_exporter.cgroup_files",
-    "slurm_gpu_exporter.cgroup_paths",
-    "slurm_gpu_exporter.cgroup_v1",
-    "slurm_gpu_exporter.cgroup_v2",
-    "slurm_gpu_exporter.procfs",
-    "slurm_gpu_exporter.slurm",
-    "slurm_gpu_exporter.spool",
-    "slurm_gpu_exporter.spool_reader",
-    "slurm_gpu_exporter.registry",
-    "slurm_gpu_exporter.jobstats",
-    "slurm_gpu_exporter.state",
+    "slurm_gpu_exporter.hooks.ids",
+    "slurm_gpu_exporter.node.kernelfile",
+    "slurm_gpu_exporter.node.cgroup.fs",
+    "slurm_gpu_exporter.node.cgroup.roots",
+    "slurm_gpu_exporter.node.cgroup",
+    "slurm_gpu_exporter.node.cgroup.files",
+    "slurm_gpu_exporter.node.cgroup.paths",
+    "slurm_gpu_exporter.node.cgroup.v1",
+    "slurm_gpu_exporter.node.cgroup.v2",
+    "slurm_gpu_exporter.node.procfs",
+    "slurm_gpu_exporter.node.slurm.lookup",
+    "slurm_gpu_exporter.hooks.spool",
+    "slurm_gpu_exporter.node.spool_reader",
+    "slurm_gpu_exporter.jobs.tracker",
+    "slurm_gpu_exporter.jobs.stats",
+    "slurm_gpu_exporter.node.state_dir",
     "slurm_gpu_exporter.gpu.nvml",
     "slurm_gpu_exporter.gpu.nvml_samples",
     "slurm_gpu_exporter.gpu.gpm",
-    "slurm_gpu_exporter.jobhooks",
+    "slurm_gpu_exporter.hooks.jobhooks",
 }
 
 MAX_MODULE_LINES = 500
@@ -51,8 +54,9 @@ def _imported_package_modules(module: str) -> set[str]:
     return set(out.stdout.split())
 
 
-@pytest.mark.parametrize("module", ["slurm_gpu_exporter.snapshot", "slurm_gpu_exporter.metrics",
-                                    "slurm_gpu_exporter.server"])
+@pytest.mark.parametrize("module", ["slurm_gpu_exporter.exposition.snapshot",
+                                    "slurm_gpu_exporter.exposition.metrics",
+                                    "slurm_gpu_exporter.web.server"])
 @pytest.mark.process
 def test_exposition_side_imports_no_module_that_does_io(module: str) -> None:
     loaded = _imported_package_modules(module)
@@ -62,14 +66,15 @@ def test_exposition_side_imports_no_module_that_does_io(module: str) -> None:
 
 def test_every_cgroup_module_is_in_the_io_list() -> None:
     """A new piece of the cgroup reader must be added to IO_MODULES above."""
-    pieces = {f"slurm_gpu_exporter.{p.stem}" for p in PACKAGE.glob("cgroup*.py")}
+    pieces = {f"slurm_gpu_exporter.node.cgroup.{p.stem}" for p in PACKAGE.glob("node/cgroup/*.py")
+              if p.stem != "__init__"} | {"slurm_gpu_exporter.node.cgroup"}
     assert pieces <= IO_MODULES
 
 
 @pytest.mark.process
 def test_job_hooks_import_only_the_standard_library_and_their_own_modules() -> None:
     code = (
-        "import sys, slurm_gpu_exporter.jobhooks\n"
+        "import sys, slurm_gpu_exporter.hooks.jobhooks\n"
         "known = set(sys.stdlib_module_names) | {'__main__'}\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} - known))\n"
         "print(sorted(m for m in sys.modules if m.startswith('slurm_gpu_exporter.')))"
@@ -79,13 +84,13 @@ def test_job_hooks_import_only_the_standard_library_and_their_own_modules() -> N
                          text=True, check=True)
     third_party, ours = out.stdout.splitlines()
     assert third_party == "['slurm_gpu_exporter']"
-    assert ours == ("['slurm_gpu_exporter.base', 'slurm_gpu_exporter.jobhooks', "
-                    "'slurm_gpu_exporter.spool']")
+    assert ours == ("['slurm_gpu_exporter.hooks', 'slurm_gpu_exporter.hooks.ids', "
+                    "'slurm_gpu_exporter.hooks.jobhooks', 'slurm_gpu_exporter.hooks.spool']")
 
 
 def test_cgroups_keeps_its_public_names() -> None:
-    """Other modules import these from slurm_gpu_exporter.cgroups; the split keeps them there."""
-    import slurm_gpu_exporter.cgroups as cgroups
+    """Other layers import these from slurm_gpu_exporter.node.cgroup, the package's API."""
+    import slurm_gpu_exporter.node.cgroup as cgroups
 
     for name in cgroups.__all__:
         assert getattr(cgroups, name) is not None

@@ -9,9 +9,8 @@ from pathlib import Path
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_gpu_exporter.errors import SOURCES
-from slurm_gpu_exporter.metrics import render
-from slurm_gpu_exporter.snapshot import (
+from slurm_gpu_exporter.exposition.metrics import render
+from slurm_gpu_exporter.exposition.snapshot import (
     GpuSample,
     JobGpuSample,
     JobInfo,
@@ -21,6 +20,7 @@ from slurm_gpu_exporter.snapshot import (
     StepTiming,
     UnattributedSample,
 )
+from slurm_gpu_exporter.node.source_health import SOURCES
 from tests.agent import series
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +130,7 @@ def test_documented_source_values_are_exactly_the_ones_the_agent_counts() -> Non
 def test_serving_an_exposition_reads_no_file(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # The agent's own process figures come from /proc/self: read with the sample, so
     # that a scrape touches nothing on the node.
-    import slurm_gpu_exporter.metrics as metrics
+    import slurm_gpu_exporter.exposition.metrics as metrics
 
     exposition = render(_snapshot())
 

@@ -8,20 +8,20 @@ from typing import Any
 
 import pytest
 
-from slurm_gpu_exporter.cgroups import CgroupFS
-from slurm_gpu_exporter.errors import SOURCES, SourceErrors
+from slurm_gpu_exporter.exposition.metrics import Exposition
+from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, XidEvent
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
-from slurm_gpu_exporter.jobstats import JobStatsCollector
-from slurm_gpu_exporter.metrics import Exposition
-from slurm_gpu_exporter.registry import Registry
-from slurm_gpu_exporter.sampler import Sampler
-from slurm_gpu_exporter.slurm import SlurmMetadata
-from slurm_gpu_exporter.snapshot import Snapshot
-from slurm_gpu_exporter.state import StateStore
-from slurm_gpu_exporter.synthnode import SynthNode
+from slurm_gpu_exporter.jobs.stats import JobStatsCollector
+from slurm_gpu_exporter.jobs.tracker import JobTracker
+from slurm_gpu_exporter.node.cgroup import CgroupFS
+from slurm_gpu_exporter.node.slurm.lookup import SlurmMetadata
+from slurm_gpu_exporter.node.source_health import SOURCES, SourceErrors
+from slurm_gpu_exporter.node.state_dir import StateStore
+from slurm_gpu_exporter.sampling.sampler import Sampler
+from slurm_gpu_exporter.sim.synthnode import SynthNode
 from slurm_gpu_exporter.training_relay import TrainingRelay
-from slurm_gpu_exporter.training_source import RelayJobs, TrainingSource
+from slurm_gpu_exporter.training_relay.source import RelayJobs, TrainingSource
 from tests.agent import series
 
 
@@ -50,7 +50,7 @@ def _sampler(node: SynthNode, errors: SourceErrors, *, state_dir: Path | None = 
              training: TrainingSource | None = None,
              ) -> tuple[Sampler, list[tuple[Snapshot, Exposition]]]:
     cgroups = CgroupFS(node.cgroup_root)
-    registry = Registry(str(node.spool_dir), cgroups, metadata or SlurmMetadata(None), errors,
+    registry = JobTracker(str(node.spool_dir), cgroups, metadata or SlurmMetadata(None), errors,
                         proc_root=node.proc_root, trusted_uids=frozenset({0, os.geteuid()}))
     published: list[tuple[Snapshot, Exposition]] = []
     sampler = Sampler(

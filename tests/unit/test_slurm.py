@@ -10,15 +10,15 @@ from types import ModuleType
 
 import pytest
 
-from slurm_gpu_exporter import slurm
-from slurm_gpu_exporter.slurm import (
+from slurm_gpu_exporter.node.slurm import lookup as slurm
+from slurm_gpu_exporter.node.slurm.lookup import (
     PySlurm,
     SlurmCli,
     SlurmMetadata,
     make_lookup,
     pyslurm_matches,
 )
-from slurm_gpu_exporter.slurm_parse import (
+from slurm_gpu_exporter.node.slurm.parse import (
     AmbiguousJobLine,
     SlurmJobInfo,
     expand_hostlist,
