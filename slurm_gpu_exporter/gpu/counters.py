@@ -15,7 +15,7 @@ from typing import Any
 from slurm_gpu_exporter.gpu.attribution import UNATTRIBUTED, user_shares
 from slurm_gpu_exporter.gpu.integration import held_seconds
 from slurm_gpu_exporter.gpu.usage import Usage
-from slurm_gpu_exporter.jobs.tracker import Job
+from slurm_gpu_exporter.jobs.job import Job
 
 JobKey = tuple[str, float | None]  # (job id, start time): a requeued job is a new run
 

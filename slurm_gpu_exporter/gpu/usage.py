@@ -11,7 +11,7 @@ from slurm_gpu_exporter.gpu.attribution import UNATTRIBUTED, GpuTarget, held_tar
 from slurm_gpu_exporter.gpu.backend import GpuProcess, ProcessUtilSample
 from slurm_gpu_exporter.hooks.ids import user_name
 from slurm_gpu_exporter.jobs.allocation import GpuAllocation, gpu_allocation
-from slurm_gpu_exporter.jobs.tracker import Job
+from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.procfs import PidJobMapper, ProcessGone, read_uid
 
 

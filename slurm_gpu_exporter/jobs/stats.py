@@ -18,7 +18,7 @@ from typing import Any
 
 from slurm_gpu_exporter.exposition.snapshot import JobSample
 from slurm_gpu_exporter.jobs.allocation import gpu_allocation
-from slurm_gpu_exporter.jobs.tracker import Job
+from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.cgroup import CgroupFS, CgroupGone
 from slurm_gpu_exporter.node.procfs import ProcessCpuAccumulator
 from slurm_gpu_exporter.node.source_health import SourceErrors

@@ -27,8 +27,9 @@ from slurm_gpu_exporter.exposition.snapshot import (
     StepTiming,
     UnattributedSample,
 )
+from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.jobs.stats import JobStatsCollector
-from slurm_gpu_exporter.jobs.tracker import Job, JobTracker
+from slurm_gpu_exporter.jobs.tracker import JobTracker
 from slurm_gpu_exporter.node.source_health import SOURCES, SourceErrors
 from slurm_gpu_exporter.node.state_dir import StateStore
 from slurm_gpu_exporter.training_relay.source import TrainingSource

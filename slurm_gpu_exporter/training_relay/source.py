@@ -16,7 +16,7 @@ from pathlib import Path
 
 from prometheus_client.metrics_core import Metric
 
-from slurm_gpu_exporter.jobs.tracker import Job
+from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.cgroup import CgroupFS
 from slurm_gpu_exporter.node.procfs import PidJobMapper
 from slurm_gpu_exporter.node.source_health import SourceErrors

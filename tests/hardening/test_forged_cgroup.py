@@ -22,7 +22,7 @@ import pytest
 from slurm_gpu_exporter.gpu.attribution import UNATTRIBUTED
 from slurm_gpu_exporter.gpu.backend import GpuProcess
 from slurm_gpu_exporter.gpu.usage import UsageReader
-from slurm_gpu_exporter.jobs.tracker import Job
+from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.cgroup import CgroupFS
 from slurm_gpu_exporter.training_relay.source import RelayJobs
 from tests.support import require

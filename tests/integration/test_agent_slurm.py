@@ -748,7 +748,7 @@ def test_discovered_job_keeps_its_start_time_and_info_series_while_it_lingers_af
 
     That record must neither drop the job's start time nor turn its slurm_job_info
     into a second series (source="cgroup" -> "spool") for the last moments of its life.
-    Fails today: JobTracker._job (jobs/tracker.py) takes start_time and source="spool" from
+    Fails today: job_of (jobs/job.py) takes start_time and source="spool" from
     whatever record exists, and the epilog's record has start_time None.
     """
     cluster = slurm_cluster

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.jobs.stats import RESTORED_FLOOR_SAMPLES, JobStatsCollector
-from slurm_gpu_exporter.jobs.tracker import Job
 from slurm_gpu_exporter.node.cgroup import CgroupFS
 from slurm_gpu_exporter.node.source_health import SourceErrors
 
