@@ -12,20 +12,13 @@ from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
 
+from slurm_gpu_exporter.model.job import JobDescription
+
 
 @dataclass(frozen=True)
-class JobInfo:
+class JobInfo(JobDescription):
     """What the exposition shows about a job: its labels, ``slurm_job_info`` and times."""
 
-    jobid: str
-    user: str
-    uid: int | None = None
-    account: str = ""
-    partition: str = ""
-    name: str = ""
-    array_job_id: str = ""
-    array_task_id: str = ""
-    start_time: float | None = None
     end_time: float | None = None
     source: str = "spool"  # "spool" or "cgroup" (discovered without a record)
 

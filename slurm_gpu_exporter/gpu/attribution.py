@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from slurm_gpu_exporter.jobs.allocation import GpuAllocation
+from slurm_gpu_exporter.model.allocation import GpuAllocation
 
 UNATTRIBUTED = ""  # key of usage by processes outside every job
 

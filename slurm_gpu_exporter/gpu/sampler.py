@@ -142,7 +142,7 @@ class GpuSampler:
         """Drop what belongs to jobs and processes no longer around."""
         tracked = {j.jobid for j in jobs}
         self.counters.forget_runs({(j.jobid, j.start_time) for j in jobs}, tracked)
-        self.users.forget(tracked, seen_pids)
+        self.users.forget(seen_pids)
 
     def _frozen(self, jobs: list[Job], now: float) -> GpuPartResult:
         """The last figures (NVML down or stuck): only the time held goes on."""

@@ -18,6 +18,7 @@ import os
 import re
 import stat
 from dataclasses import asdict, dataclass, replace
+from dataclasses import fields as dataclass_fields
 
 from slurm_gpu_exporter.hooks.ids import JOB_ID_RE, SLURM_ID
 
@@ -35,19 +36,6 @@ TRAINING_SOCKET = "training.sock"
 _MAX_JOBID = 0xFFFFFFFD
 _RECORD_NAME_RE = re.compile(rf"({SLURM_ID})\.json")
 
-_STR_FIELDS = (
-    "user",
-    "account",
-    "partition",
-    "cluster",
-    "node",
-    "job_gpus",
-    "cuda_visible_devices",
-    "gpu_device_ordinal",
-    "array_job_id",
-    "array_task_id",
-    "sluid",
-)
 
 
 class SpoolError(Exception):
@@ -137,6 +125,10 @@ def parse_record(raw: bytes, expected_jobid: str) -> JobRecord:
             raise SpoolError(f"record field {name!r} is not a time in seconds")
         fields[name] = None if value is None else float(value)
     return JobRecord(**fields)  # type: ignore[arg-type]
+
+
+# The record's text fields: every field whose default is "" (all but jobid and the times).
+_STR_FIELDS = tuple(f.name for f in dataclass_fields(JobRecord) if f.default == "")
 
 
 def open_spool_dir(path: str, create: bool = False) -> int:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from slurm_gpu_exporter.exposition.snapshot import JobSample
-from slurm_gpu_exporter.jobs.allocation import gpu_allocation
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.cgroup import CgroupFS, CgroupGone
 from slurm_gpu_exporter.node.procfs import ProcessCpuAccumulator
@@ -37,7 +36,7 @@ def run_key(job: Job) -> RunKey:
 
 
 def _gpu_count(job: Job) -> int:
-    return gpu_allocation(job.job_gpus, job.cuda_visible_devices).count
+    return job.allocation.count
 
 
 def _process_key(key: RunKey) -> str:

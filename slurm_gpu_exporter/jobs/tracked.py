@@ -5,10 +5,14 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from slurm_gpu_exporter.hooks import spool
 from slurm_gpu_exporter.node.cgroup import JobCgroup
 from slurm_gpu_exporter.node.slurm.lookup import SlurmMetadata
+
+if TYPE_CHECKING:
+    from slurm_gpu_exporter.jobs.job import Job
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,7 @@ class TrackedJob:
     cgroup_ino: int | None = None  # inode of the job's cgroup: a requeued run gets another
     next_state_check: float | None = None  # a record without a cgroup: next check with Slurm
     failed_state_checks: int = 0  # checks in a row where Slurm did not know the job
+    reported: Job | None = None  # the last Job handed out, reused while it is unchanged
 
     def mark_ended(self, end_time: float, now: float) -> None:
         """The job ended at ``end_time``; it lingers from ``now``, when the agent learnt it,

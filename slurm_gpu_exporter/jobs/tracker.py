@@ -81,7 +81,17 @@ class JobTracker:
         self._fill_metadata(now)
         self._expire(now)
         ordered = sorted(self._jobs.values(), key=lambda t: int(t.jobid))
-        return [job_of(t, self.metadata.get(t.jobid)) for t in ordered]
+        return [self._report(t) for t in ordered]
+
+    def _report(self, tracked: TrackedJob) -> Job:
+        """The job as reported; an unchanged job is the same object as last time, so
+        what was derived from it once (its GPU allocation) is not derived again."""
+        job = job_of(tracked, self.metadata.get(tracked.jobid))
+        previous = tracked.reported
+        if previous is not None and previous == job:
+            return previous
+        tracked.reported = job
+        return job
 
     # -- reconcile ----------------------------------------------------------
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from slurm_gpu_exporter.hooks import spool
 from slurm_gpu_exporter.hooks.jobhooks import record_from_env
-from slurm_gpu_exporter.jobs.allocation import MAX_GPU_INDEX, parse_index_list
+from slurm_gpu_exporter.model.allocation import MAX_GPU_INDEX, parse_index_list
 from slurm_gpu_exporter.node.cgroup import CgroupFS
 from slurm_gpu_exporter.node.cgroup.files import parse_cpu_list
 from slurm_gpu_exporter.node.cgroup.paths import parse_cgroup_path

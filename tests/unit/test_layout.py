@@ -15,24 +15,26 @@ PACKAGE = ROOT / "slurm_gpu_exporter"
 TOP = "<top>"  # the package's own __init__ (its version), which imports nothing
 
 # For each layer (a subpackage, or a module at the top), the other layers it may import.
-# Below, from the bottom: hooks run inside slurmd's prolog (stdlib only); node reads the
+# From the bottom: model is the pure job model every layer shares; hooks run inside
+# slurmd's prolog (stdlib only); node reads the
 # node; exposition is pure (no I/O); jobs, then gpu and the training relay decide;
 # sampling runs them all; web serves what exposition made. sim, agent, check are the
 # commands on top; report and proxy are their own products.
-AGENT_LAYERS = {"hooks", "node", "exposition", "jobs", "gpu", "training_relay", "sampling",
-                "web", "sim"}
+AGENT_LAYERS = {"model", "hooks", "node", "exposition", "jobs", "gpu", "training_relay",
+                "sampling", "web", "sim"}
 MAY_IMPORT: dict[str, set[str]] = {
-    "hooks": set(),
-    "node": {"hooks"},
-    "exposition": {TOP},
-    "web": {TOP, "exposition"},
-    "jobs": {"hooks", "node", "exposition"},
-    "gpu": {"hooks", "node", "jobs", "exposition"},
-    "training_relay": {"hooks", "node", "jobs", "exposition"},
-    "sampling": {"hooks", "node", "jobs", "gpu", "training_relay", "exposition"},
-    "sim": {"hooks", "node", "gpu"},
+    "model": set(),
+    "hooks": {"model"},
+    "node": {"model", "hooks"},
+    "exposition": {TOP, "model"},
+    "web": {TOP, "model", "exposition"},
+    "jobs": {"model", "hooks", "node", "exposition"},
+    "gpu": {"model", "hooks", "node", "jobs", "exposition"},
+    "training_relay": {"model", "hooks", "node", "jobs", "exposition"},
+    "sampling": {"model", "hooks", "node", "jobs", "gpu", "training_relay", "exposition"},
+    "sim": {"model", "hooks", "node", "gpu"},
     "agent": {TOP, "check"} | AGENT_LAYERS,
-    "check": {TOP, "agent", "hooks", "node", "gpu"},
+    "check": {TOP, "agent", "model", "hooks", "node", "gpu"},
     "report": {TOP, "web"},
     "proxy": {TOP, "web"},  # only web.config: tests/proxy/test_boundary.py
     "training": set(),  # the client library jobs import: stdlib and prometheus-client
