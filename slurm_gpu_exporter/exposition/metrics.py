@@ -28,7 +28,7 @@ from slurm_gpu_exporter.exposition.snapshot import Snapshot
 JOB_LABELS = ["jobid", "user"]
 JOB_GPU_LABELS = ["jobid", "user", "gpu", "uuid"]
 GPU_LABELS = ["gpu", "uuid"]
-INFO_LABELS = ["jobid", "user", "uid", "account", "partition", "name", "array_job_id",
+INFO_LABELS = ["jobid", "user", "uid", "account", "partition", "qos", "name", "array_job_id",
                "array_task_id", "source"]
 
 
@@ -71,7 +71,7 @@ def job_families(snapshot: Snapshot) -> Iterator[Metric]:
         key = [job.jobid, job.user]
         info.add_metric(
             [job.jobid, job.user, "" if job.uid is None else str(job.uid), job.account,
-             job.partition, job.name, job.array_job_id, job.array_task_id, job.source],
+             job.partition, job.qos, job.name, job.array_job_id, job.array_task_id, job.source],
             1,
         )
         gpus.add_metric(key, sample.gpus)

@@ -27,6 +27,7 @@ _ENV_FIELDS: dict[str, tuple[str, ...]] = {
     "user": ("SLURM_JOB_USER",),
     "account": ("SLURM_JOB_ACCOUNT",),
     "partition": ("SLURM_JOB_PARTITION",),
+    "qos": ("SLURM_JOB_QOS",),
     "cluster": ("SLURM_CLUSTER_NAME",),
     "node": ("SLURMD_NODENAME",),
     "job_gpus": ("SLURM_JOB_GPUS",),

@@ -69,6 +69,7 @@ class JobRecord:
     user: str = ""
     account: str = ""
     partition: str = ""
+    qos: str = ""
     cluster: str = ""
     node: str = ""
     job_gpus: str = ""

@@ -31,6 +31,7 @@ class JobDescription:
     user: str = ""
     account: str = ""
     partition: str = ""
+    qos: str = ""
     cluster: str = ""
     name: str = ""
     array_job_id: str = ""

@@ -319,6 +319,7 @@ def test_prolog_recorded_gpu_job_is_exported_with_its_usage_and_goes_after_epilo
                     "uid": str(uid),
                     "account": ACCOUNTS["sgeuser"][0],  # the user's default account
                     "partition": "debug",
+                    "qos": scontrol_job(cluster, jobid)["QOS"],
                     "name": "sge-e2e-spool",
                     "array_job_id": "",
                     "array_task_id": "",
@@ -434,6 +435,7 @@ def test_job_without_spool_record_is_discovered_from_its_cgroup_with_metadata_fr
                     "uid": str(uid),
                     "account": ACCOUNTS["sgeuser2"][0],
                     "partition": "debug",
+                    "qos": sjob["QOS"],
                     "name": "sge-e2e-found",
                     "array_job_id": "",
                     "array_task_id": "",

@@ -97,6 +97,20 @@ def test_job_without_spool_record_is_discovered_with_slurm_metadata(node: Node) 
     assert asked == ["11"], "metadata is looked up once per job, not per sample"
 
 
+def test_qos_comes_from_the_record_else_from_slurm(node: Node) -> None:
+    node.record("12", start_time=5.0, qos="high")
+    node.record("13", start_time=5.0)  # a prolog that was given no SLURM_JOB_QOS
+    node.start_cgroup("12", uid=1001)
+    node.start_cgroup("13", uid=1001)
+
+    def lookup(jobid: str) -> SlurmJobInfo:
+        return SlurmJobInfo(jobid=jobid, uid=1001, user="alice", qos="normal")
+
+    jobs = make_registry(node, Clock(), lookup).refresh()
+    assert [(j.jobid, j.qos, j.info().qos) for j in jobs] == [
+        ("12", "high", "high"), ("13", "normal", "normal")]
+
+
 def test_discovered_job_without_slurm_keeps_uid_from_the_cgroup_path(node: Node) -> None:
     node.start_cgroup("12", uid=0)
     [job] = make_registry(node, Clock(), lookup=None).refresh()

@@ -51,6 +51,16 @@ def test_prolog_records_what_slurmd_gave_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.process
+def test_prolog_records_the_jobs_qos_where_slurmd_gives_it(tmp_path: Path) -> None:
+    with_qos = PROLOG_ENV | {"SLURM_JOB_QOS": "high"}
+    assert run_hook("prolog", with_qos, tmp_path / "a").returncode == 0
+    assert run_hook("prolog", PROLOG_ENV, tmp_path / "b").returncode == 0  # 22.05 sets none
+    record = f"{PROLOG_ENV['SLURM_JOB_ID']}.json"
+    assert json.loads((tmp_path / "a" / record).read_text())["qos"] == "high"
+    assert json.loads((tmp_path / "b" / record).read_text())["qos"] == ""
+
+
+@pytest.mark.process
 def test_epilog_marks_the_record_ended_and_keeps_the_rest(tmp_path: Path) -> None:
     run_hook("prolog", PROLOG_ENV, tmp_path)
     result = run_hook("epilog", PROLOG_ENV, tmp_path)

@@ -58,6 +58,13 @@ def test_known_values_are_series_and_unknown_values_are_absent() -> None:
     assert series(text, "slurm_job_memory_limit_bytes") == []  # unlimited: no series
     assert series(text, "slurm_job_gpu_busy_seconds_total") == []  # not reported
     assert series(text, "slurm_job_gpu_energy_joules_total") == []
+
+
+def test_job_info_carries_the_qos_and_an_empty_one_where_unknown() -> None:
+    known = JobSample(job=JobInfo(jobid="43", user="bob", qos="high"))
+    text = render(_snapshot(jobs=(*_snapshot().jobs, known))).text.decode()
+    assert {labels["jobid"]: labels["qos"] for labels, _ in series(text, "slurm_job_info")} == {
+        "42": "", "43": "high"}
     assert series(text, "slurm_gpu_temperature_celsius") == []
     assert series(text, "slurm_job_gpu_allocated_seconds_total")[0][0] == {
         "jobid": "42", "user": "alice", "gpu": "0", "uuid": "GPU-0"}

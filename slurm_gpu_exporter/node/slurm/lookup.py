@@ -248,6 +248,7 @@ class PySlurm:
             user=str(getattr(job, "user_name", "") or ""),
             account=str(getattr(job, "account", "") or ""),
             partition=str(getattr(job, "partition", "") or ""),
+            qos=str(getattr(job, "qos", "") or ""),
             cluster=str(getattr(job, "cluster", "") or ""),
             name=str(getattr(job, "name", "") or ""),
             state=str(getattr(job, "state", "") or ""),

@@ -21,6 +21,7 @@ class SlurmJobInfo:
     user: str = ""
     account: str = ""
     partition: str = ""
+    qos: str = ""
     cluster: str = ""
     name: str = ""
     state: str = ""
@@ -186,6 +187,7 @@ def parse_scontrol_job(line: str, node: str) -> SlurmJobInfo | None:
         user=user,
         account=_null(fields.get("Account", "")),
         partition=_null(fields.get("Partition", "")),
+        qos=_null(fields.get("QOS", "")),
         name=_null(fields.get("JobName", "")),
         state=fields.get("JobState", "").split()[0] if fields.get("JobState") else "",
         array_job_id=_null(fields.get("ArrayJobId", "")),
@@ -259,6 +261,7 @@ def parse_squeue_json(text: str, jobid: str, node: str) -> SlurmJobInfo | None:
             user=_text(job.get("user_name")),
             account=_text(job.get("account")),
             partition=_text(job.get("partition")),
+            qos=_text(job.get("qos")),
             cluster=_text(job.get("cluster")),
             name=_text(job.get("name")),
             state=_text(state),
