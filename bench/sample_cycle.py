@@ -48,9 +48,9 @@ def main() -> None:
         node = SimulatedNode(Path(tmp))
         errors = SourceErrors()
         cgroups = CgroupFS(node.cgroup_root)
-        registry = JobTracker(str(node.spool_dir), cgroups, SlurmMetadata(node.slurm_lookup),
-                            errors, proc_root=node.proc_root,
-                            trusted_uids=frozenset({0, os.geteuid()}))
+        metadata = SlurmMetadata(node.slurm_lookup, errors=errors)
+        registry = JobTracker(str(node.spool_dir), cgroups, metadata, errors,
+                              proc_root=node.proc_root, trusted_uids=frozenset({0, os.geteuid()}))
         backend = TimedBackend(node.gpu_count, node.gpu_processes)
         gpu = GpuSampler(backend, node.proc_root, errors, cgroups=cgroups)
         sampler = Sampler(registry, JobStatsCollector(cgroups, node.proc_root, errors), errors,

@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler = Sampler(
             registry, jobstats, errors, args.sample_interval,
             state=StateStore(args.state_dir), gpu=gpu, training=training,
-            publish=lambda snapshot, exposition: holder.publish(exposition),
+            publish=holder.show,
         )
         try:
             asyncio.run(_serve(make_app(holder, web_config, limits), listen, web_config, sampler,

@@ -53,8 +53,6 @@ class JobTracker:
         self.spool = SpoolReader(spool_dir, errors, trusted_uids)
         self.cgroups = cgroups
         self.metadata = metadata
-        if metadata.errors is None:  # the look-ups it asks for still count, under "slurm"
-            metadata.errors = errors
         self.errors = errors
         self.proc_root = proc_root
         self.job_linger = job_linger
@@ -71,9 +69,13 @@ class JobTracker:
 
     # -- public -------------------------------------------------------------
 
-    def refresh(self) -> list[Job]:
-        """Re-read the spool and cgroups; returns the jobs to report, running and lingering."""
-        now = self.clock()
+    def refresh(self, now: float | None = None) -> list[Job]:
+        """Re-read the spool and cgroups; returns the jobs to report, running and lingering.
+
+        ``now``: the sample's time (the sampler's one clock); the tracker's own clock
+        when called alone."""
+        if now is None:
+            now = self.clock()
         records = self.spool.read()
         cgroup_jobs = find_cgroup_jobs(self.cgroups, self.metadata, self.errors, records,
                                        self._jobs)

@@ -3,8 +3,9 @@
 Each source (the job registry, cgroup statistics, the GPU backend, the training
 relay, the state dir) is timed and fails alone: an exception in one leaves the
 others' data in the snapshot and shows as that source's error count. A scrape never
-waits for a sample; it serves the last one. Publishing renders nothing: a format is
-rendered when a scrape first asks for it (metrics.Exposition).
+waits for a sample; it serves the last one. The sampler hands each snapshot to
+``publish`` and knows nothing of its rendering (web/server.py's holder renders it,
+each format when a scrape first asks for it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any, Protocol
 
 from prometheus_client.metrics_core import Metric
 
-from slurm_gpu_exporter.exposition.metrics import Exposition, render
 from slurm_gpu_exporter.exposition.snapshot import (
     GpuSample,
     JobGpuSample,
@@ -68,8 +68,11 @@ class Sampler:
         state: StateStore | None = None,
         gpu: GpuSource | None = None,
         training: TrainingSource | None = None,
-        publish: Callable[[Snapshot, Exposition], None] = lambda s, e: None,
+        publish: Callable[[Snapshot], None] = lambda snapshot: None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """``clock``: the one wall clock of a sample; its reading is the snapshot's
+        timestamp and the ``now`` every source is given."""
         self.registry = registry
         self.jobstats = jobstats
         self.errors = errors
@@ -78,6 +81,7 @@ class Sampler:
         self.gpu = gpu
         self.training = training
         self.publish = publish
+        self.clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if state is not None:
@@ -118,13 +122,13 @@ class Sampler:
 
     def sample_once(self) -> Snapshot:
         """Take one sample, save state and publish it; returns the snapshot."""
-        started = time.monotonic()
-        now = time.time()
+        started = time.monotonic()  # for the sample's own duration only
+        now = self.clock()
         self.errors.take_failed()  # what failed between samples is not this sample's
         steps: list[StepTiming] = []
 
-        refreshed: list[Job] | None = self._timed("registry", steps, self.registry.refresh,
-                                                  None)
+        refreshed: list[Job] | None = self._timed("registry", steps,
+                                                  lambda: self.registry.refresh(now), None)
         jobs = refreshed if refreshed is not None else []
         job_samples: list[JobSample] = self._timed(
             "cgroup", steps, lambda: self.jobstats.collect(jobs), [])
@@ -154,7 +158,7 @@ class Sampler:
             sample_duration_seconds=time.monotonic() - started,
             training=training,
         )
-        self.publish(snapshot, render(snapshot))
+        self.publish(snapshot)
         return snapshot
 
     def _source_statuses(self, failed: frozenset[str],

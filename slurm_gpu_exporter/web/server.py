@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from slurm_gpu_exporter import __version__
-from slurm_gpu_exporter.exposition.metrics import Exposition
+from slurm_gpu_exporter.exposition.metrics import Exposition, render
+from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.web.config import AuthBusy, WebConfig
 from slurm_gpu_exporter.web.connections import ACCEPT_BATCH, ConnectionGuard, ConnectionLimits
 from slurm_gpu_exporter.web.reload import LiveWebConfig
@@ -52,6 +53,11 @@ class ExpositionHolder:
 
     def publish(self, exposition: Exposition) -> None:
         self.current = exposition
+
+    def show(self, snapshot: Snapshot) -> None:
+        """Serve ``snapshot`` from now on; the sampler calls it with each sample, so the
+        agent's own process figures are read with the sample, never by a scrape."""
+        self.publish(render(snapshot))
 
 
 def _accepted(header: str, wanted: str) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from slurm_gpu_exporter.exposition.metrics import render
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.jobs.stats import JobStatsCollector
 from slurm_gpu_exporter.jobs.tracker import JobTracker
@@ -62,7 +63,7 @@ def _rig(base: Path, limits: RelayLimits) -> Rig:
     published: list[tuple[Snapshot, str]] = []
     sampler = Sampler(registry, JobStatsCollector(cgroups, node.proc_root, errors), errors,
                       1.0, training=source,
-                      publish=lambda s, e: published.append((s, e.text.decode())))
+                      publish=lambda s: published.append((s, render(s).text.decode())))
     return Rig(node, errors, relay, source, sampler, published)
 
 

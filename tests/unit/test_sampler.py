@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from slurm_gpu_exporter.exposition.metrics import Exposition
+from slurm_gpu_exporter.exposition.metrics import Exposition, render
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, XidEvent
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
@@ -56,7 +56,7 @@ def _sampler(node: SynthNode, errors: SourceErrors, *, state_dir: Path | None = 
     sampler = Sampler(
         registry, JobStatsCollector(cgroups, node.proc_root, errors), errors, 5.0,
         state=StateStore(state_dir) if state_dir is not None else None, gpu=gpu,
-        training=training, publish=lambda s, e: published.append((s, e)),
+        training=training, publish=lambda s: published.append((s, render(s))),
     )
     return sampler, published
 
@@ -123,7 +123,8 @@ def test_a_failed_slurm_lookup_is_the_slurm_sources_problem_not_the_registrys(
         raise RuntimeError("slurmctld not responding")
 
     errors = SourceErrors()
-    sampler, published = _sampler(node, errors, metadata=SlurmMetadata(unreachable))
+    sampler, published = _sampler(node, errors,
+                                  metadata=SlurmMetadata(unreachable, errors=errors))
     snapshot = sampler.sample_once()
     assert asked == ["4101"]
     assert [s.job.jobid for s in snapshot.jobs] == ["4101"]  # the job is still reported
@@ -207,11 +208,11 @@ def test_the_loop_keeps_sampling_after_a_sample_crashes(tmp_path: Path) -> None:
     calls = {"n": 0}
     real_render = sampler.publish
 
-    def flaky_publish(snapshot: Snapshot, exposition: Exposition) -> None:
+    def flaky_publish(snapshot: Snapshot) -> None:
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("first publish fails")
-        real_render(snapshot, exposition)
+        real_render(snapshot)
         if len(published) >= 2:
             sampler._stop.set()
 
