@@ -13,7 +13,7 @@ first reading after a restart counts the energy used while the agent was down, f
 the jobs that held the GPU across that time. The backend itself is read in a worker
 thread (gpu/polling.py); who uses and holds each GPU comes from gpu/usage.py; GPM
 activity (SM, tensor, DRAM) is counted by gpu/activity.py, for the job that has a GPU
-or MIG instance to itself. What each reading adds to which job is gpu/attribute.py's part.
+or MIG instance to itself. What each reading adds to which job is gpu/attributor.py's part.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_gpu_exporter.exposition.snapshot import GpuSample, JobGpuSample, UnattributedSample
-from slurm_gpu_exporter.gpu.attribute import GpuAttribution, Poll
+from slurm_gpu_exporter.gpu.attributor import GpuAttributor, Poll
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuBackend
 from slurm_gpu_exporter.gpu.polling import BackendLink
 from slurm_gpu_exporter.gpu.samples import job_gpu_samples
@@ -64,7 +64,7 @@ class GpuSampler:
                                 reinit_after=reinit_after, clock=clock)
         self.errors = errors
         self.cgroups = cgroups
-        self.attribution = GpuAttribution(proc_root, self.link.xids)
+        self.attribution = GpuAttributor(proc_root, self.link.xids)
         # The attribution's parts, under the names the rest of the agent reads.
         self.users = self.attribution.users
         self.devices = self.attribution.devices

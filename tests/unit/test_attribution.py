@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_gpu_exporter.gpu.attribution import (
+from slurm_gpu_exporter.gpu.backend import UtilSample
+from slurm_gpu_exporter.gpu.integration import integrate_samples
+from slurm_gpu_exporter.gpu.shares import (
     UNATTRIBUTED,
     GpuTarget,
     energy_shares,
     held_targets,
     shares,
 )
-from slurm_gpu_exporter.gpu.backend import UtilSample
-from slurm_gpu_exporter.gpu.integration import integrate_samples
 from slurm_gpu_exporter.model.allocation import GpuAllocation, gpu_allocation, parse_index_list
 
 # NVML order 0..3, but minor numbers (= Slurm's gres indices) reversed.

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.gpu.attribution import energy_shares
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuProcess
 from slurm_gpu_exporter.gpu.energy import EnergyCounters, EnergyDelta, energy_delta_j
 from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
+from slurm_gpu_exporter.gpu.shares import energy_shares
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.source_health import SourceErrors
 from slurm_gpu_exporter.node.state_dir import STATE_VERSION, StateStore

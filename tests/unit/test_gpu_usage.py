@@ -6,8 +6,8 @@ import os
 import pwd
 from pathlib import Path
 
-from slurm_gpu_exporter.gpu.attribution import UNATTRIBUTED, GpuTarget
 from slurm_gpu_exporter.gpu.backend import GpuProcess, ProcessUtilSample
+from slurm_gpu_exporter.gpu.shares import UNATTRIBUTED, GpuTarget
 from slurm_gpu_exporter.gpu.usage import UsageReader
 from slurm_gpu_exporter.jobs.job import Job
 from tests.unit.fake_gpu import StubMapper

@@ -1,4 +1,4 @@
-"""Who gets a GPU's busy time and energy: pure rules, no I/O.
+"""Who gets a GPU's busy time and energy (its shares among jobs and users): pure rules, no I/O.
 
 - Which GPUs a job holds comes from its record: by UUID where slurmd gave
   ``GPU-…``/``MIG-…`` UUIDs, else by Slurm index = device minor number. Never by

@@ -9,12 +9,6 @@ from pathlib import Path
 
 from slurm_gpu_exporter.exposition.snapshot import GpuSample, UnattributedSample
 from slurm_gpu_exporter.gpu.activity import DeviceActivity, job_activity, sole_job
-from slurm_gpu_exporter.gpu.attribution import (
-    UNATTRIBUTED,
-    GpuTarget,
-    energy_shares,
-    shares,
-)
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpmFigures
 from slurm_gpu_exporter.gpu.clocks import HostClocks, wall_to_driver_us
 from slurm_gpu_exporter.gpu.counters import CounterStore, JobGpuCounters
@@ -22,6 +16,12 @@ from slurm_gpu_exporter.gpu.energy import EnergyCounters
 from slurm_gpu_exporter.gpu.integration import DeviceIntegrator, since_start
 from slurm_gpu_exporter.gpu.polling import XidCounts
 from slurm_gpu_exporter.gpu.samples import device_sample, mig_sample
+from slurm_gpu_exporter.gpu.shares import (
+    UNATTRIBUTED,
+    GpuTarget,
+    energy_shares,
+    shares,
+)
 from slurm_gpu_exporter.gpu.usage import UsageReader
 from slurm_gpu_exporter.jobs.job import Job
 
@@ -40,7 +40,7 @@ class Poll:
     touched: set[tuple[str, str]]  # (job id, uuid) pairs with live figures
 
 
-class GpuAttribution:
+class GpuAttributor:
     """The per-GPU half of the GPU sampler: what each reading adds to which job."""
 
     def __init__(self, proc_root: Path, xids: XidCounts) -> None:
