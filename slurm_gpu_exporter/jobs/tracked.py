@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from slurm_gpu_exporter.hooks import spool
 from slurm_gpu_exporter.node.cgroup import JobCgroup
-from slurm_gpu_exporter.node.slurm.lookup import SlurmMetadata
+from slurm_gpu_exporter.node.slurm.lookup import SlurmJobInfo
 
 if TYPE_CHECKING:
     from slurm_gpu_exporter.jobs.job import Job
@@ -61,10 +62,14 @@ class TrackedJob:
         return True
 
 
-def check_with_slurm(tracked: TrackedJob, metadata: SlurmMetadata, now: float) -> None:
-    """End a job without a cgroup that Slurm reports finished, or keeps not knowing."""
-    answered = tracked.jobid in metadata.last_answers
-    info = metadata.last_answers.get(tracked.jobid)
+def check_with_slurm(tracked: TrackedJob, answers: Mapping[str, SlurmJobInfo | None],
+                     unreachable: bool, now: float) -> None:
+    """End a job without a cgroup that Slurm reports finished, or keeps not knowing.
+
+    ``answers``: what this sample's look-ups learnt; ``unreachable``: Slurm could not be
+    asked (look-ups paused after a failure)."""
+    answered = tracked.jobid in answers
+    info = answers.get(tracked.jobid)
     if info is not None and info.finished:
         tracked.mark_ended(now, now)
         log.info("job %s: Slurm reports it %s and it never had a cgroup here; "
@@ -73,7 +78,7 @@ def check_with_slurm(tracked: TrackedJob, metadata: SlurmMetadata, now: float) -
     if info is not None:
         tracked.failed_state_checks = 0  # Slurm still runs it: keep waiting
         return
-    if not answered and not metadata.unreachable:
+    if not answered and not unreachable:
         return  # not asked this time (too many look-ups at once): not a failed check
     tracked.failed_state_checks += 1
     if tracked.failed_state_checks < NEVER_SEEN_MAX_CHECKS:

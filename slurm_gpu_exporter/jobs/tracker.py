@@ -204,9 +204,9 @@ class JobTracker:
         check_state = [t for t in running
                        if t.state_check_due(now, self.cgroups is not None)]
         # A failed look-up is counted by the metadata cache, under the slurm source.
-        self.metadata.refresh(need, force_state=[t.jobid for t in check_state])
+        _, answers = self.metadata.ask(need, force_state=[t.jobid for t in check_state])
         for tracked in check_state:
-            check_with_slurm(tracked, self.metadata, now)
+            check_with_slurm(tracked, answers, self.metadata.unreachable, now)
         for tracked in running:
             if tracked.record is None and tracked.uid_from_process is None:
                 tracked.uid_from_process = uid_from_processes(self.cgroups, self.proc_root,

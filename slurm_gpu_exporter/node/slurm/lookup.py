@@ -325,8 +325,6 @@ class SlurmMetadata:
         # After a failure no call is made until then: a controller that hangs costs
         # one timeout per back-off period, not one per job per sample.
         self._paused_until = 0.0
-        # What the last refresh learnt: job id -> its info, None where Slurm does not know it.
-        self.last_answers: dict[str, SlurmJobInfo | None] = {}
 
     @property
     def unreachable(self) -> bool:
@@ -337,17 +335,23 @@ class SlurmMetadata:
         return self._known.get(jobid)
 
     def refresh(self, jobids: Iterable[str], force_state: Iterable[str] = ()) -> int:
-        """Look up jobs not known yet (and re-check ``force_state`` ones); returns the errors.
+        """Look up jobs not known yet (and re-check ``force_state`` ones); returns the errors."""
+        return self.ask(jobids, force_state)[0]
 
-        At most ``max_per_refresh`` calls per refresh so a burst of unknown jobs cannot
+    def ask(self, jobids: Iterable[str], force_state: Iterable[str] = ()
+            ) -> tuple[int, dict[str, SlurmJobInfo | None]]:
+        """``refresh``, returning also what this round learnt: job id -> its info, None
+        where Slurm does not know it; a job not asked this round is absent.
+
+        At most ``max_per_refresh`` calls per round so a burst of unknown jobs cannot
         stall a sample.
         """
-        self.last_answers = {}
+        answers: dict[str, SlurmJobInfo | None] = {}
         if self._lookup is None:
-            return 0
+            return 0, answers
         now = self._clock()
         if now < self._paused_until:
-            return 0
+            return 0, answers
         forced = set(force_state)
         wanted = [j for j in jobids if j not in self._known]
         wanted += [j for j in forced if j not in wanted]
@@ -368,7 +372,7 @@ class SlurmMetadata:
                     self.errors.count("slurm", "a Slurm look-up failed (see the log line "
                                       "above)", log_it=False)
                 break
-            self.last_answers[jobid] = info
+            answers[jobid] = info
             if info is not None:
                 self._known[jobid] = info
             elif jobid in forced:
@@ -378,7 +382,7 @@ class SlurmMetadata:
                 self._retry_at[jobid] = now + RETRY_AFTER_S
             else:
                 self._retry_at.pop(jobid, None)
-        return errors
+        return errors, answers
 
     def drop(self, jobid: str) -> None:
         """Forget one job's answer, so that the next refresh asks again (a new run)."""
