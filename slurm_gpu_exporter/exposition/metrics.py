@@ -239,7 +239,8 @@ def self_families(snapshot: Snapshot) -> Iterator[Metric]:
     for step in snapshot.steps:
         duration.add_metric([step.name], step.duration_seconds)
     duration.add_metric(["total"], snapshot.sample_duration_seconds)
-    # source_up and sample_errors_total share one set of `source` values (errors.SOURCES).
+    # source_up and sample_errors_total share one set of `source` values
+    # (node/source_health.SOURCES).
     up = _gauge("slurm_gpu_exporter_source_up",
                 "1 when the source met no error in the last sample, by source.", ["source"])
     for status in snapshot.sources:

@@ -105,7 +105,7 @@ class UnattributedSample:
 
 @dataclass(frozen=True)
 class SourceStatus:
-    """Whether one data source (a name in errors.SOURCES) worked in the last sample."""
+    """Whether one data source (a name in node/source_health.SOURCES) worked in the last sample."""
 
     name: str
     ok: bool

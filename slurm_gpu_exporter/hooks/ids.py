@@ -1,7 +1,7 @@
 """Slurm's id grammar and the uid-to-name lookup, shared by the hooks and the node readers.
 
 Standard library only and cheap to import: the prolog and epilog load it through
-spool.py inside slurmd's prolog.
+hooks/spool.py inside slurmd's prolog.
 """
 
 from __future__ import annotations

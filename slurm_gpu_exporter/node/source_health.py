@@ -42,7 +42,7 @@ class SourceErrors:
     def count(self, source: str, message: str, *, log_it: bool = True, n: int = 1) -> None:
         """Count ``n`` errors of ``source``; log ``message`` unless it was logged recently."""
         if source not in self._counts:
-            raise ValueError(f"unknown error source {source!r}; add it to errors.SOURCES")
+            raise ValueError(f"unknown error source {source!r}; add it to source_health.SOURCES")
         with self._lock:
             self._counts[source] += n
             self._failed.add(source)
