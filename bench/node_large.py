@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from agentproc import get, idle_cpu_per_sample, load, rss_mib, scrape_cpu, series_count  # noqa: E402
 from common import record  # noqa: E402
 
-from slurm_gpu_exporter.synthnode import SynthNode  # noqa: E402
+from slurm_gpu_exporter.sim.synthnode import SynthNode  # noqa: E402
 from tests.agent import Agent  # noqa: E402
 from tests.fakenvml import Device, FakeNvml, MigInstance, NvmlState, Pattern, Process  # noqa: E402
 

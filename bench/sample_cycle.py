@@ -15,17 +15,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import percentile, record
 
-from slurm_gpu_exporter.cgroups import CgroupFS
-from slurm_gpu_exporter.errors import SourceErrors
+from slurm_gpu_exporter.exposition.metrics import render
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.gpu.simulated import SimulatedBackend
-from slurm_gpu_exporter.jobstats import JobStatsCollector
-from slurm_gpu_exporter.metrics import render
-from slurm_gpu_exporter.registry import Registry
-from slurm_gpu_exporter.sampler import Sampler
-from slurm_gpu_exporter.simulate import SimulatedNode
-from slurm_gpu_exporter.slurm import SlurmMetadata
-from slurm_gpu_exporter.state import StateStore
+from slurm_gpu_exporter.jobs.stats import JobStatsCollector
+from slurm_gpu_exporter.jobs.tracker import JobTracker
+from slurm_gpu_exporter.node.cgroup import CgroupFS
+from slurm_gpu_exporter.node.slurm.lookup import SlurmMetadata
+from slurm_gpu_exporter.node.source_health import SourceErrors
+from slurm_gpu_exporter.node.state_dir import StateStore
+from slurm_gpu_exporter.sampling.sampler import Sampler
+from slurm_gpu_exporter.sim.simulate import SimulatedNode
 
 CYCLES = 60
 
@@ -48,9 +48,9 @@ def main() -> None:
         node = SimulatedNode(Path(tmp))
         errors = SourceErrors()
         cgroups = CgroupFS(node.cgroup_root)
-        registry = Registry(str(node.spool_dir), cgroups, SlurmMetadata(node.slurm_lookup),
-                            errors, proc_root=node.proc_root,
-                            trusted_uids=frozenset({0, os.geteuid()}))
+        metadata = SlurmMetadata(node.slurm_lookup, errors=errors)
+        registry = JobTracker(str(node.spool_dir), cgroups, metadata, errors,
+                              proc_root=node.proc_root, trusted_uids=frozenset({0, os.geteuid()}))
         backend = TimedBackend(node.gpu_count, node.gpu_processes)
         gpu = GpuSampler(backend, node.proc_root, errors, cgroups=cgroups)
         sampler = Sampler(registry, JobStatsCollector(cgroups, node.proc_root, errors), errors,

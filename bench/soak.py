@@ -3,7 +3,7 @@
     .venv/bin/python bench/soak.py            # 30 minutes, as release checks ask
     .venv/bin/python bench/soak.py --minutes 4
 
-Runs the real agent over a synthetic node (slurm_gpu_exporter/synthnode.py) with the fake NVML
+Runs the real agent over a synthetic node (slurm_gpu_exporter/sim/synthnode.py) with the fake NVML
 (tests/fakenvml, built with cc on first use). A job starts about every second and
 ends some seconds later; a scraper thread fetches /metrics ten times a second.
 Prints the agent's RSS, open files, threads and sample time at the start (after a
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import record
 
-from slurm_gpu_exporter.synthnode import SynthNode
+from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.agent import Agent, series
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
 from tests.hardening.churn import end_job, open_files, rss_kib, threads

@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 JOBID = "990001"
 NVML_DEVICE_ARCH_HOPPER = 9  # nvml.h: Hopper and later have GPM
 # The agent from this checkout, without an installed entry point.
-AGENT_MAIN = "import sys; from slurm_gpu_exporter.cli import main; sys.exit(main())"
+AGENT_MAIN = "import sys; from slurm_gpu_exporter.agent.cli import main; sys.exit(main())"
 
 # A one-thread kernel that spins until the GPU's global timer passes start + ns.
 SPIN_PTX = b"""
@@ -290,7 +290,7 @@ def load_rows(title: str, ratios: dict[str, float | None], busy_truth: float,
 
 
 def check(args: argparse.Namespace) -> int:
-    from slurm_gpu_exporter import spool
+    from slurm_gpu_exporter.hooks import spool
 
     try:
         uuid, minor, name, architecture = _gpu_identity(args.gpu)

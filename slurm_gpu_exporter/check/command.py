@@ -8,7 +8,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.check.findings import Finding, exit_code, render_json, render_text
 from slurm_gpu_exporter.check.gpus import check_gpus
 from slurm_gpu_exporter.check.node import check_cgroups, check_jobs, check_trust, read_spool
@@ -16,11 +15,12 @@ from slurm_gpu_exporter.check.slurmconf import check_config, parse_config
 from slurm_gpu_exporter.check.slurmside import LOCAL, SlurmAccess, check_lookup, read_config
 from slurm_gpu_exporter.check.training import check_training
 from slurm_gpu_exporter.gpu.backend import GpuBackend
+from slurm_gpu_exporter.node.cgroup import CgroupFS
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The agent's parser (so ``check`` looks where the agent would) plus the check's flags."""
-    from slurm_gpu_exporter.cli import build_parser as agent_parser
+    from slurm_gpu_exporter.agent.cli import build_parser as agent_parser
 
     p = agent_parser()
     p.prog = "slurm-gpu-exporter check"

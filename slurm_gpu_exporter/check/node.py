@@ -8,13 +8,13 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from slurm_gpu_exporter.cgroup_files import UNIFIED
-from slurm_gpu_exporter.cgroups import CgroupFS, JobCgroup
+from slurm_gpu_exporter.agent.trust import UntrustedPathError, check_private_dir
 from slurm_gpu_exporter.check.findings import Finding
-from slurm_gpu_exporter.errors import SourceErrors
-from slurm_gpu_exporter.spool import JobRecord
-from slurm_gpu_exporter.spool_reader import SpoolReader
-from slurm_gpu_exporter.trust import UntrustedPathError, check_private_dir
+from slurm_gpu_exporter.hooks.spool import JobRecord
+from slurm_gpu_exporter.node.cgroup import CgroupFS, JobCgroup
+from slurm_gpu_exporter.node.cgroup.files import UNIFIED
+from slurm_gpu_exporter.node.source_health import SourceErrors
+from slurm_gpu_exporter.node.spool_reader import SpoolReader
 
 _V1_PREFIX = "slurm_"
 _V2_SUFFIX = "_slurmstepd.scope"
@@ -89,7 +89,7 @@ def check_cgroups(cgroups: CgroupFS, node_name: str,
 
 def read_spool(spool_dir: str, trusted_uids: frozenset[int]) -> dict[str, JobRecord]:
     """The spool's records of jobs that have not ended, read as the agent reads them."""
-    quiet = logging.getLogger("slurm_gpu_exporter.spool_reader")
+    quiet = logging.getLogger("slurm_gpu_exporter.node.spool_reader")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # the check reports a missing spool itself
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 from slurm_gpu_exporter.check.findings import Finding
-from slurm_gpu_exporter.slurm import CLI_TIMEOUT_S, local_slurm_version, pyslurm_matches
+from slurm_gpu_exporter.node.slurm.lookup import CLI_TIMEOUT_S, local_slurm_version, pyslurm_matches
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_gpu_exporter.attribution import UNATTRIBUTED, user_shares
 from slurm_gpu_exporter.gpu.integration import held_seconds
+from slurm_gpu_exporter.gpu.shares import UNATTRIBUTED, user_shares
 from slurm_gpu_exporter.gpu.usage import Usage
-from slurm_gpu_exporter.registry import Job
+from slurm_gpu_exporter.jobs.job import Job
 
 JobKey = tuple[str, float | None]  # (job id, start time): a requeued job is a new run
 

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuBackend, GpuUnavailable
+from slurm_gpu_exporter.node.source_health import SourceErrors
 
 log = logging.getLogger(__name__)
 

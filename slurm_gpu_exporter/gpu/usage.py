@@ -7,12 +7,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_gpu_exporter.allocation import GpuAllocation, gpu_allocation
-from slurm_gpu_exporter.attribution import UNATTRIBUTED, GpuTarget, held_targets
-from slurm_gpu_exporter.base import user_name
 from slurm_gpu_exporter.gpu.backend import GpuProcess, ProcessUtilSample
-from slurm_gpu_exporter.procfs import PidJobMapper, ProcessGone, read_uid
-from slurm_gpu_exporter.registry import Job
+from slurm_gpu_exporter.gpu.shares import UNATTRIBUTED, GpuTarget, held_targets
+from slurm_gpu_exporter.hooks.ids import user_name
+from slurm_gpu_exporter.jobs.job import Job
+from slurm_gpu_exporter.node.procfs import PidJobMapper, ProcessGone, read_uid
 
 
 @dataclass
@@ -31,14 +30,13 @@ class UsageReader:
     """Maps a GPU's processes to the running jobs, through /proc and the cgroups.
 
     Remembers, for as long as the processes live, the user of each process outside
-    every job, and each job's parsed allocation.
+    every job.
     """
 
     def __init__(self, proc_root: Path) -> None:
         self.proc_root = proc_root
         self.mapper = PidJobMapper(proc_root)
         self._users: dict[int, str] = {}
-        self._allocations: dict[str, tuple[tuple[str, str], GpuAllocation]] = {}
 
     def usage(self, processes: Iterable[GpuProcess],
               process_samples: Iterable[ProcessUtilSample], key_to_job: dict[str, Job],
@@ -71,22 +69,12 @@ class UsageReader:
 
     def holders(self, target: GpuTarget, running: list[Job]) -> list[str]:
         """Ids of the running jobs whose allocation covers the target."""
-        return [j.jobid for j in running if held_targets(self._allocation(j), [target])]
+        return [j.jobid for j in running if held_targets(j.allocation, [target])]
 
-    def forget(self, tracked: set[str], seen_pids: set[int]) -> None:
-        """Drop what belongs to jobs no longer tracked and processes no longer seen."""
-        for jobid in [j for j in self._allocations if j not in tracked]:
-            del self._allocations[jobid]
+    def forget(self, seen_pids: set[int]) -> None:
+        """Drop the users of processes no longer seen."""
         for pid in [p for p in self._users if p not in seen_pids]:
             del self._users[pid]
-
-    def _allocation(self, job: Job) -> GpuAllocation:
-        """A job's GPUs, parsed once per job rather than once per GPU and sample."""
-        key = (job.job_gpus, job.cuda_visible_devices)
-        cached = self._allocations.get(job.jobid)
-        if cached is None or cached[0] != key:
-            cached = self._allocations[job.jobid] = (key, gpu_allocation(*key))
-        return cached[1]
 
     def _user_of(self, pid: int) -> str | None:
         if pid in self._users:

@@ -34,7 +34,7 @@ from slurm_gpu_exporter.proxy.identity import Caller, Refusal, identify
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
 from slurm_gpu_exporter.proxy.params import FORM, BadRequest, pick, read_params, single
 from slurm_gpu_exporter.proxy.printer import LABEL_NAME
-from slurm_gpu_exporter.webconfig import WebConfig
+from slurm_gpu_exporter.web.config import WebConfig
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from slurm_gpu_exporter.proxy.app import make_app
 from slurm_gpu_exporter.proxy.config import ConfigError, ProxyConfig, load_config
 from slurm_gpu_exporter.proxy.listener import ListenError, listen, parse_listen_address
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
-from slurm_gpu_exporter.webconfig import WebConfig, WebConfigError, load_web_config
+from slurm_gpu_exporter.web.config import WebConfig, WebConfigError, load_web_config
 
 log = logging.getLogger("slurm_gpu_exporter.proxy")
 

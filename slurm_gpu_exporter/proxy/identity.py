@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from slurm_gpu_exporter.proxy.config import USER_NAME, UserHeader
-from slurm_gpu_exporter.webconfig import WebConfig
+from slurm_gpu_exporter.web.config import WebConfig
 
 
 @dataclass(frozen=True)

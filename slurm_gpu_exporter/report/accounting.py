@@ -2,7 +2,7 @@
 
 One ``sacct`` call for all the jobs of a report (by id for ``job``, by time window
 for ``archive``). The agent's Slurm adapter
-(``slurm_gpu_exporter.slurm``) answers the agent's questions and carries no time
+(``slurm_gpu_exporter.node.slurm.lookup``) answers the agent's questions and carries no time
 limit or memory request, so these fields are asked for here. A site without
 accounting (or without the Slurm commands) gets ``None`` and the notes that need
 these fields stay silent.

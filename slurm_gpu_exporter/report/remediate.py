@@ -20,12 +20,12 @@ from typing import Any
 
 from aiohttp import web
 
-from slurm_gpu_exporter.connections import ConnectionGuard, ConnectionLimits
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.queries import node_name
 from slurm_gpu_exporter.report.slurm_actions import NODE_RE, drain_node, inert, node_state
-from slurm_gpu_exporter.server import GUARD_KEY, auth_middleware, guard_middleware
-from slurm_gpu_exporter.webconfig import WebConfig
+from slurm_gpu_exporter.web.config import WebConfig
+from slurm_gpu_exporter.web.connections import ConnectionGuard, ConnectionLimits
+from slurm_gpu_exporter.web.server import GUARD_KEY, auth_middleware, guard_middleware
 
 log = logging.getLogger(__name__)
 

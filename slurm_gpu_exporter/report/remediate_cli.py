@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from slurm_gpu_exporter.report.remediate import DEFAULT_ALERTS, Remediator, make_app
-from slurm_gpu_exporter.server import ListenError, start_server
-from slurm_gpu_exporter.webconfig import WebConfig, WebConfigError, load_web_config
+from slurm_gpu_exporter.web.config import WebConfig, WebConfigError, load_web_config
+from slurm_gpu_exporter.web.server import ListenError, start_server
 
 DEFAULT_LISTEN = "127.0.0.1:9818"
 

@@ -7,7 +7,12 @@ import os
 import socket
 import stat
 
-SOCKET_NAME = "training.sock"
+# Its name in the spool dir is part of the spool format, which the record reader
+# (node/) knows without importing the relay.
+from slurm_gpu_exporter.hooks.spool import TRAINING_SOCKET as SOCKET_NAME
+
+__all__ = ["MAX_SOCKET_PATH", "SOCKET_NAME", "bind_socket", "remove_socket"]
+
 # sockaddr_un.sun_path holds 108 bytes, the final NUL included.
 MAX_SOCKET_PATH = 107
 

@@ -14,19 +14,19 @@ import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from slurm_gpu_exporter import spool
-from slurm_gpu_exporter.allocation import MAX_GPU_INDEX, parse_index_list
-from slurm_gpu_exporter.cgroup_files import parse_cpu_list
-from slurm_gpu_exporter.cgroup_paths import parse_cgroup_path
-from slurm_gpu_exporter.cgroups import CgroupFS
-from slurm_gpu_exporter.jobhooks import record_from_env
-from slurm_gpu_exporter.procfs import (
+from slurm_gpu_exporter.hooks import spool
+from slurm_gpu_exporter.hooks.jobhooks import record_from_env
+from slurm_gpu_exporter.model.allocation import MAX_GPU_INDEX, parse_index_list
+from slurm_gpu_exporter.node.cgroup import CgroupFS
+from slurm_gpu_exporter.node.cgroup.files import parse_cpu_list
+from slurm_gpu_exporter.node.cgroup.paths import parse_cgroup_path
+from slurm_gpu_exporter.node.procfs import (
     ProcessGone,
     read_cgroup_paths,
     read_environ_values,
     read_stat,
 )
-from slurm_gpu_exporter.slurm_parse import (
+from slurm_gpu_exporter.node.slurm.parse import (
     AmbiguousJobLine,
     expand_hostlist,
     gres_indices,
@@ -34,7 +34,7 @@ from slurm_gpu_exporter.slurm_parse import (
     parse_scontrol_job,
     parse_scontrol_line,
 )
-from slurm_gpu_exporter.webconfig import WebConfigError, load_web_config, parse_web_config
+from slurm_gpu_exporter.web.config import WebConfigError, load_web_config, parse_web_config
 
 LAYOUTS = Path(__file__).resolve().parent.parent / "fixtures" / "cgroup-layouts"
 # What a parser may hand back for an input of n bytes: far from "without bound".

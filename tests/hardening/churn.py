@@ -6,7 +6,7 @@ import shutil
 import time
 from pathlib import Path
 
-from slurm_gpu_exporter.synthnode import CONTROLLERS, SynthNode
+from slurm_gpu_exporter.sim.synthnode import CONTROLLERS, SynthNode
 
 
 def end_job(node: SynthNode, jobid: int) -> None:

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.attribution import UNATTRIBUTED
-from slurm_gpu_exporter.cgroups import CgroupFS
 from slurm_gpu_exporter.gpu.backend import GpuProcess
+from slurm_gpu_exporter.gpu.shares import UNATTRIBUTED
 from slurm_gpu_exporter.gpu.usage import UsageReader
-from slurm_gpu_exporter.registry import Job
-from slurm_gpu_exporter.training_source import RelayJobs
+from slurm_gpu_exporter.jobs.job import Job
+from slurm_gpu_exporter.node.cgroup import CgroupFS
+from slurm_gpu_exporter.training_relay.source import RelayJobs
 from tests.support import require
 
 pytestmark = [pytest.mark.process]

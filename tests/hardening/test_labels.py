@@ -5,7 +5,11 @@ from __future__ import annotations
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
-from slurm_gpu_exporter.labels import MAX_LABEL_VALUE_CHARS, bound_label_values, bounded_label_value
+from slurm_gpu_exporter.exposition.labels import (
+    MAX_LABEL_VALUE_CHARS,
+    bound_label_values,
+    bounded_label_value,
+)
 
 
 def test_short_values_are_unchanged() -> None:

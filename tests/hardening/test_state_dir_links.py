@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.state import STATE_FILE, StateStore
-from slurm_gpu_exporter.trust import UntrustedPathError, check_private_dir
+from slurm_gpu_exporter.agent.trust import UntrustedPathError, check_private_dir
+from slurm_gpu_exporter.node.state_dir import STATE_FILE, StateStore
 from tests.support import require
 
 NOBODY = 65534

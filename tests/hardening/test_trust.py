@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter import cli
-from slurm_gpu_exporter.trust import (
+from slurm_gpu_exporter.agent import cli
+from slurm_gpu_exporter.agent.trust import (
     UntrustedPathError,
     check_private_dir,
     warn_if_web_config_exposed,
 )
-from slurm_gpu_exporter.webconfig import WebConfig
+from slurm_gpu_exporter.web.config import WebConfig
 from tests.support import require
 
 TRUSTED = frozenset({0, os.geteuid()})

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter import spool
-from slurm_gpu_exporter.state import StateStore
-from slurm_gpu_exporter.trust import check_private_dir
+from slurm_gpu_exporter.agent.trust import check_private_dir
+from slurm_gpu_exporter.hooks import spool
+from slurm_gpu_exporter.node.state_dir import StateStore
 from tests.support import require
 
 ATTACKS = r'''

@@ -9,8 +9,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from slurm_gpu_exporter.webconfig import WebConfigError
-from slurm_gpu_exporter.webreload import LiveWebConfig
+from slurm_gpu_exporter.web.config import WebConfigError
+from slurm_gpu_exporter.web.reload import LiveWebConfig
 
 
 def _users(password: str) -> str:
@@ -72,7 +72,7 @@ def test_a_broken_file_at_start_is_an_error(tmp_path: Path) -> None:
 
 def test_an_edit_made_while_the_file_is_read_is_read_at_the_next_check(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_gpu_exporter import webreload
+    from slurm_gpu_exporter.web import reload as webreload
 
     web = tmp_path / "web.yml"
     _write(web, _users("a"), 1)

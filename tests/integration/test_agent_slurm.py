@@ -319,6 +319,7 @@ def test_prolog_recorded_gpu_job_is_exported_with_its_usage_and_goes_after_epilo
                     "uid": str(uid),
                     "account": ACCOUNTS["sgeuser"][0],  # the user's default account
                     "partition": "debug",
+                    "qos": scontrol_job(cluster, jobid)["QOS"],
                     "name": "sge-e2e-spool",
                     "array_job_id": "",
                     "array_task_id": "",
@@ -434,6 +435,7 @@ def test_job_without_spool_record_is_discovered_from_its_cgroup_with_metadata_fr
                     "uid": str(uid),
                     "account": ACCOUNTS["sgeuser2"][0],
                     "partition": "debug",
+                    "qos": sjob["QOS"],
                     "name": "sge-e2e-found",
                     "array_job_id": "",
                     "array_task_id": "",
@@ -748,7 +750,7 @@ def test_discovered_job_keeps_its_start_time_and_info_series_while_it_lingers_af
 
     That record must neither drop the job's start time nor turn its slurm_job_info
     into a second series (source="cgroup" -> "spool") for the last moments of its life.
-    Fails today: Registry._job (registry.py) takes start_time and source="spool" from
+    Fails today: job_of (jobs/job.py) takes start_time and source="spool" from
     whatever record exists, and the epilog's record has start_time None.
     """
     cluster = slurm_cluster
@@ -808,7 +810,7 @@ def test_job_whose_epilog_never_reaches_the_spool_ends_after_cgroup_grace_keepin
     (the hooks' spool changed after the prolog ran), so the agent's
     spool keeps an unended record. A slow epilog looks the same to the agent until it
     finishes: Slurm removes the job's cgroups before it runs the epilog.
-    Fails today: JobStatsCollector._sample (jobstats.py) returns an empty sample for a
+    Fails today: JobStatsCollector._sample (jobs/stats.py) returns an empty sample for a
     running job without a cgroup, so its counters vanish until it expires; and the
     registry back-dates end_time to when the cgroup went and expires from there, so
     the job lingers --job-linger minus --cgroup-grace seconds (not at all when

@@ -125,7 +125,7 @@ def _wait_for_query(port: int, query: str, timeout: float) -> list[dict]:  # typ
 
 def test_an_unwritable_state_dir_is_counted_while_the_agent_keeps_serving(
         tmp_path: Path) -> None:
-    from slurm_gpu_exporter.synthnode import SynthNode
+    from slurm_gpu_exporter.sim.synthnode import SynthNode
 
     node = SynthNode(tmp_path / "node")
     node.add_job(4101, [5001])

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from slurm_gpu_exporter.synthnode import SynthNode
+from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.fakenvml import Device, MigInstance, NvmlState, Pattern, Process, fake_nvml_or_skip
 from tests.integration.test_gpu_attribution import (
     GIB,

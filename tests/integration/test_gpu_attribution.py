@@ -2,7 +2,7 @@
 
 Each test starts ``slurm-gpu-exporter`` as a subprocess with the fake
 ``libnvidia-ml.so.1`` (tests/fakenvml) first in LD_LIBRARY_PATH and a node
-written by slurm_gpu_exporter/synthnode.py (cgroup v1 tree, /proc of the chosen PIDs, spool
+written by slurm_gpu_exporter/sim/synthnode.py (cgroup v1 tree, /proc of the chosen PIDs, spool
 records), then scrapes /metrics as Prometheus would.
 
 Where busy time is integrated, the fake's clock runs 10x (``time_scale``):
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.synthnode import SynthNode
+from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.agent import Agent, series
 from tests.fakenvml import (
     Device,

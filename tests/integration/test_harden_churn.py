@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.synthnode import SynthNode
+from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.agent import Agent, series
 from tests.fakenvml import Device, NvmlState, fake_nvml_or_skip
 from tests.hardening.churn import end_job, rss_kib

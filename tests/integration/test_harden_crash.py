@@ -1,9 +1,9 @@
 """SIGKILL at random points of the sample cycle, 50 times in a row, over the same state dir.
 
-A synthetic node (slurm_gpu_exporter/synthnode.py: cgroups, /proc and prolog records) and the fake
-NVML (tests/fakenvml) with two running GPU jobs. After every kill the state file is
-readable, and the restarted agent's counters are never below what was scraped before
-it died; no scrape ever holds the same series twice.
+A synthetic node (slurm_gpu_exporter/sim/synthnode.py: cgroups, /proc and prolog
+records) and the fake NVML (tests/fakenvml) with two running GPU jobs. After every kill
+the state file is readable, and the restarted agent's counters are never below what was
+scraped before it died; no scrape ever holds the same series twice.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_gpu_exporter.state import STATE_FILE
-from slurm_gpu_exporter.synthnode import SynthNode
+from slurm_gpu_exporter.node.state_dir import STATE_FILE
+from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.agent import Agent
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.state import STATE_FILE
-from slurm_gpu_exporter.synthnode import SynthNode
+from slurm_gpu_exporter.node.state_dir import STATE_FILE
+from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.agent import Agent
 
 pytestmark = [pytest.mark.process]

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from slurm_gpu_exporter.slurm import SlurmCli, SlurmJobInfo
+from slurm_gpu_exporter.node.slurm.lookup import SlurmCli, SlurmJobInfo
 from tests.integration.slurmcluster import ACCOUNTS, SlurmCluster, SlurmError
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm]

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 PROXY = Path(__file__).resolve().parents[2] / "slurm_gpu_exporter" / "proxy"
-ALLOWED = {"slurm_gpu_exporter", "slurm_gpu_exporter.webconfig"}
+ALLOWED = {"slurm_gpu_exporter", "slurm_gpu_exporter.web.config"}
 
 
 def test_the_proxy_imports_no_agent_module_but_the_web_config_reader() -> None:

@@ -50,7 +50,7 @@ async def _slow_body_answer() -> bytes:
 
     from slurm_gpu_exporter.proxy.app import make_app
     from slurm_gpu_exporter.proxy.config import ProxyConfig
-    from slurm_gpu_exporter.webconfig import WebConfig
+    from slurm_gpu_exporter.web.config import WebConfig
 
     web_config = WebConfig(users={"alice": bcrypt.hashpw(b"pw", bcrypt.gensalt(4))})
     app = make_app(ProxyConfig(prometheus_url="http://127.0.0.1:9"), web_config,

@@ -12,7 +12,7 @@ from slurm_gpu_exporter.proxy.app import make_app
 from slurm_gpu_exporter.proxy.config import ProxyConfig
 from slurm_gpu_exporter.proxy.listener import listen
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
-from slurm_gpu_exporter.webconfig import WebConfig
+from slurm_gpu_exporter.web.config import WebConfig
 from tests.support import free_port
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.synthnode import SynthNode
+from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.agent import Agent, series
 from tests.training.conftest import wait_for
 

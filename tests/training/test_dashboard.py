@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurm_gpu_exporter.synthnode import SynthNode
+from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.agent import Agent
 from tests.daemons import DEPLOY, Prometheus, tool
 from tests.observe import grafana

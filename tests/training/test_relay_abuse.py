@@ -15,11 +15,11 @@ import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from slurm_gpu_exporter.cgroups import CgroupFS
+from slurm_gpu_exporter.node.cgroup import CgroupFS
 from slurm_gpu_exporter.training_relay import RelayLimits, TrainingRelay
 from slurm_gpu_exporter.training_relay.series import JobIdentity
+from slurm_gpu_exporter.training_relay.source import RelayJobs
 from slurm_gpu_exporter.training_relay.store import TrainingStore
-from slurm_gpu_exporter.training_source import RelayJobs
 from tests.support import require, wait_until
 from tests.training.conftest import Jobs
 

@@ -14,16 +14,17 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_gpu_exporter.cgroups import CgroupFS
-from slurm_gpu_exporter.errors import SourceErrors
-from slurm_gpu_exporter.jobstats import JobStatsCollector
-from slurm_gpu_exporter.registry import Registry
-from slurm_gpu_exporter.sampler import Sampler
-from slurm_gpu_exporter.slurm import SlurmMetadata
-from slurm_gpu_exporter.snapshot import Snapshot
-from slurm_gpu_exporter.synthnode import SynthNode
+from slurm_gpu_exporter.exposition.metrics import render
+from slurm_gpu_exporter.exposition.snapshot import Snapshot
+from slurm_gpu_exporter.jobs.stats import JobStatsCollector
+from slurm_gpu_exporter.jobs.tracker import JobTracker
+from slurm_gpu_exporter.node.cgroup import CgroupFS
+from slurm_gpu_exporter.node.slurm.lookup import SlurmMetadata
+from slurm_gpu_exporter.node.source_health import SourceErrors
+from slurm_gpu_exporter.sampling.sampler import Sampler
+from slurm_gpu_exporter.sim.synthnode import SynthNode
 from slurm_gpu_exporter.training_relay import JobIdentity, RelayLimits, TrainingRelay
-from slurm_gpu_exporter.training_source import RelayJobs, TrainingSource
+from slurm_gpu_exporter.training_relay.source import RelayJobs, TrainingSource
 from tests.agent import series
 from tests.training.conftest import Sender, wait_for
 
@@ -51,7 +52,7 @@ def _rig(base: Path, limits: RelayLimits) -> Rig:
     errors = SourceErrors()
     cgroups = CgroupFS(node.cgroup_root, rescan_interval=0)
     # No linger and no grace: a job whose cgroup went is dropped two samples later.
-    registry = Registry(str(node.spool_dir), cgroups, SlurmMetadata(None), errors,
+    registry = JobTracker(str(node.spool_dir), cgroups, SlurmMetadata(None), errors,
                         proc_root=node.proc_root, job_linger=0, cgroup_grace=0,
                         trusted_uids=frozenset({0, os.geteuid()}))
     jobs = RelayJobs(node.proc_root, cgroups)
@@ -62,7 +63,7 @@ def _rig(base: Path, limits: RelayLimits) -> Rig:
     published: list[tuple[Snapshot, str]] = []
     sampler = Sampler(registry, JobStatsCollector(cgroups, node.proc_root, errors), errors,
                       1.0, training=source,
-                      publish=lambda s, e: published.append((s, e.text.decode())))
+                      publish=lambda s: published.append((s, render(s).text.decode())))
     return Rig(node, errors, relay, source, sampler, published)
 
 

@@ -17,7 +17,7 @@ from slurm_gpu_exporter.gpu.backend import (
     UtilSample,
     XidEvent,
 )
-from slurm_gpu_exporter.procfs import PidJob
+from slurm_gpu_exporter.node.procfs import PidJob
 
 T0 = 1_800_000_000.0
 STEP_US = 100_000

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_gpu_exporter.allocation import GpuAllocation, gpu_allocation, parse_index_list
-from slurm_gpu_exporter.attribution import (
+from slurm_gpu_exporter.gpu.backend import UtilSample
+from slurm_gpu_exporter.gpu.integration import integrate_samples
+from slurm_gpu_exporter.gpu.shares import (
     UNATTRIBUTED,
     GpuTarget,
     energy_shares,
     held_targets,
     shares,
 )
-from slurm_gpu_exporter.gpu.backend import UtilSample
-from slurm_gpu_exporter.gpu.integration import integrate_samples
+from slurm_gpu_exporter.model.allocation import GpuAllocation, gpu_allocation, parse_index_list
 
 # NVML order 0..3, but minor numbers (= Slurm's gres indices) reversed.
 TARGETS = [GpuTarget(str(i), f"GPU-{i}", minor=3 - i) for i in range(4)]

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter import base, spool
-from slurm_gpu_exporter.cgroup_paths import parse_cgroup_path
-from slurm_gpu_exporter.procfs import PidJobMapper
+from slurm_gpu_exporter.hooks import ids, spool
+from slurm_gpu_exporter.node import kernelfile
+from slurm_gpu_exporter.node.cgroup.paths import parse_cgroup_path
+from slurm_gpu_exporter.node.procfs import PidJobMapper
 
 # A uid no user database gives out (Slurm's NO_VAL - 1 as a uid).
 UNKNOWN_UID = 4294967293
@@ -19,22 +20,22 @@ UNKNOWN_UID = 4294967293
 def test_read_kernel_file_reads_all_of_a_file_that_reports_size_zero() -> None:
     # /proc files report st_size 0; the reader must not trust it.
     assert os.stat("/proc/self/status").st_size == 0
-    assert base.read_kernel_file("/proc/self/status").startswith(b"Name:")
+    assert kernelfile.read_kernel_file("/proc/self/status").startswith(b"Name:")
 
 
 def test_read_kernel_file_raises_oserror_for_a_missing_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
-        base.read_kernel_file(tmp_path / "absent")
+        kernelfile.read_kernel_file(tmp_path / "absent")
 
 
 @pytest.mark.parametrize("text", ["1", "42", "4294967293"])
 def test_job_id_pattern_accepts_plain_ids(text: str) -> None:
-    assert base.JOB_ID_RE.fullmatch(text)
+    assert ids.JOB_ID_RE.fullmatch(text)
 
 
 @pytest.mark.parametrize("text", ["0", "012", "-1", "+1", "1a", "", "12345678901"])
 def test_job_id_pattern_refuses_what_slurm_never_prints(text: str) -> None:
-    assert not base.JOB_ID_RE.fullmatch(text)
+    assert not ids.JOB_ID_RE.fullmatch(text)
 
 
 @pytest.mark.parametrize("jobid", ["0", "012", "1a"])
@@ -51,20 +52,20 @@ def test_spool_cgroup_paths_and_environ_agree_on_job_ids(jobid: str, tmp_path: P
 
 
 def test_step_id_pattern_accepts_zero() -> None:
-    assert base.STEP_ID_RE.fullmatch("0")
-    assert not base.STEP_ID_RE.fullmatch("00")
+    assert ids.STEP_ID_RE.fullmatch("0")
+    assert not ids.STEP_ID_RE.fullmatch("00")
 
 
 def test_user_name_of_a_known_uid() -> None:
-    assert base.user_name(os.getuid()) == pwd.getpwuid(os.getuid()).pw_name
+    assert ids.user_name(os.getuid()) == pwd.getpwuid(os.getuid()).pw_name
 
 
 def test_user_name_of_an_unknown_uid_is_none_and_not_remembered() -> None:
-    assert base.user_name(UNKNOWN_UID) is None
-    assert UNKNOWN_UID not in base._user_names  # a directory service may learn it later
+    assert ids.user_name(UNKNOWN_UID) is None
+    assert UNKNOWN_UID not in ids._user_names  # a directory service may learn it later
 
 
 def test_user_name_is_looked_up_once_per_uid() -> None:
-    base._user_names.pop(0, None)
-    assert base.user_name(0) == "root"
-    assert base._user_names[0] == "root"
+    ids._user_names.pop(0, None)
+    assert ids.user_name(0) == "root"
+    assert ids._user_names[0] == "root"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.cgroup_files import UNIFIED, parse_cpu_list
-from slurm_gpu_exporter.cgroup_paths import CgroupJobRef, parse_cgroup_path
-from slurm_gpu_exporter.cgroups import CgroupFS, CgroupGone
+from slurm_gpu_exporter.node.cgroup import CgroupFS, CgroupGone
+from slurm_gpu_exporter.node.cgroup.files import UNIFIED, parse_cpu_list
+from slurm_gpu_exporter.node.cgroup.paths import CgroupJobRef, parse_cgroup_path
 from tests.support import require
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

@@ -18,7 +18,7 @@ from slurm_gpu_exporter.check.slurmconf import parse_config
 from slurm_gpu_exporter.check.slurmside import SlurmAccess
 from slurm_gpu_exporter.check.training import check_training
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, MigInstance
-from slurm_gpu_exporter.spool import JobRecord, open_spool_dir, write_record
+from slurm_gpu_exporter.hooks.spool import JobRecord, open_spool_dir, write_record
 from slurm_gpu_exporter.training_relay.socketfile import bind_socket
 
 LAYOUTS = Path(__file__).resolve().parent.parent / "fixtures" / "cgroup-layouts"

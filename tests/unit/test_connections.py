@@ -6,13 +6,13 @@ import asyncio
 import logging
 import resource
 
-from slurm_gpu_exporter.connections import (
+from slurm_gpu_exporter.web.connections import (
     ConnectionGuard,
     ConnectionLimits,
     _Connection,
     connection_cap,
 )
-from slurm_gpu_exporter.logthrottle import RepeatFilter
+from slurm_gpu_exporter.web.logthrottle import RepeatFilter
 
 
 class FakeTransport(asyncio.BaseTransport):

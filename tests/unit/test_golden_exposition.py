@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter import __version__
-from slurm_gpu_exporter.errors import SOURCES
-from slurm_gpu_exporter.metrics import render
-from slurm_gpu_exporter.snapshot import (
+from slurm_gpu_exporter.exposition.metrics import render
+from slurm_gpu_exporter.exposition.snapshot import (
     GpuSample,
     JobGpuSample,
     JobInfo,
@@ -27,6 +26,7 @@ from slurm_gpu_exporter.snapshot import (
     StepTiming,
     UnattributedSample,
 )
+from slurm_gpu_exporter.node.source_health import SOURCES
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 # The agent's own process figures (RSS, CPU, open files) change from run to run.
@@ -37,8 +37,8 @@ def fixed_snapshot() -> Snapshot:
     """Two jobs (one running on a GPU and a MIG instance, one lingering), two devices,
     an unattributed user and every self metric."""
     running = JobInfo(jobid="4101", user="alice", uid=1001, account="ml", partition="gpu",
-                      name="train \"big\" \\ net", array_job_id="4100", array_task_id="1",
-                      start_time=1_700_000_000.0)
+                      qos="normal", name="train \"big\" \\ net", array_job_id="4100",
+                      array_task_id="1", start_time=1_700_000_000.0)
     ended = JobInfo(jobid="4102", user="bob", uid=1002, account="physics", partition="gpu",
                     name="sweep", start_time=1_700_000_100.0, end_time=1_700_000_400.5,
                     source="cgroup")

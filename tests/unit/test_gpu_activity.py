@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.activity import DeviceActivity, job_activity, sole_job
 from slurm_gpu_exporter.gpu.backend import GpmFigures, GpuProcess
 from slurm_gpu_exporter.gpu.counters import JobGpuCounters
 from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
-from slurm_gpu_exporter.registry import Job
+from slurm_gpu_exporter.jobs.job import Job
+from slurm_gpu_exporter.node.source_health import SourceErrors
 from tests.unit.fake_gpu import T0, FakeBackend, StubMapper
 
 # ------------------------------------------------------------- pure parts

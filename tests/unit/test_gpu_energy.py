@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.attribution import energy_shares
-from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuProcess
 from slurm_gpu_exporter.gpu.energy import EnergyCounters, EnergyDelta, energy_delta_j
 from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
-from slurm_gpu_exporter.registry import Job
-from slurm_gpu_exporter.state import STATE_VERSION, StateStore
+from slurm_gpu_exporter.gpu.shares import energy_shares
+from slurm_gpu_exporter.jobs.job import Job
+from slurm_gpu_exporter.node.source_health import SourceErrors
+from slurm_gpu_exporter.node.state_dir import STATE_VERSION, StateStore
 from tests.unit.fake_gpu import T0, FakeBackend, StubMapper
 from tests.unit.test_state_cursors import boot
 

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.backend import GpuUnavailable, XidEvent
 from slurm_gpu_exporter.gpu.polling import BackendLink, XidCounts
+from slurm_gpu_exporter.node.source_health import SourceErrors
 from tests.support import wait_until
 from tests.unit.fake_gpu import FakeBackend
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.errors import SourceErrors
+from slurm_gpu_exporter.exposition.snapshot import JobGpuSample
 from slurm_gpu_exporter.gpu.backend import GpuProcess, GpuUnavailable
 from slurm_gpu_exporter.gpu.counters import load_job_counters
 from slurm_gpu_exporter.gpu.integration import held_seconds
 from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
-from slurm_gpu_exporter.registry import Job
-from slurm_gpu_exporter.snapshot import JobGpuSample
+from slurm_gpu_exporter.jobs.job import Job
+from slurm_gpu_exporter.node.source_health import SourceErrors
 from tests.unit.fake_gpu import T0, FakeBackend, StubMapper
 
 

@@ -6,10 +6,10 @@ import os
 import pwd
 from pathlib import Path
 
-from slurm_gpu_exporter.attribution import UNATTRIBUTED, GpuTarget
 from slurm_gpu_exporter.gpu.backend import GpuProcess, ProcessUtilSample
+from slurm_gpu_exporter.gpu.shares import UNATTRIBUTED, GpuTarget
 from slurm_gpu_exporter.gpu.usage import UsageReader
-from slurm_gpu_exporter.registry import Job
+from slurm_gpu_exporter.jobs.job import Job
 from tests.unit.fake_gpu import StubMapper
 
 
@@ -50,5 +50,6 @@ def test_holders_by_minor_or_uuid_and_allocations_follow_the_job(tmp_path: Path)
     assert users.holders(gpu2, [by_index, by_uuid]) == ["8"]
     moved = Job(jobid="7", uid=1, user="a", job_gpus="2")  # its record changed
     assert users.holders(gpu2, [moved]) == ["7"]
-    users.forget(tracked={"8"}, seen_pids=set())
-    assert list(users._allocations) == ["8"]  # job 7 is no longer tracked
+    users.forget(seen_pids=set())
+    # Each job holds its own parsed allocation: the reader keeps none to forget.
+    assert "allocation" in vars(moved) and set(vars(users)) == {"proc_root", "mapper", "_users"}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter import jobhooks, spool
+from slurm_gpu_exporter.hooks import jobhooks, spool
 from tests.support import require
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,6 +48,16 @@ def test_prolog_records_what_slurmd_gave_it(tmp_path: Path) -> None:
     assert data["partition"] == PROLOG_ENV["SLURM_JOB_PARTITION"]
     assert data["node"] == PROLOG_ENV["SLURMD_NODENAME"]
     assert data["end_time"] is None and data["start_time"] > 0
+
+
+@pytest.mark.process
+def test_prolog_records_the_jobs_qos_where_slurmd_gives_it(tmp_path: Path) -> None:
+    with_qos = PROLOG_ENV | {"SLURM_JOB_QOS": "high"}
+    assert run_hook("prolog", with_qos, tmp_path / "a").returncode == 0
+    assert run_hook("prolog", PROLOG_ENV, tmp_path / "b").returncode == 0  # 22.05 sets none
+    record = f"{PROLOG_ENV['SLURM_JOB_ID']}.json"
+    assert json.loads((tmp_path / "a" / record).read_text())["qos"] == "high"
+    assert json.loads((tmp_path / "b" / record).read_text())["qos"] == ""
 
 
 @pytest.mark.process

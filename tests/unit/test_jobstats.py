@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.cgroups import CgroupFS
-from slurm_gpu_exporter.errors import SourceErrors
-from slurm_gpu_exporter.jobstats import RESTORED_FLOOR_SAMPLES, JobStatsCollector
-from slurm_gpu_exporter.registry import Job
+from slurm_gpu_exporter.jobs.job import Job
+from slurm_gpu_exporter.jobs.stats import RESTORED_FLOOR_SAMPLES, JobStatsCollector
+from slurm_gpu_exporter.node.cgroup import CgroupFS
+from slurm_gpu_exporter.node.source_health import SourceErrors
 
 LAYOUTS = Path(__file__).resolve().parent.parent / "fixtures" / "cgroup-layouts"
 USAGE_S = 123.456789012  # cpuacct.usage of job 101 in the v1-slurm layout

@@ -9,9 +9,8 @@ from pathlib import Path
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_gpu_exporter.errors import SOURCES
-from slurm_gpu_exporter.metrics import render
-from slurm_gpu_exporter.snapshot import (
+from slurm_gpu_exporter.exposition.metrics import render
+from slurm_gpu_exporter.exposition.snapshot import (
     GpuSample,
     JobGpuSample,
     JobInfo,
@@ -21,6 +20,7 @@ from slurm_gpu_exporter.snapshot import (
     StepTiming,
     UnattributedSample,
 )
+from slurm_gpu_exporter.node.source_health import SOURCES
 from tests.agent import series
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +58,13 @@ def test_known_values_are_series_and_unknown_values_are_absent() -> None:
     assert series(text, "slurm_job_memory_limit_bytes") == []  # unlimited: no series
     assert series(text, "slurm_job_gpu_busy_seconds_total") == []  # not reported
     assert series(text, "slurm_job_gpu_energy_joules_total") == []
+
+
+def test_job_info_carries_the_qos_and_an_empty_one_where_unknown() -> None:
+    known = JobSample(job=JobInfo(jobid="43", user="bob", qos="high"))
+    text = render(_snapshot(jobs=(*_snapshot().jobs, known))).text.decode()
+    assert {labels["jobid"]: labels["qos"] for labels, _ in series(text, "slurm_job_info")} == {
+        "42": "", "43": "high"}
     assert series(text, "slurm_gpu_temperature_celsius") == []
     assert series(text, "slurm_job_gpu_allocated_seconds_total")[0][0] == {
         "jobid": "42", "user": "alice", "gpu": "0", "uuid": "GPU-0"}
@@ -130,7 +137,7 @@ def test_documented_source_values_are_exactly_the_ones_the_agent_counts() -> Non
 def test_serving_an_exposition_reads_no_file(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # The agent's own process figures come from /proc/self: read with the sample, so
     # that a scrape touches nothing on the node.
-    import slurm_gpu_exporter.metrics as metrics
+    import slurm_gpu_exporter.exposition.metrics as metrics
 
     exposition = render(_snapshot())
 

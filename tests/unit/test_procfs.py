@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from slurm_gpu_exporter.cgroup_paths import SlurmRoot
-from slurm_gpu_exporter.cgroups import CgroupFS
-from slurm_gpu_exporter.procfs import (
+from slurm_gpu_exporter.node.cgroup import CgroupFS
+from slurm_gpu_exporter.node.cgroup.paths import SlurmRoot
+from slurm_gpu_exporter.node.procfs import (
     PidJob,
     PidJobMapper,
     ProcessCpuAccumulator,
@@ -156,7 +156,7 @@ def test_clock_ticks_is_the_systems_user_hz() -> None:
 @pytest.mark.process
 def test_procfs_imports_only_the_standard_library() -> None:
     code = (
-        "import sys, slurm_gpu_exporter.procfs\n"
+        "import sys, slurm_gpu_exporter.node.procfs\n"
         "known = set(sys.stdlib_module_names) | {'__main__'}\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} - known))"
     )

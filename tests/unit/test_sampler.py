@@ -8,20 +8,20 @@ from typing import Any
 
 import pytest
 
-from slurm_gpu_exporter.cgroups import CgroupFS
-from slurm_gpu_exporter.errors import SOURCES, SourceErrors
+from slurm_gpu_exporter.exposition.metrics import Exposition, render
+from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, XidEvent
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
-from slurm_gpu_exporter.jobstats import JobStatsCollector
-from slurm_gpu_exporter.metrics import Exposition
-from slurm_gpu_exporter.registry import Registry
-from slurm_gpu_exporter.sampler import Sampler
-from slurm_gpu_exporter.slurm import SlurmMetadata
-from slurm_gpu_exporter.snapshot import Snapshot
-from slurm_gpu_exporter.state import StateStore
-from slurm_gpu_exporter.synthnode import SynthNode
+from slurm_gpu_exporter.jobs.stats import JobStatsCollector
+from slurm_gpu_exporter.jobs.tracker import JobTracker
+from slurm_gpu_exporter.node.cgroup import CgroupFS
+from slurm_gpu_exporter.node.slurm.lookup import SlurmMetadata
+from slurm_gpu_exporter.node.source_health import SOURCES, SourceErrors
+from slurm_gpu_exporter.node.state_dir import StateStore
+from slurm_gpu_exporter.sampling.sampler import Sampler
+from slurm_gpu_exporter.sim.synthnode import SynthNode
 from slurm_gpu_exporter.training_relay import TrainingRelay
-from slurm_gpu_exporter.training_source import RelayJobs, TrainingSource
+from slurm_gpu_exporter.training_relay.source import RelayJobs, TrainingSource
 from tests.agent import series
 
 
@@ -50,13 +50,13 @@ def _sampler(node: SynthNode, errors: SourceErrors, *, state_dir: Path | None = 
              training: TrainingSource | None = None,
              ) -> tuple[Sampler, list[tuple[Snapshot, Exposition]]]:
     cgroups = CgroupFS(node.cgroup_root)
-    registry = Registry(str(node.spool_dir), cgroups, metadata or SlurmMetadata(None), errors,
+    registry = JobTracker(str(node.spool_dir), cgroups, metadata or SlurmMetadata(None), errors,
                         proc_root=node.proc_root, trusted_uids=frozenset({0, os.geteuid()}))
     published: list[tuple[Snapshot, Exposition]] = []
     sampler = Sampler(
         registry, JobStatsCollector(cgroups, node.proc_root, errors), errors, 5.0,
         state=StateStore(state_dir) if state_dir is not None else None, gpu=gpu,
-        training=training, publish=lambda s, e: published.append((s, e)),
+        training=training, publish=lambda s: published.append((s, render(s))),
     )
     return sampler, published
 
@@ -123,7 +123,8 @@ def test_a_failed_slurm_lookup_is_the_slurm_sources_problem_not_the_registrys(
         raise RuntimeError("slurmctld not responding")
 
     errors = SourceErrors()
-    sampler, published = _sampler(node, errors, metadata=SlurmMetadata(unreachable))
+    sampler, published = _sampler(node, errors,
+                                  metadata=SlurmMetadata(unreachable, errors=errors))
     snapshot = sampler.sample_once()
     assert asked == ["4101"]
     assert [s.job.jobid for s in snapshot.jobs] == ["4101"]  # the job is still reported
@@ -207,11 +208,11 @@ def test_the_loop_keeps_sampling_after_a_sample_crashes(tmp_path: Path) -> None:
     calls = {"n": 0}
     real_render = sampler.publish
 
-    def flaky_publish(snapshot: Snapshot, exposition: Exposition) -> None:
+    def flaky_publish(snapshot: Snapshot) -> None:
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("first publish fails")
-        real_render(snapshot, exposition)
+        real_render(snapshot)
         if len(published) >= 2:
             sampler._stop.set()
 

@@ -18,10 +18,10 @@ import bcrypt
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from slurm_gpu_exporter.metrics import render
-from slurm_gpu_exporter.server import ExpositionHolder, make_app, parse_listen_address
-from slurm_gpu_exporter.snapshot import Snapshot
-from slurm_gpu_exporter.webconfig import WebConfig, parse_web_config
+from slurm_gpu_exporter.exposition.metrics import render
+from slurm_gpu_exporter.exposition.snapshot import Snapshot
+from slurm_gpu_exporter.web.config import WebConfig, parse_web_config
+from slurm_gpu_exporter.web.server import ExpositionHolder, make_app, parse_listen_address
 
 HASH = bcrypt.hashpw(b"good", bcrypt.gensalt(rounds=4)).decode()
 

@@ -10,15 +10,15 @@ from types import ModuleType
 
 import pytest
 
-from slurm_gpu_exporter import slurm
-from slurm_gpu_exporter.slurm import (
+from slurm_gpu_exporter.node.slurm import lookup as slurm
+from slurm_gpu_exporter.node.slurm.lookup import (
     PySlurm,
     SlurmCli,
     SlurmMetadata,
     make_lookup,
     pyslurm_matches,
 )
-from slurm_gpu_exporter.slurm_parse import (
+from slurm_gpu_exporter.node.slurm.parse import (
     AmbiguousJobLine,
     SlurmJobInfo,
     expand_hostlist,
@@ -41,6 +41,20 @@ def test_real_scontrol_line_gives_user_partition_state_and_start() -> None:
         captured, "sgeuser", 1001, "debug", "RUNNING")
     assert info.account == "" and info.name == "capture"
     assert info.start_time is not None
+
+
+def test_qos_comes_from_scontrol_and_squeue_json_and_null_is_empty() -> None:
+    line = ("JobId=7 JobName=a UserId=bob(1002) Account=chem QOS=high Partition=gpu "
+            "JobState=RUNNING StartTime=2026-01-01T00:00:00 Command=/bin/x QOS=forged")
+    info = parse_scontrol_job(line, "node1")
+    assert info is not None and info.qos == "high"
+    text = (FIXTURES / "squeue.json").read_text()
+    assert '"qos": ""' in text
+    with_qos = text.replace('"qos": ""', '"qos": "high"', 1)
+    assert parse_squeue_json(with_qos, "48", "node1").qos == "high"  # type: ignore[union-attr]
+    fixture = (FIXTURES / "scontrol-show-job.txt").read_text().splitlines()[0]
+    assert "QOS=(null)" in fixture
+    assert parse_scontrol_job(fixture, "node1").qos == ""  # type: ignore[union-attr]
 
 
 def test_detailed_line_gives_this_nodes_gpu_indices_only() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter import spool
+from slurm_gpu_exporter.hooks import spool
 
 TRUSTED = frozenset({0, os.geteuid()})
 

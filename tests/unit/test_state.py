@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.state import STATE_FILE, STATE_VERSION, StateStore
+from slurm_gpu_exporter.node.state_dir import STATE_FILE, STATE_VERSION, StateStore
 
 
 def test_nothing_saved_yet_loads_as_empty(tmp_path: Path) -> None:

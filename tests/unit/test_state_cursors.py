@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_gpu_exporter.errors import SourceErrors
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
-from slurm_gpu_exporter.state import (
+from slurm_gpu_exporter.node.source_health import SourceErrors
+from slurm_gpu_exporter.node.state_dir import (
     BOOT_ID_PATH,
     of_this_boot,
     read_boot_id,

@@ -10,7 +10,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from slurm_gpu_exporter.webconfig import (
+from slurm_gpu_exporter.web.config import (
     MAX_PENDING_CHECKS,
     AuthBusy,
     WebConfigError,

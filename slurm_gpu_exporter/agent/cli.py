@@ -1,0 +1,309 @@
+"""``slurm-gpu-exporter``: the per-node agent.
+
+Flags follow Prometheus exporter conventions (``--web.listen-address``,
+``--web.config.file``, ``--log.level``). ``--simulate`` runs the real agent over a
+synthetic node (cgroups, /proc, spool and GPUs in a temporary directory), so
+it shows real-looking metrics anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from slurm_gpu_exporter import __version__
+from slurm_gpu_exporter.agent.trust import (
+    UntrustedPathError,
+    check_private_dir,
+    warn_if_web_config_exposed,
+)
+from slurm_gpu_exporter.gpu.backend import GpuBackend
+from slurm_gpu_exporter.gpu.sampler import GpuSampler
+from slurm_gpu_exporter.hooks import spool
+from slurm_gpu_exporter.hooks.spool import DEFAULT_SPOOL_DIR
+from slurm_gpu_exporter.jobs.stats import JobStatsCollector
+from slurm_gpu_exporter.jobs.tracker import JobTracker
+from slurm_gpu_exporter.node.cgroup import CgroupFS
+from slurm_gpu_exporter.node.slurm.lookup import SlurmMetadata, make_lookup
+from slurm_gpu_exporter.node.source_health import SourceErrors
+from slurm_gpu_exporter.node.state_dir import StateStore
+from slurm_gpu_exporter.sampling.sampler import Sampler
+from slurm_gpu_exporter.training_relay import RelayLimits, TrainingRelay
+from slurm_gpu_exporter.training_relay.source import RelayJobs, TrainingSource
+from slurm_gpu_exporter.web.config import WebConfigError
+from slurm_gpu_exporter.web.connections import ConnectionLimits, connection_cap
+from slurm_gpu_exporter.web.logthrottle import throttle_client_driven_logs
+from slurm_gpu_exporter.web.reload import DEFAULT_RELOAD_INTERVAL, LiveWebConfig
+from slurm_gpu_exporter.web.server import (
+    ExpositionHolder,
+    ListenError,
+    make_app,
+    parse_listen_address,
+    start_server,
+)
+
+log = logging.getLogger("slurm_gpu_exporter")
+
+DEFAULT_LISTEN = ":9817"
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default once, and none for flags without a value of their own."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _seconds(*, positive: bool) -> Callable[[str], float]:
+    """An argparse type for a duration in seconds: finite, and > 0 or >= 0."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            bound = "greater than 0" if positive else "0 or more"
+            raise argparse.ArgumentTypeError(f"{text!r}: seconds must be {bound}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="slurm-gpu-exporter",
+        description="Per-job GPU, CPU and memory metrics of a Slurm node, for Prometheus. "
+                    "'slurm-gpu-exporter check --help': what the node shows the agent.",
+        formatter_class=_HelpFormatter,
+    )
+    p.add_argument("--web.listen-address", dest="listen", action="append", metavar="ADDRESS",
+                   help=f"address to serve on, [host]:port; repeat for several "
+                        f"(default: {DEFAULT_LISTEN}, all addresses)")
+    p.add_argument("--web.config.file", dest="web_config", type=Path, metavar="FILE",
+                   help="exporter-toolkit web config (TLS, client certificates, basic auth); "
+                        "re-read when it changes and on SIGHUP")
+    p.add_argument("--web.config.reload-interval", dest="web_config_reload",
+                   type=_seconds(positive=True), default=DEFAULT_RELOAD_INTERVAL, metavar="SECONDS",
+                   help="seconds between checks of the web config file for changes")
+    p.add_argument("--web.max-connections", dest="max_connections", type=int, default=256,
+                   metavar="N",
+                   help="most HTTP connections open at once (fewer where the file limit "
+                        "leaves no room); over it, the connection idle longest is closed")
+    p.add_argument("--web.header-timeout", dest="header_timeout",
+                   type=_seconds(positive=True), default=10.0,
+                   metavar="SECONDS",
+                   help="seconds a connection may take to send a request, and may then idle "
+                        "(kept alive) between requests")
+    p.add_argument("--spool-dir", default=DEFAULT_SPOOL_DIR, metavar="DIR",
+                   help="where the prolog/epilog write job records")
+    p.add_argument("--state-dir", type=Path, metavar="DIR",
+                   default=Path("/var/lib/slurm-gpu-exporter"),
+                   help="where counters are kept across restarts")
+    p.add_argument("--cgroup-root", type=Path, metavar="DIR", default=Path("/sys/fs/cgroup"),
+                   help="cgroup filesystem root")
+    p.add_argument("--proc-root", type=Path, metavar="DIR", default=Path("/proc"),
+                   help="procfs root")
+    p.add_argument("--sample-interval", type=_seconds(positive=True), metavar="SECONDS",
+                   default=5.0,
+                   help="seconds between samples")
+    p.add_argument("--job-linger", type=_seconds(positive=False), metavar="SECONDS", default=120.0,
+                   help="seconds an ended job's series stay (longer than the scrape interval)")
+    p.add_argument("--cgroup-grace", type=_seconds(positive=False), metavar="SECONDS", default=30.0,
+                   help="seconds a job's cgroup may be gone, with no epilog, before the job "
+                        "counts as ended")
+    p.add_argument("--slurm-lookup", choices=("auto", "cli", "off"), default="auto",
+                   help="how to fill job metadata the prolog lacked: pyslurm where it matches "
+                        "the local Slurm, else the Slurm CLI (auto); the CLI only; or never")
+    p.add_argument("--node-name", metavar="NAME", default=os.uname().nodename.split(".")[0],
+                   help="this node's Slurm NodeName (for GPU indices of discovered jobs)")
+    p.add_argument("--training.relay", dest="training_relay", default=True,
+                   action=argparse.BooleanOptionalAction,
+                   help="serve training.sock in the spool dir, where training scripts in jobs "
+                        "publish their progress (docs/training.md); on unless "
+                        "--no-training.relay")
+    p.add_argument("--simulate", action="store_true",
+                   help="run over a synthetic node (no GPU or Slurm needed)")
+    p.add_argument("--log.level", dest="log_level", default="info", metavar="LEVEL",
+                   choices=("debug", "info", "warn", "error"),
+                   help="least severe messages to log to stderr: debug, info, warn or error")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return p
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level={"warn": logging.WARNING}.get(level, getattr(logging, level.upper())),
+        format="%(asctime)s level=%(levelname)s source=%(name)s msg=%(message)s",
+        stream=sys.stderr,
+    )
+    throttle_client_driven_logs()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check"]:
+        from slurm_gpu_exporter.check.command import main as check_main
+
+        return check_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    listen = args.listen or [DEFAULT_LISTEN]
+    try:
+        for address in listen:
+            parse_listen_address(address)
+        web_config = LiveWebConfig(args.web_config)
+    except (ValueError, WebConfigError) as exc:
+        log.error("%s", exc)
+        return 2
+    if args.web_config:
+        warn_if_web_config_exposed(args.web_config, web_config.current)
+    if args.max_connections < 1:
+        log.error("--web.max-connections must be 1 or more")
+        return 2
+    cap = connection_cap(args.max_connections)
+    if cap < args.max_connections:
+        log.warning("serving at most %d HTTP connections, not %d: the file limit leaves no "
+                    "more room; raise LimitNOFILE (ulimit -n)", cap, args.max_connections)
+    limits = ConnectionLimits(max_connections=cap, header_timeout=args.header_timeout,
+                              keepalive_timeout=args.header_timeout)
+
+    with contextlib.ExitStack() as stack:
+        simulation = None
+        if args.simulate:
+            from slurm_gpu_exporter.sim.simulate import SimulatedNode
+
+            base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sge-sim-")))
+            simulation = SimulatedNode(base)
+            simulation.start()
+            stack.callback(simulation.stop)
+            args.cgroup_root, args.proc_root = simulation.cgroup_root, simulation.proc_root
+            args.spool_dir, args.state_dir = str(simulation.spool_dir), simulation.state_dir
+            log.info("simulating a node with %d GPUs under %s", simulation.gpu_count, base)
+
+        trusted_uids = frozenset({0, os.geteuid()})
+        try:
+            check_private_dir(Path(args.spool_dir), "--spool-dir", trusted_uids)
+            check_private_dir(args.state_dir, "--state-dir", trusted_uids)
+        except UntrustedPathError as exc:
+            log.error("refusing to start: %s", exc)
+            return 2
+        errors = SourceErrors()
+        cgroups = CgroupFS(args.cgroup_root)
+        if simulation is not None:
+            lookup = simulation.slurm_lookup
+        elif args.slurm_lookup == "off":
+            lookup = None
+        else:
+            lookup = make_lookup(args.node_name, prefer_pyslurm=args.slurm_lookup == "auto")
+        registry = JobTracker(
+            args.spool_dir, cgroups, SlurmMetadata(lookup, errors=errors), errors,
+            proc_root=args.proc_root, job_linger=args.job_linger,
+            cgroup_grace=args.cgroup_grace, trusted_uids=trusted_uids,
+        )
+        jobstats = JobStatsCollector(cgroups, args.proc_root, errors)
+        backend: GpuBackend
+        if simulation is not None:
+            from slurm_gpu_exporter.gpu.simulated import SimulatedBackend
+
+            backend = SimulatedBackend(simulation.gpu_count, simulation.gpu_processes)
+        else:
+            from slurm_gpu_exporter.gpu.nvml import NvmlBackend
+
+            backend = NvmlBackend()
+        gpu = GpuSampler(backend, args.proc_root, errors, cgroups=cgroups,
+                         poll_timeout=max(1.0, 0.8 * args.sample_interval))
+        training = None
+        if args.training_relay:
+            training = _start_training_relay(args.spool_dir, args.proc_root, cgroups,
+                                             args.sample_interval, errors)
+        if training is not None:
+            stack.callback(training.stop)
+        holder = ExpositionHolder(stale_after=max(120.0, 10 * args.sample_interval))
+        sampler = Sampler(
+            registry, jobstats, errors, args.sample_interval,
+            state=StateStore(args.state_dir), gpu=gpu, training=training,
+            publish=holder.show,
+        )
+        try:
+            asyncio.run(_serve(make_app(holder, web_config, limits), listen, web_config, sampler,
+                               args.web_config_reload))
+        except ListenError as exc:
+            log.error("%s; stop what uses it or pass another --web.listen-address", exc)
+            return 1
+    return 0
+
+
+def _start_training_relay(spool_dir: str, proc_root: Path, cgroups: CgroupFS,
+                          sample_interval: float, errors: SourceErrors
+                          ) -> TrainingSource | None:
+    """Serve training.sock, or say in one line why not (the agent then runs without it)."""
+    jobs = RelayJobs(proc_root, cgroups)
+    # A job is known to the relay from the first sample after it starts: its first
+    # connections wait that long, with room for a slow sample.
+    limits = RelayLimits(pending_seconds=max(30.0, 3 * sample_interval))
+    relay = TrainingRelay(spool_dir, jobs.job_of_pid, job_of_key=jobs.job_of_key,
+                          limits=limits)
+    try:
+        os.close(spool.open_spool_dir(spool_dir, create=True))
+        relay.start()
+    except ValueError as exc:
+        log.error("training relay not started: %s; use a shorter --spool-dir or "
+                  "--no-training.relay", exc)
+        return None
+    except OSError as exc:
+        log.error("training relay not started: cannot serve %s: %s; running without it "
+                  "(check --spool-dir, or pass --no-training.relay)", relay.path,
+                  exc.strerror or exc)
+        return None
+    log.info("training relay listening on %s", relay.path)
+    return TrainingSource(relay, jobs, errors)
+
+
+async def _watch_web_config(web_config: LiveWebConfig, interval: float,
+                            wake: asyncio.Event) -> None:
+    """Re-read the web config every ``interval`` seconds, or at once when woken (SIGHUP)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), interval)
+        wake.clear()
+        # Off the event loop: loading certificates reads files.
+        await loop.run_in_executor(None, web_config.check)
+
+
+async def _serve(app: web.Application, listen: list[str], web_config: LiveWebConfig,
+                 sampler: Sampler, reload_interval: float) -> None:
+    stop, reread = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reread.set)
+    runner = await start_server(app, listen, web_config)
+    watcher = asyncio.create_task(_watch_web_config(web_config, reload_interval, reread))
+    sampler.start()
+    log.info("slurm-gpu-exporter %s started; sampling every %g s", __version__, sampler.interval)
+    try:
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        watcher.cancel()
+        await runner.cleanup()
+        await loop.run_in_executor(None, sampler.stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

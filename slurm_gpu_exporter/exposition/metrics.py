@@ -1,0 +1,386 @@
+"""Every metric family the agent exposes, built from one Snapshot.
+
+This module names every metric family of the agent but one kind: the training
+relay's ``slurm_job_training_*`` families, which ``training_relay/store.py`` builds
+from what jobs send and the snapshot carries as they are. ``render`` wraps one
+sample's snapshot in an Exposition, which renders a format (text or OpenMetrics,
+plain or gzip) the first time a scrape asks for it and serves those bytes to every
+later scrape of the same snapshot.
+"""
+
+from __future__ import annotations
+
+import gzip
+import platform
+import threading
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.registry import Collector
+
+from slurm_gpu_exporter import __version__
+from slurm_gpu_exporter.exposition.labels import bound_label_values
+from slurm_gpu_exporter.exposition.snapshot import Snapshot
+
+JOB_LABELS = ["jobid", "user"]
+JOB_GPU_LABELS = ["jobid", "user", "gpu", "uuid"]
+GPU_LABELS = ["gpu", "uuid"]
+INFO_LABELS = ["jobid", "user", "uid", "account", "partition", "qos", "name", "array_job_id",
+               "array_task_id", "source"]
+
+
+def _gauge(name: str, doc: str, labels: list[str], unit: str = "") -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels, unit=unit)
+
+
+def _counter(name: str, doc: str, labels: list[str], unit: str = "") -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=labels, unit=unit)
+
+
+def job_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """slurm_job_* families: one series per job that is running or lingering."""
+    info = _gauge("slurm_job_info", "Slurm job metadata; value is always 1.", INFO_LABELS)
+    start = _gauge("slurm_job_start_time_seconds", "When the job started (Unix time).",
+                   JOB_LABELS)
+    end = _gauge("slurm_job_end_time_seconds",
+                 "When the job ended (Unix time); present while an ended job lingers.",
+                 JOB_LABELS)
+    cpus = _gauge("slurm_job_cpus", "CPUs allocated to the job on this node (its cpuset).",
+                  JOB_LABELS)
+    cpu_seconds = _counter("slurm_job_cpu_seconds", "CPU time used by the job on this node.",
+                           JOB_LABELS)
+    mem_used = _gauge("slurm_job_memory_used_bytes",
+                      "Memory the job uses on this node: cgroup usage minus inactive page "
+                      "cache (working set).", JOB_LABELS)
+    mem_limit = _gauge("slurm_job_memory_limit_bytes",
+                       "The job's memory limit on this node; absent when unlimited.",
+                       JOB_LABELS)
+    mem_peak = _gauge("slurm_job_memory_peak_bytes",
+                      "Highest memory usage of the job on this node (kernel high-water mark, "
+                      "page cache included).", JOB_LABELS)
+    ooms = _counter("slurm_job_oom_kills", "Processes of the job killed by the OOM killer.",
+                    JOB_LABELS)
+    procs = _gauge("slurm_job_processes", "Processes of the job on this node.", JOB_LABELS)
+    gpus = _gauge("slurm_job_gpus", "GPUs allocated to the job on this node.", JOB_LABELS)
+
+    for sample in snapshot.jobs:
+        job = sample.job
+        key = [job.jobid, job.user]
+        info.add_metric(
+            [job.jobid, job.user, "" if job.uid is None else str(job.uid), job.account,
+             job.partition, job.qos, job.name, job.array_job_id, job.array_task_id, job.source],
+            1,
+        )
+        gpus.add_metric(key, sample.gpus)
+        _maybe(start, key, job.start_time)
+        _maybe(end, key, job.end_time)
+        _maybe(cpus, key, sample.cpus)
+        _maybe(cpu_seconds, key, sample.cpu_seconds)
+        _maybe(mem_used, key, sample.memory_used_bytes)
+        _maybe(mem_limit, key, sample.memory_limit_bytes)
+        _maybe(mem_peak, key, sample.memory_peak_bytes)
+        _maybe(ooms, key, sample.oom_kills)
+        _maybe(procs, key, sample.processes)
+    yield from (info, start, end, cpus, cpu_seconds, mem_used, mem_limit, mem_peak, ooms,
+                procs, gpus)
+
+
+def job_gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """slurm_job_gpu_* families: one series per job and GPU it holds."""
+    allocated = _counter("slurm_job_gpu_allocated_seconds",
+                         "Seconds the GPU has been allocated to the job.", JOB_GPU_LABELS)
+    busy = _counter("slurm_job_gpu_busy_seconds",
+                    "Seconds the GPU was busy for the job, integrated from the driver's "
+                    "utilization samples.", JOB_GPU_LABELS)
+    util = _gauge("slurm_job_gpu_utilization_ratio",
+                  "The job's share of GPU busy time over the last sample interval (0..1).",
+                  JOB_GPU_LABELS)
+    mem = _gauge("slurm_job_gpu_memory_used_bytes", "GPU memory used by the job's processes.",
+                 JOB_GPU_LABELS)
+    peak = _gauge("slurm_job_gpu_memory_peak_bytes",
+                  "Highest GPU memory used by the job's processes, as sampled.", JOB_GPU_LABELS)
+    energy = _counter("slurm_job_gpu_energy_joules",
+                      "GPU energy attributed to the job (split by busy share when shared).",
+                      JOB_GPU_LABELS)
+    procs = _gauge("slurm_job_gpu_processes", "Processes of the job on the GPU.",
+                   JOB_GPU_LABELS)
+    for s in snapshot.job_gpus:
+        key = [s.jobid, s.user, s.gpu, s.uuid]
+        allocated.add_metric(key, s.allocated_seconds)
+        _maybe(busy, key, s.busy_seconds)
+        _maybe(util, key, s.utilization)
+        mem.add_metric(key, s.memory_used_bytes)
+        peak.add_metric(key, s.memory_peak_bytes)
+        _maybe(energy, key, s.energy_joules)
+        procs.add_metric(key, s.processes)
+    yield from (allocated, busy, util, mem, peak, energy, procs)
+
+
+# NVML GPM activities (Hopper and later; snapshot keys) and what each fraction measures.
+GPM_ACTIVITIES = {
+    "sm_active": "SM activity (NVML GPM SM_UTIL: the share of SMs busy)",
+    "sm_occupancy": "SM occupancy (NVML GPM SM_OCCUPANCY: resident warps over the maximum)",
+    "tensor_active": "tensor-core activity (NVML GPM ANY_TENSOR_UTIL)",
+    "dram_active": "DRAM bandwidth use (NVML GPM DRAM_BW_UTIL: share of peak bandwidth)",
+    "fp64_active": "non-tensor FP64 activity (NVML GPM FP64_UTIL)",
+    "fp32_active": "non-tensor FP32 activity (NVML GPM FP32_UTIL)",
+    "fp16_active": "non-tensor FP16 activity (NVML GPM FP16_UTIL)",
+}
+GPM_TRAFFIC = {
+    "pcie_transmit": ("slurm_gpu_pcie_transmit_bytes", "Bytes the GPU sent over PCIe"),
+    "pcie_receive": ("slurm_gpu_pcie_receive_bytes", "Bytes the GPU received over PCIe"),
+    "nvlink_transmit": ("slurm_gpu_nvlink_transmit_bytes",
+                        "Bytes the GPU sent over all its NVLinks"),
+    "nvlink_receive": ("slurm_gpu_nvlink_receive_bytes",
+                       "Bytes the GPU received over all its NVLinks"),
+}
+
+
+def gpm_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """GPM activity counters (job and device) and traffic counters (device); a family
+    is left out where no GPU has GPM, so nodes without it expose nothing new."""
+    job = {k: _counter(f"slurm_job_gpu_{k}_seconds",
+                       f"Seconds of {doc}, integrated over time, while the job had the GPU or "
+                       "MIG instance to itself; divide by allocated seconds for the mean.",
+                       JOB_GPU_LABELS) for k, doc in GPM_ACTIVITIES.items()}
+    device = {k: _counter(f"slurm_gpu_{k}_seconds",
+                          f"Seconds of {doc}, integrated over time.", GPU_LABELS)
+              for k, doc in GPM_ACTIVITIES.items()}
+    traffic = {k: _counter(name, f"{doc}, from NVML GPM.", GPU_LABELS)
+               for k, (name, doc) in GPM_TRAFFIC.items()}
+    for s in snapshot.job_gpus:
+        for k, seconds in s.activity_seconds:
+            if k in job:
+                job[k].add_metric([s.jobid, s.user, s.gpu, s.uuid], seconds)
+    for g in snapshot.gpus:
+        for families, totals in ((device, g.activity_seconds), (traffic, g.traffic_bytes)):
+            for k, total in totals:
+                if k in families:
+                    families[k].add_metric([g.gpu, g.uuid], total)
+    for family in (*job.values(), *device.values(), *traffic.values()):
+        if family.samples:
+            yield family
+
+
+def gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """slurm_gpu_* device families."""
+    info = _gauge("slurm_gpu_info", "GPU device metadata; value is always 1.",
+                  [*GPU_LABELS, "name", "minor", "pci_bus_id", "parent_uuid"])
+    lost = _gauge("slurm_gpu_lost", "1 when the GPU stopped answering (fell off the bus).",
+                  GPU_LABELS)
+    util = _gauge("slurm_gpu_utilization_ratio",
+                  "GPU busy share over the last sample interval (0..1).", GPU_LABELS)
+    busy = _counter("slurm_gpu_busy_seconds", "Seconds the GPU was busy.", GPU_LABELS)
+    mem_used = _gauge("slurm_gpu_memory_used_bytes", "GPU memory in use.", GPU_LABELS)
+    mem_total = _gauge("slurm_gpu_memory_total_bytes", "GPU memory in total.", GPU_LABELS)
+    power = _gauge("slurm_gpu_power_watts", "GPU power draw.", GPU_LABELS)
+    energy = _counter("slurm_gpu_energy_joules", "GPU energy since the driver loaded.",
+                      GPU_LABELS)
+    temp = _gauge("slurm_gpu_temperature_celsius", "GPU temperature.", GPU_LABELS)
+    ecc = _counter("slurm_gpu_ecc_errors", "ECC errors since the driver loaded (volatile).",
+                   [*GPU_LABELS, "type"])
+    xid = _counter("slurm_gpu_xid_errors", "Xid errors seen by the agent, by Xid code.",
+                   [*GPU_LABELS, "xid"])
+    clamped = _counter("slurm_gpu_driver_samples_clamped",
+                       "Driver utilization samples outside 0..100 % (drivers have reported "
+                       "130 %), clamped before they were counted.", GPU_LABELS)
+    unattr_procs = _gauge("slurm_gpu_unattributed_processes",
+                          "GPU processes that belong to no Slurm job, by user.",
+                          [*GPU_LABELS, "user"])
+    unattr_mem = _gauge("slurm_gpu_unattributed_memory_bytes",
+                        "GPU memory of processes that belong to no Slurm job, by user.",
+                        [*GPU_LABELS, "user"])
+    unattr_busy = _counter("slurm_gpu_unattributed_busy_seconds",
+                           "Seconds of GPU busy time of processes that belong to no Slurm job, "
+                           "by user.", [*GPU_LABELS, "user"])
+    for g in snapshot.gpus:
+        key = [g.gpu, g.uuid]
+        info.add_metric([*key, g.name, "" if g.minor is None else str(g.minor), g.pci_bus_id,
+                         g.parent_uuid], 1)
+        lost.add_metric(key, 1 if g.lost else 0)
+        _maybe(util, key, g.utilization)
+        _maybe(busy, key, g.busy_seconds)
+        _maybe(mem_used, key, g.memory_used_bytes)
+        _maybe(mem_total, key, g.memory_total_bytes)
+        _maybe(power, key, g.power_watts)
+        _maybe(energy, key, g.energy_joules)
+        _maybe(temp, key, g.temperature_celsius)
+        _maybe(ecc, [*key, "corrected"], g.ecc_corrected)
+        _maybe(ecc, [*key, "uncorrected"], g.ecc_uncorrected)
+        for code, count in g.xid_errors:
+            xid.add_metric([*key, str(code)], count)
+        _maybe(clamped, key, g.clamped_samples)
+    for u in snapshot.unattributed:
+        unattr_procs.add_metric([u.gpu, u.uuid, u.user], u.processes)
+        unattr_mem.add_metric([u.gpu, u.uuid, u.user], u.memory_bytes)
+        _maybe(unattr_busy, [u.gpu, u.uuid, u.user], u.busy_seconds)
+    yield from (info, lost, util, busy, mem_used, mem_total, power, energy, temp, ecc, xid,
+                clamped, unattr_procs, unattr_mem, unattr_busy)
+
+
+def self_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """slurm_gpu_exporter_* families about the agent itself."""
+    build = _gauge("slurm_gpu_exporter_build_info", "Agent version; value is always 1.",
+                   ["version", "python_version"])
+    build.add_metric([__version__, platform.python_version()], 1)
+    yield build
+    if snapshot.nvml_up is not None:
+        nvml = _gauge("slurm_gpu_exporter_nvml_up",
+                      "1 when NVML answered in the last sample, 0 when it is missing or "
+                      "failing.", [])
+        nvml.add_metric([], 1 if snapshot.nvml_up else 0)
+        yield nvml
+    duration = _gauge("slurm_gpu_exporter_sample_duration_seconds",
+                      "Wall time of the last sample, by step (registry, cgroup, nvml, state) "
+                      "and in total.", ["source"])
+    for step in snapshot.steps:
+        duration.add_metric([step.name], step.duration_seconds)
+    duration.add_metric(["total"], snapshot.sample_duration_seconds)
+    # source_up and sample_errors_total share one set of `source` values
+    # (node/source_health.SOURCES).
+    up = _gauge("slurm_gpu_exporter_source_up",
+                "1 when the source met no error in the last sample, by source.", ["source"])
+    for status in snapshot.sources:
+        up.add_metric([status.name], 1 if status.ok else 0)
+    errors = _counter("slurm_gpu_exporter_sample_errors",
+                      "Problems met while sampling, by source (bad spool files, unreadable "
+                      "cgroups, failed Slurm look-ups, NVML errors, state dir writes, refused "
+                      "training pushes).",
+                      ["source"])
+    for source, count in sorted(snapshot.errors.items()):
+        errors.add_metric([source], count)
+    last = _gauge("slurm_gpu_exporter_last_sample_timestamp_seconds",
+                  "When the snapshot being served was taken (Unix time); a stale value means "
+                  "sampling is stuck.", [])
+    last.add_metric([], snapshot.timestamp)
+    jobs = _gauge("slurm_gpu_exporter_jobs", "Jobs tracked by the agent, by state.", ["state"])
+    running = sum(1 for s in snapshot.jobs if s.job.running)
+    jobs.add_metric(["running"], running)
+    jobs.add_metric(["ended"], len(snapshot.jobs) - running)
+    yield from (duration, up, errors, last, jobs)
+
+
+def _maybe(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str],
+           value: float | None) -> None:
+    """Add a sample only when the value is known: an unknown value is an absent series."""
+    if value is not None:
+        family.add_metric(labels, value)
+
+
+class SnapshotCollector(Collector):
+    """Yields fresh families from one snapshot (the client library's collector protocol)."""
+
+    def __init__(self, snapshot: Snapshot, extra: Iterable[Collector] = ()) -> None:
+        self.snapshot = snapshot
+        self.extra = tuple(extra)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from job_families(self.snapshot)
+        yield from job_gpu_families(self.snapshot)
+        if self.snapshot.nvml_up is not None:
+            yield from gpu_families(self.snapshot)
+        yield from gpm_families(self.snapshot)
+        yield from self_families(self.snapshot)
+        yield from self.snapshot.training  # relayed from inside jobs (training_relay)
+        for collector in self.extra:
+            yield from collector.collect()
+
+
+class Exposition:
+    """One snapshot, rendered in a format only when a scrape asks for that format.
+
+    Each of the four bodies (text or OpenMetrics, plain or gzip) is made at most once,
+    by the first caller that wants it; callers that ask meanwhile wait for that render
+    rather than doing their own. The families are collected once and shared by both
+    formats. Most samples are never scraped (5 s samples, 30 s scrapes): rendering
+    them all cost more than the sample itself. Thread-safe.
+    """
+
+    def __init__(self, snapshot: Snapshot, extra: Iterable[Collector] = ()) -> None:
+        self.snapshot = snapshot
+        self.timestamp = snapshot.timestamp
+        self._extra = tuple(extra)
+        self._lock = threading.Lock()
+        self._families: list[Metric] | None = None
+        self._bodies: dict[tuple[bool, bool], bytes] = {}
+        # How many times a format was generated and a body compressed (for tests).
+        self.renders = 0
+        self.compressions = 0
+
+    def cached(self, openmetrics: bool, gzipped: bool) -> bytes | None:
+        """The body if it was already rendered, else None (never renders)."""
+        return self._bodies.get((openmetrics, gzipped))
+
+    def body(self, openmetrics: bool, gzipped: bool) -> bytes:
+        """The body in one format, rendered now if nobody asked for it before."""
+        key = (openmetrics, gzipped)
+        body = self._bodies.get(key)
+        if body is not None:
+            return body
+        with self._lock:
+            body = self._bodies.get(key)
+            if body is None:
+                body = self._render(openmetrics, gzipped)
+        return body
+
+    def _render(self, openmetrics: bool, gzipped: bool) -> bytes:
+        """Called with the lock held."""
+        if gzipped:
+            plain = self._bodies.get((openmetrics, False))
+            if plain is None:
+                plain = self._render(openmetrics, False)
+            body = gzip.compress(plain, compresslevel=6, mtime=0)
+            self.compressions += 1
+        else:
+            if self._families is None:
+                self._families = [bound_label_values(family) for family in
+                                  SnapshotCollector(self.snapshot, self._extra).collect()]
+            collected = _Collected(self._families)
+            generate = generate_openmetrics if openmetrics else generate_latest
+            body = generate(collected)  # type: ignore[arg-type]
+            self.renders += 1
+        self._bodies[(openmetrics, gzipped)] = body
+        return body
+
+    @property
+    def text(self) -> bytes:
+        return self.body(openmetrics=False, gzipped=False)
+
+    @property
+    def text_gzip(self) -> bytes:
+        return self.body(openmetrics=False, gzipped=True)
+
+    @property
+    def openmetrics(self) -> bytes:
+        return self.body(openmetrics=True, gzipped=False)
+
+    @property
+    def openmetrics_gzip(self) -> bytes:
+        return self.body(openmetrics=True, gzipped=True)
+
+
+# The agent's own RSS, CPU and open files, read from the real /proc/self (not
+# --proc-root) by render(), in the sampler's thread: a scrape reads nothing.
+_PROCESS_COLLECTOR = ProcessCollector(registry=None)
+
+
+class _Collected:
+    """Families collected once, handed to both exposition writers."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def render(snapshot: Snapshot) -> Exposition:
+    """The exposition of a snapshot; each format is rendered when first asked for.
+
+    Called by the sampler: the agent's own process figures are read now, with the
+    sample, so that serving the exposition later touches no file.
+    """
+    return Exposition(snapshot, (_Collected(list(_PROCESS_COLLECTOR.collect())),))

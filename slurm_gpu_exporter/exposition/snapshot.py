@@ -1,0 +1,136 @@
+"""The immutable snapshot one sample produces and every scrape serves.
+
+Plain frozen dataclasses: the sampler thread builds one, the collector turns it
+into metric families, and nothing mutates it afterwards, so it can cross threads.
+The snapshot holds its own copy of everything the exposition needs, so this module
+(and metrics.py, server.py above it) imports nothing that reads files or runs commands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client.metrics_core import Metric
+
+from slurm_gpu_exporter.model.job import JobDescription
+
+
+@dataclass(frozen=True)
+class JobInfo(JobDescription):
+    """What the exposition shows about a job: its labels, ``slurm_job_info`` and times."""
+
+    end_time: float | None = None
+    source: str = "spool"  # "spool" or "cgroup" (discovered without a record)
+
+    @property
+    def running(self) -> bool:
+        return self.end_time is None
+
+
+@dataclass(frozen=True)
+class JobSample:
+    """A job's CPU and memory figures at one sample (None: not measurable here)."""
+
+    job: JobInfo
+    gpus: int = 0
+    cpus: int | None = None
+    cpu_seconds: float | None = None
+    memory_used_bytes: int | None = None
+    memory_limit_bytes: int | None = None
+    memory_peak_bytes: int | None = None
+    oom_kills: int | None = None
+    processes: int | None = None
+
+
+@dataclass(frozen=True)
+class JobGpuSample:
+    """What one job does with one GPU (or MIG instance) it holds."""
+
+    jobid: str
+    user: str
+    gpu: str  # NVML index, or "<parent index>.<GPU instance id>" for MIG
+    uuid: str
+    allocated_seconds: float
+    busy_seconds: float | None  # None where the GPU reports no utilization (MIG)
+    utilization: float | None  # busy share over the last sample interval, 0..1
+    memory_used_bytes: int
+    memory_peak_bytes: int
+    energy_joules: float | None
+    processes: int
+    # GPM activity seconds by name ("sm_active", ...); only where the job has the GPU
+    # or MIG instance to itself and the GPU has GPM.
+    activity_seconds: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One physical GPU or MIG instance as the node sees it."""
+
+    gpu: str
+    uuid: str
+    name: str
+    minor: int | None
+    pci_bus_id: str
+    parent_uuid: str = ""  # set for MIG instances
+    lost: bool = False
+    utilization: float | None = None
+    busy_seconds: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    power_watts: float | None = None
+    energy_joules: float | None = None
+    temperature_celsius: float | None = None
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    xid_errors: tuple[tuple[int, int], ...] = ()  # (xid, count)
+    clamped_samples: int | None = None  # driver samples outside 0..100 %, clamped
+    unattributed_processes: int = 0
+    unattributed_memory_bytes: int = 0
+    # GPM totals by name (GPUs with GPM only): activity seconds, PCIe/NVLink bytes.
+    activity_seconds: tuple[tuple[str, float], ...] = ()
+    traffic_bytes: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class UnattributedSample:
+    """GPU use by processes outside every job, by user."""
+
+    gpu: str
+    uuid: str
+    user: str
+    processes: int
+    memory_bytes: int
+    busy_seconds: float | None = None  # counter; None where the GPU has no busy samples
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    """Whether one data source (a name in node/source_health.SOURCES) worked in the last sample."""
+
+    name: str
+    ok: bool
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """How long one step of the sample took (registry, cgroup, nvml, state)."""
+
+    name: str
+    duration_seconds: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    timestamp: float
+    jobs: tuple[JobSample, ...] = ()
+    job_gpus: tuple[JobGpuSample, ...] = ()
+    gpus: tuple[GpuSample, ...] = ()
+    unattributed: tuple[UnattributedSample, ...] = ()
+    nvml_up: bool | None = None  # None: GPU collection switched off
+    sources: tuple[SourceStatus, ...] = ()
+    steps: tuple[StepTiming, ...] = ()
+    errors: dict[str, int] = field(default_factory=dict)
+    sample_duration_seconds: float = 0.0
+    # slurm_job_training_* families the relay held at the sample, labelled with jobid
+    # and user by the relay; built afresh each sample and never changed afterwards.
+    training: tuple[Metric, ...] = ()

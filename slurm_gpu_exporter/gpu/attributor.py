@@ -1,0 +1,176 @@
+"""Attribution of one GPU's reading: busy time, energy, memory, processes and GPM activity
+to the jobs that use or hold it (whole GPUs, MIG instances, lost GPUs), the rest to the
+users outside every job. The per-job counters it adds to live in gpu/counters.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_gpu_exporter.exposition.snapshot import GpuSample, UnattributedSample
+from slurm_gpu_exporter.gpu.activity import DeviceActivity, job_activity, sole_job
+from slurm_gpu_exporter.gpu.backend import DeviceReading, GpmFigures
+from slurm_gpu_exporter.gpu.clocks import HostClocks, wall_to_driver_us
+from slurm_gpu_exporter.gpu.counters import CounterStore, JobGpuCounters
+from slurm_gpu_exporter.gpu.energy import EnergyCounters
+from slurm_gpu_exporter.gpu.integration import DeviceIntegrator, since_start
+from slurm_gpu_exporter.gpu.polling import XidCounts
+from slurm_gpu_exporter.gpu.samples import device_sample, mig_sample
+from slurm_gpu_exporter.gpu.shares import (
+    UNATTRIBUTED,
+    GpuTarget,
+    energy_shares,
+    shares,
+)
+from slurm_gpu_exporter.gpu.usage import UsageReader
+from slurm_gpu_exporter.jobs.job import Job
+
+
+@dataclass
+class Poll:
+    """What one poll collects while it walks the readings."""
+
+    jobs: list[Job]
+    now: float
+    running: list[Job]
+    key_to_job: dict[str, Job]
+    devices: list[GpuSample]
+    unattributed: list[UnattributedSample]
+    seen_pids: set[int]
+    touched: set[tuple[str, str]]  # (job id, uuid) pairs with live figures
+
+
+class GpuAttributor:
+    """The per-GPU half of the GPU sampler: what each reading adds to which job."""
+
+    def __init__(self, proc_root: Path, xids: XidCounts) -> None:
+        self.users = UsageReader(proc_root)
+        self.devices = DeviceIntegrator()
+        self.energy = EnergyCounters()
+        self.counters = CounterStore()
+        self.activity = DeviceActivity()
+        self.xids = xids
+        self.first_poll: float | None = None  # wall time of the first sample
+
+    def attribute_gpu(self, reading: DeviceReading, poll: Poll) -> None:
+        """A whole GPU: busy time, energy, memory and processes to the jobs using or
+        holding it; the rest to the users outside every job."""
+        parent = GpuTarget(str(reading.index), reading.uuid, reading.minor)
+        at = reading.clocks or HostClocks(realtime=poll.now)
+        figures = self.devices.integrate(reading, at)
+        window, busy = figures.window, figures.busy
+        usage = self.users.usage(reading.processes, figures.process_samples,
+                                 poll.key_to_job, poll.seen_pids)
+        energy = self.energy.delta(reading, poll.now)
+        if reading.mig:
+            self._attribute_mig(reading, poll)
+            # The parent keeps its device series (power, energy, temperature, ECC, Xid);
+            # its processes are the instances' and are counted there.
+            poll.devices.append(self.device_sample(
+                reading, busy, (busy / window) if busy is not None and window else None))
+            return
+        trim = figures.clock if window and figures.before is not None else None
+        holders = self.users.holders(parent, poll.running)
+        busy_shares = shares(usage.weight, holders) if busy else {}
+        self.energy.hold(parent.uuid, bool(holders))
+        # The first reading after a restart covers the time the agent was down: only the
+        # jobs that held the GPU across it take part.
+        across = None if energy.gap_from is None else self.counters.held_across(
+            [poll.key_to_job[j] for j in holders], parent.uuid, energy.gap_from)
+        e_shares = energy_shares(busy_shares, busy or 0.0, holders, only=across)
+        jobids = set(holders) | set(usage.processes) - {UNATTRIBUTED}
+        for jobid in jobids:
+            job = poll.key_to_job.get(jobid)
+            if job is None:
+                continue
+            poll.touched.add((job.jobid, parent.uuid))
+            c = self._counter(job, parent)
+            job_window, job_busy = window or 0.0, busy
+            if c.fresh and figures.before is None:
+                # Idle time counted without samples, up to now: the part since its start.
+                job_window = max(0.0, min(job_window, poll.now - (job.start_time or poll.now)))
+            elif trim and c.fresh and job.start_time and reading.util_samples:
+                # Only a job's first window can reach back before its start.
+                start_us = wall_to_driver_us(job.start_time, trim, at)
+                if start_us is not None:
+                    job_window, job_busy = since_start(reading.util_samples, figures, start_us)
+            if window and (figures.before is not None or job_window):
+                c.fresh = False
+            if jobid in holders:
+                self.hold(c, job, poll.now, job_window)
+            c.accrue(
+                window=job_window,
+                busy=None if job_busy is None else job_busy * busy_shares.get(jobid, 0.0),
+                energy=None if energy.joules is None else energy.joules * e_shares.get(jobid, 0.0),
+                memory=usage.memory.get(jobid, 0), processes=usage.processes.get(jobid, 0))
+        self._count_activity(parent, reading.gpm, jobids, bool(usage.unattributed), poll)
+        user_busy = self.counters.count_unattributed_busy(parent.uuid, usage, busy, busy_shares)
+        for user, (n, mem) in sorted(usage.unattributed.items()):
+            poll.unattributed.append(UnattributedSample(parent.gpu, parent.uuid, user, n, mem,
+                                                        user_busy.get(user)))
+        poll.devices.append(self.device_sample(
+            reading, busy, (busy / window) if busy is not None and window else None,
+            usage.unattributed))
+
+    def _count_activity(self, target: GpuTarget, figures: GpmFigures | None, jobids: set[str],
+                        outside: bool, poll: Poll) -> None:
+        """GPM figures to the target's totals and, where one job has it to itself, the job's."""
+        self.activity.add(target.uuid, figures)
+        job = poll.key_to_job.get(sole_job(jobids, outside) or "")
+        if figures is not None and job is not None:
+            self._counter(job, target).add_activity(job_activity(figures, job.start_time,
+                                                                 poll.now))
+
+    def hold_lost(self, reading: DeviceReading, poll: Poll) -> None:
+        """A lost GPU is still allocated to its jobs: their allocated time goes on, their
+        busy time cannot (nothing measures it), which is what a broken GPU costs them."""
+        if not reading.uuid:
+            return  # lost before it could be identified: nothing to match jobs against
+        target = GpuTarget(str(reading.index), reading.uuid, reading.minor)
+        holders = set(self.users.holders(target, poll.running))
+        for job in poll.running:
+            if job.jobid in holders:
+                c = self._counter(job, target)
+                poll.touched.add((job.jobid, target.uuid))
+                self.hold(c, job, poll.now, 0.0)
+                c.utilization, c.memory, c.processes = None, 0, 0
+
+    def _attribute_mig(self, reading: DeviceReading, poll: Poll) -> None:
+        """MIG instances: allocation by MIG UUID, processes by GPU instance id; NVML gives no
+        per-instance utilization, so busy time and energy are not attributed."""
+        for inst in reading.mig:
+            target = GpuTarget(f"{reading.index}.{inst.gpu_instance_id}", inst.uuid,
+                               None, is_mig=True, parent_uuid=reading.uuid)
+            procs = tuple(p for p in reading.processes
+                          if p.gpu_instance_id == inst.gpu_instance_id)
+            usage = self.users.usage(procs, (), poll.key_to_job, poll.seen_pids)
+            holders = self.users.holders(target, poll.running)
+            jobids = set(holders) | set(usage.processes) - {UNATTRIBUTED}
+            for jobid in jobids:
+                job = poll.key_to_job.get(jobid)
+                if job is None:
+                    continue
+                poll.touched.add((job.jobid, target.uuid))
+                c = self._counter(job, target)
+                if jobid in holders:
+                    self.hold(c, job, poll.now, 0.0)
+                c.accrue(window=0.0, busy=None, energy=None, memory=usage.memory.get(jobid, 0),
+                         processes=usage.processes.get(jobid, 0))
+            self._count_activity(target, inst.gpm, jobids, bool(usage.unattributed), poll)
+            for user, (n, mem) in sorted(usage.unattributed.items()):
+                poll.unattributed.append(
+                    UnattributedSample(target.gpu, target.uuid, user, n, mem))
+            poll.devices.append(mig_sample(reading.uuid, target.gpu, inst, usage.unattributed,
+                                           self.activity))
+
+    def hold(self, c: JobGpuCounters, job: Job, now: float, window: float) -> None:
+        c.hold(now, job.start_time, self.first_poll or now, window)
+
+    def _counter(self, job: Job, target: GpuTarget) -> JobGpuCounters:
+        return self.counters.counter((job.jobid, job.start_time), target.uuid, target.gpu)
+
+    def device_sample(self, reading: DeviceReading, busy: float | None,
+                       utilization: float | None,
+                       unattributed: dict[str, tuple[int, int]] | None = None) -> GpuSample:
+        return device_sample(reading, busy, utilization, unattributed or {}, self.devices,
+                             self.energy, self.xids.of(reading.uuid), self.activity)

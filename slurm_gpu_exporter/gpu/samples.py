@@ -1,0 +1,69 @@
+"""The GPU side's snapshot series: per job run and GPU, per device, per MIG instance."""
+
+from __future__ import annotations
+
+from slurm_gpu_exporter.exposition.snapshot import GpuSample, JobGpuSample
+from slurm_gpu_exporter.gpu.activity import DeviceActivity
+from slurm_gpu_exporter.gpu.backend import DeviceReading, MigInstance
+from slurm_gpu_exporter.gpu.counters import CounterStore
+from slurm_gpu_exporter.gpu.energy import EnergyCounters
+from slurm_gpu_exporter.gpu.integration import DeviceIntegrator
+from slurm_gpu_exporter.jobs.job import Job
+
+
+def job_gpu_samples(counters: CounterStore, jobs: list[Job],
+                    touched: set[tuple[str, str]] | None) -> tuple[JobGpuSample, ...]:
+    """Every job run's GPU series; gauges only where ``touched`` (None: none live)."""
+    out = []
+    for job in jobs:
+        per_run = counters.of_run((job.jobid, job.start_time)) or {}
+        for uuid, c in sorted(per_run.items(), key=lambda item: item[1].gpu):
+            live = job.running and (touched is None or (job.jobid, uuid) in touched)
+            out.append(JobGpuSample(
+                jobid=job.jobid, user=job.user, gpu=c.gpu, uuid=uuid,
+                allocated_seconds=c.allocated, busy_seconds=c.busy,
+                utilization=c.utilization if live else None,
+                memory_used_bytes=c.memory if live else 0,
+                memory_peak_bytes=c.peak, energy_joules=c.energy,
+                processes=c.processes if live else 0,
+                activity_seconds=tuple(sorted(c.activity.items())),
+            ))
+    return tuple(out)
+
+
+def device_sample(reading: DeviceReading, busy: float | None, utilization: float | None,
+                  unattributed: dict[str, tuple[int, int]], devices: DeviceIntegrator,
+                  energy: EnergyCounters, xid_errors: tuple[tuple[int, int], ...],
+                  activity: DeviceActivity) -> GpuSample:
+    """A physical GPU's series: this poll's reading with the totals kept for it."""
+    energy_mj = energy.exported_mj(reading)
+    seconds, traffic = activity.of(reading.uuid)
+    return GpuSample(
+        gpu=str(reading.index), uuid=reading.uuid, name=reading.name, minor=reading.minor,
+        pci_bus_id=reading.pci_bus_id, lost=reading.lost,
+        utilization=utilization,
+        busy_seconds=devices.device_busy.get(reading.uuid) if busy is not None else None,
+        memory_used_bytes=reading.memory_used, memory_total_bytes=reading.memory_total,
+        power_watts=reading.power_watts,
+        energy_joules=energy_mj / 1000.0 if energy_mj is not None else None,
+        temperature_celsius=reading.temperature_c,
+        ecc_corrected=reading.ecc_corrected, ecc_uncorrected=reading.ecc_uncorrected,
+        xid_errors=xid_errors, clamped_samples=devices.clamped.get(reading.uuid),
+        unattributed_processes=sum(n for n, _ in unattributed.values()),
+        unattributed_memory_bytes=sum(m for _, m in unattributed.values()),
+        activity_seconds=seconds, traffic_bytes=traffic,
+    )
+
+
+def mig_sample(parent_uuid: str, gpu: str, inst: MigInstance,
+               unattributed: dict[str, tuple[int, int]], activity: DeviceActivity) -> GpuSample:
+    """A MIG instance's series: its memory, the processes outside every job, its GPM totals."""
+    seconds, traffic = activity.of(inst.uuid)
+    return GpuSample(
+        gpu=gpu, uuid=inst.uuid, name=inst.name, minor=None, pci_bus_id="",
+        parent_uuid=parent_uuid, memory_used_bytes=inst.memory_used,
+        memory_total_bytes=inst.memory_total,
+        unattributed_processes=sum(n for n, _ in unattributed.values()),
+        unattributed_memory_bytes=sum(m for _, m in unattributed.values()),
+        activity_seconds=seconds, traffic_bytes=traffic,
+    )

@@ -1,0 +1,1 @@
+"""The sample loop: one sample of every source, timed, saved and published."""
