@@ -10,8 +10,8 @@ that 128 one-CPU jobs fit on a 2-core machine. The agent runs at
 For each job count: agent CPU per sample with no scrapes (agent process CPU over the
 window / samples), CPU of a scrape (first of a snapshot, and repeated), RSS and
 series count; at 64 jobs also the agent's CPU share of a core over 5 minutes with a
-scrape every 30 s. Holds /tmp/sge-slurm.lock for the whole run and stops the cluster at
-the end (when it started it).
+scrape every 30 s. Holds the tests' Slurm lock (/var/tmp/sge-testcluster.lock) for the
+whole run and stops the cluster at the end (when it started it).
 
     .venv/bin/python bench/slurm_scale.py [--window 40] [--levels 0,1,8,32,64,128]
 """
@@ -47,11 +47,11 @@ from agentproc import (  # noqa: E402
 from common import record  # noqa: E402
 
 from tests.agent import Agent  # noqa: E402
+from tests.conftest import SLURM_LOCK as LOCK  # noqa: E402  (tests and bench take turns)
 from tests.fakenvml import Device, FakeNvml, NvmlState, Pattern, Process  # noqa: E402
 from tests.integration.slurmcluster import SlurmCluster, unavailable_reason  # noqa: E402
 
 INTERVAL = 5.0
-LOCK = "/tmp/sge-slurm.lock"
 GPU_JOBS = 4
 _RUNNING = re.compile(rb'^slurm_gpu_exporter_jobs\{state="running"\} (\S+)$', re.M)
 
