@@ -11,25 +11,16 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from slurm_gpu_exporter.model.job import JobDescription
+
 
 @dataclass(frozen=True)
-class SlurmJobInfo:
-    """Job metadata as the controller (or accounting) reports it."""
+class SlurmJobInfo(JobDescription):
+    """Job metadata as the controller (or accounting) reports it: the job description's
+    fields (``job_gpus``: the gres indices this node gave the job, "0,1" style) plus
+    what only Slurm says."""
 
-    jobid: str
-    uid: int | None = None
-    user: str = ""
-    account: str = ""
-    partition: str = ""
-    qos: str = ""
-    cluster: str = ""
-    name: str = ""
     state: str = ""
-    array_job_id: str = ""
-    array_task_id: str = ""
-    # GPU indices this node gave the job (gres IDX), "0,1" style; "" if none/unknown.
-    job_gpus: str = ""
-    start_time: float | None = None
     sluid: str = ""  # Slurm 26.05+
 
     @property
