@@ -188,7 +188,10 @@ def test_boot_clock_samples_give_a_new_job_none_of_the_busy_time_before_its_star
     finally:
         agent.stop()
     assert (job_gpu(text, ALLOCATED, 84, "0") or 0) > 1.0
-    assert busy_of(text, 84) <= 0.06, agent.log()
+    # Untrimmed, job 84 would get the 0.5 s of job 83's use; what is left is the driver
+    # sample (1/6 s) the switch falls in, and the write's delay on a loaded machine
+    # (0.076 s was seen).
+    assert busy_of(text, 84) <= 0.12, agent.log()
     assert "off the wall clock" not in agent.log()  # the boot clock was recognised
 
 
