@@ -3,6 +3,7 @@ field by field from Slurm's answer."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,12 @@ class Job(JobInfo):
     cgroup: JobCgroup | None = None
 
     def info(self) -> JobInfo:
-        """The part of the job the snapshot carries to the exposition."""
+        """The part of the job the snapshot carries to the exposition (made once per job:
+        the tracker hands out an unchanged job's same object every sample)."""
+        return self._info
+
+    @functools.cached_property
+    def _info(self) -> JobInfo:
         return describe(self, JobInfo, end_time=self.end_time, source=self.source)
 
 

@@ -6,14 +6,11 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from slurm_gpu_exporter.hooks import spool
+from slurm_gpu_exporter.jobs.job import Job, job_of
 from slurm_gpu_exporter.node.cgroup import JobCgroup
 from slurm_gpu_exporter.node.slurm.lookup import SlurmJobInfo
-
-if TYPE_CHECKING:
-    from slurm_gpu_exporter.jobs.job import Job
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +40,23 @@ class TrackedJob:
     next_state_check: float | None = None  # a record without a cgroup: next check with Slurm
     failed_state_checks: int = 0  # checks in a row where Slurm did not know the job
     reported: Job | None = None  # the last Job handed out, reused while it is unchanged
+    reported_from: tuple[object, ...] = ()  # what it was built from (report)
+
+    def report(self, info: SlurmJobInfo | None) -> Job:
+        """The job as reported, with ``info`` Slurm's answer; built again only when what
+        it is built from changed. An unchanged job is the same object as last time, so
+        what was derived from it once (its GPU allocation, its snapshot part) is not
+        derived again. The record and the answer stay the same objects while unchanged,
+        so the comparison is mostly identity checks."""
+        inputs = (info, self.record, self.discovered, self.uid_from_process,
+                  self.first_seen, self.end_time, self.cgroup)
+        if self.reported is not None and inputs == self.reported_from:
+            return self.reported
+        job = job_of(self, info)
+        self.reported_from = inputs
+        if self.reported is None or self.reported != job:
+            self.reported = job
+        return self.reported
 
     def mark_ended(self, end_time: float, now: float) -> None:
         """The job ended at ``end_time``; it lingers from ``now``, when the agent learnt it,

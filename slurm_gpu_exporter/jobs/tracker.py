@@ -19,7 +19,7 @@ from pathlib import Path
 
 from slurm_gpu_exporter.hooks import spool
 from slurm_gpu_exporter.jobs.cgroup_jobs import find_cgroup_jobs, uid_from_processes
-from slurm_gpu_exporter.jobs.job import Job, job_of
+from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.jobs.tracked import (
     TrackedJob,
     cgroup_ino,
@@ -83,17 +83,7 @@ class JobTracker:
         self._fill_metadata(now)
         self._expire(now)
         ordered = sorted(self._jobs.values(), key=lambda t: int(t.jobid))
-        return [self._report(t) for t in ordered]
-
-    def _report(self, tracked: TrackedJob) -> Job:
-        """The job as reported; an unchanged job is the same object as last time, so
-        what was derived from it once (its GPU allocation) is not derived again."""
-        job = job_of(tracked, self.metadata.get(tracked.jobid))
-        previous = tracked.reported
-        if previous is not None and previous == job:
-            return previous
-        tracked.reported = job
-        return job
+        return [t.report(self.metadata.get(t.jobid)) for t in ordered]
 
     # -- reconcile ----------------------------------------------------------
 

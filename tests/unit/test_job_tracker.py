@@ -97,6 +97,31 @@ def test_job_without_spool_record_is_discovered_with_slurm_metadata(node: Node) 
     assert asked == ["11"], "metadata is looked up once per job, not per sample"
 
 
+def test_a_job_is_built_once_and_again_only_when_what_it_is_built_from_changes(
+        node: Node) -> None:
+    node.record("14", start_time=5.0, job_gpus="0")
+    node.start_cgroup("14")
+    answers: dict[str, SlurmJobInfo] = {}
+
+    def lookup(jobid: str) -> SlurmJobInfo | None:
+        return answers.get(jobid)
+
+    clock = Clock()
+    registry = make_registry(node, clock, lookup)
+    [first] = registry.refresh()
+    [again] = registry.refresh()
+    assert again is first and again.info() is first.info()
+    assert again.allocation is first.allocation  # parsed once, not once per sample
+    answers["14"] = SlurmJobInfo(jobid="14", uid=1001, user="alice", name="train")
+    clock.now += 400  # past the look-up's retry back-off
+    [named] = registry.refresh()
+    assert named is not first and named.name == "train"
+    assert registry.refresh()[0] is named
+    node.record("14", start_time=5.0, job_gpus="0", end_time=9.0)  # the epilog
+    [ended] = registry.refresh()
+    assert ended is not named and ended.end_time == 9.0 and not ended.running
+
+
 def test_qos_comes_from_the_record_else_from_slurm(node: Node) -> None:
     node.record("12", start_time=5.0, qos="high")
     node.record("13", start_time=5.0)  # a prolog that was given no SLURM_JOB_QOS
