@@ -42,7 +42,11 @@ from slurm_gpu_exporter.sampling.sampler import Sampler
 from slurm_gpu_exporter.training_relay import RelayLimits, TrainingRelay
 from slurm_gpu_exporter.training_relay.source import RelayJobs, TrainingSource
 from slurm_gpu_exporter.web.config import WebConfigError
-from slurm_gpu_exporter.web.connections import ConnectionLimits, connection_cap
+from slurm_gpu_exporter.web.connections import (
+    ConnectionLimits,
+    connection_cap,
+    held_files_budget,
+)
 from slurm_gpu_exporter.web.logthrottle import throttle_client_driven_logs
 from slurm_gpu_exporter.web.reload import DEFAULT_RELOAD_INTERVAL, LiveWebConfig
 from slurm_gpu_exporter.web.server import (
@@ -202,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             log.error("refusing to start: %s", exc)
             return 2
         errors = SourceErrors()
-        cgroups = CgroupFS(args.cgroup_root)
+        cgroups = CgroupFS(args.cgroup_root, held_files=held_files_budget(cap))
         if simulation is not None:
             lookup = simulation.slurm_lookup
         elif args.slurm_lookup == "off":

@@ -1,10 +1,12 @@
-"""The one reader of small kernel files (cgroupfs, procfs) every node-side reader uses."""
+"""The one reader of small kernel files (cgroupfs, procfs) every node-side reader uses,
+and the files the sampler keeps open to read them again cheaply."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 
-__all__ = ["read_kernel_file"]
+__all__ = ["HeldFiles", "read_kernel_file"]
 
 _READ_CHUNK = 65536
 
@@ -28,3 +30,103 @@ def read_kernel_file(path: str | os.PathLike[str]) -> bytes:
     finally:
         os.close(fd)
     return b"".join(chunks)
+
+
+# Filesystems whose files the kernel fills on each read: a file of these kept open and
+# read again from offset 0 gives its current content. A regular file does not (a writer
+# that replaces it leaves the open descriptor on the old one), so it is never held.
+_KERNEL_FS = frozenset({"cgroup", "cgroup2", "proc", "sysfs"})
+
+
+class HeldFiles:
+    """Small kernel files kept open between samples and read again with one ``pread``.
+
+    Opening a cgroup file is most of what reading it costs (the path walk): about 10 us
+    against 1 us for a ``pread`` of an open one, for each of a job's half dozen files on
+    every sample. A file whose cgroup was removed fails its read (ENODEV); it is then
+    closed and opened afresh once, which also finds a cgroup made again at the same
+    path (a requeued job). At most ``limit`` files are held, so that the agent's HTTP
+    connections keep their room under the file limit; past it, files are read with
+    open/read/close as before. Only files on cgroupfs, procfs and sysfs are held. Not
+    thread-safe: the sampler thread owns it (through CgroupFS).
+
+    Only for files that are never empty (a number, a table of them): the kernel starts
+    a file again from its first line when a read at offset 0 follows a read that ended
+    elsewhere, and a file last read as empty ends at 0. Never for ``cgroup.procs``: v1
+    keeps the pid list of an open one while it is read again within a second.
+    """
+
+    def __init__(self, limit: int, mountinfo: str = "/proc/self/mountinfo") -> None:
+        self.limit = limit
+        self._mountinfo = mountinfo
+        self._fds: dict[str, int] = {}
+        self._kernel_dev: dict[int, bool] = {}  # st_dev -> on a kernel filesystem
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def __iter__(self) -> Iterator[str]:
+        """The paths held open."""
+        return iter(list(self._fds))
+
+    def read(self, path: str) -> bytes:
+        """The file's current content; raises OSError as ``read_kernel_file`` does."""
+        fd = self._fds.get(path)
+        if fd is not None:
+            try:
+                data = os.pread(fd, _READ_CHUNK, 0)
+            except OSError:
+                self._close(path)  # removed (or its process gone): open it afresh
+            else:
+                if len(data) < _READ_CHUNK:
+                    return data
+                self._close(path)  # grew past one read: not a file to hold
+                return read_kernel_file(path)
+        if len(self._fds) >= self.limit:
+            return read_kernel_file(path)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.pread(fd, _READ_CHUNK, 0)
+            if len(data) < _READ_CHUNK and self._on_kernel_fs(fd):
+                self._fds[path] = fd
+                fd = -1
+                return data
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        return read_kernel_file(path)
+
+    def keep_only(self, alive: Callable[[str], bool]) -> None:
+        """Close the files for whose path ``alive`` says False (a job that is gone)."""
+        for path in [p for p in self._fds if not alive(p)]:
+            self._close(path)
+
+    def close(self) -> None:
+        for path in list(self._fds):
+            self._close(path)
+
+    def _close(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def _on_kernel_fs(self, fd: int) -> bool:
+        dev = os.fstat(fd).st_dev
+        known = self._kernel_dev.get(dev)
+        if known is None:
+            known = self._kernel_dev[dev] = _fs_type(self._mountinfo, dev) in _KERNEL_FS
+        return known
+
+
+def _fs_type(mountinfo: str, dev: int) -> str:
+    """The type of the filesystem mounted with device number ``dev`` ("" if not found)."""
+    wanted = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == wanted and " - " in line:
+                    return line.split(" - ", 1)[1].split()[0]
+    except OSError:
+        pass
+    return ""

@@ -56,6 +56,21 @@ def connection_cap(wanted: int, reserved: int = RESERVED_FILES) -> int:
     return max(8, min(wanted, soft - reserved - ACCEPT_BATCH))
 
 
+# The most cgroup files the sampler keeps open (HeldFiles): six or so per job.
+MAX_HELD_FILES = 4096
+
+
+def held_files_budget(connections: int, reserved: int = RESERVED_FILES) -> int:
+    """How many files the sampler may keep open between samples: half of what the file
+    limit leaves besides ``connections``, one accept batch and ``reserved`` files of the
+    agent's own, at most MAX_HELD_FILES (``LimitNOFILE=8192`` and 256 connections: 3,776,
+    enough for some 500 jobs on cgroup v1)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_HELD_FILES
+    return max(0, min(MAX_HELD_FILES, (soft - reserved - ACCEPT_BATCH - connections) // 2))
+
+
 class _Connection(asyncio.Protocol):
     """One connection under the guard. The HTTP protocol behind it is made at its
     first byte: a connection that never speaks costs no more than this object."""

@@ -670,14 +670,20 @@ def test_each_cgroup_file_is_read_with_one_read_call(
 
 
 def _scanned_dirs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The directories listed from now on (by os.scandir or os.listdir), by name."""
     scanned: list[str] = []
-    real_scandir = os.scandir
+    real_scandir, real_listdir = os.scandir, os.listdir
 
     def counting_scandir(path: str) -> object:
         scanned.append(os.path.basename(os.fspath(path)))
         return real_scandir(path)
 
+    def counting_listdir(path: str) -> list[str]:
+        scanned.append(os.path.basename(os.fspath(path)))
+        return real_listdir(path)
+
     monkeypatch.setattr(os, "scandir", counting_scandir)
+    monkeypatch.setattr(os, "listdir", counting_listdir)
     return scanned
 
 

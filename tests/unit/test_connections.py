@@ -6,11 +6,14 @@ import asyncio
 import logging
 import resource
 
+import pytest
+
 from slurm_gpu_exporter.web.connections import (
     ConnectionGuard,
     ConnectionLimits,
     _Connection,
     connection_cap,
+    held_files_budget,
 )
 from slurm_gpu_exporter.web.logthrottle import RepeatFilter
 
@@ -110,6 +113,20 @@ def test_a_connection_that_never_speaks_gets_no_http_protocol() -> None:
 def test_the_cap_leaves_room_for_the_agents_own_files() -> None:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert connection_cap(10**9) <= soft - 256
+
+
+def test_held_cgroup_files_take_half_the_room_the_connections_leave(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    limit = [8192]
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (limit[0], limit[0]))
+    assert held_files_budget(256) == (8192 - 256 - 128 - 256) // 2 == 3776
+    assert connection_cap(256) == 256, "the connections keep theirs"
+    limit[0] = 1024  # a bare shell's limit
+    assert held_files_budget(256) == 192
+    limit[0] = 600
+    assert held_files_budget(256) == 0, "nothing held where there is no room"
+    limit[0] = 1 << 20
+    assert held_files_budget(256) == 4096
 
 
 def test_repeated_log_lines_are_let_through_once_a_minute_with_a_count() -> None:

@@ -49,20 +49,26 @@ class PartialStats:
     memory_peak: int | None = None
     oom_kills: int | None = None
     pids: frozenset[int] = frozenset()
+    # A file that is always there could not be read: the cgroup may be going.
+    missing: bool = False
 
 
 # The helpers below run for every job on every sample: they take plain string
 # paths, which costs a fraction of building pathlib objects.
 
 
-def read_cgroup_file(path: str) -> bytes | None:
+# How a file is read: read_kernel_file, or HeldFiles.read (the sampler's cgroup reads).
+Reader = Callable[[str], bytes]
+
+
+def read_cgroup_file(path: str, read: Reader = read_kernel_file) -> bytes | None:
     """One cgroup file's bytes, or None when it is missing or unreadable.
 
     Any OSError counts: a file of a cgroup being removed can fail with ENOENT,
     ENODEV or EINVAL, and one odd file must not fail the whole job.
     """
     try:
-        return read_kernel_file(path)
+        return read(path)
     except OSError:
         return None
 
@@ -73,8 +79,8 @@ def read_text(path: str) -> str | None:
     return None if data is None else data.decode("ascii", "replace")
 
 
-def read_int(path: str) -> int | None:
-    data = read_cgroup_file(path)
+def read_int(path: str, read: Reader = read_kernel_file) -> int | None:
+    data = read_cgroup_file(path, read)
     if data is None:
         return None
     try:
@@ -83,11 +89,11 @@ def read_int(path: str) -> int | None:
         return None
 
 
-def read_keyed(path: str, key: str) -> int | None:
+def read_keyed(path: str, key: str, read: Reader = read_kernel_file) -> int | None:
     """Value of ``key`` in a flat-keyed file such as memory.stat or cpu.stat.
 
     Only the wanted line is looked at: memory.stat has some 40 lines, one is needed."""
-    data = read_cgroup_file(path)
+    data = read_cgroup_file(path, read)
     if data is None:
         return None
     wanted = key.encode() + b" "
@@ -149,7 +155,10 @@ class SteadyFiles:
 
 
 def read_procs(directory: str) -> list[int] | None:
-    """Pids in one cgroup; None when the cgroup is gone."""
+    """Pids in one cgroup; None when the cgroup is gone.
+
+    Always opened afresh, never held (HeldFiles): v1 keeps the pid list of an open
+    ``cgroup.procs`` while it is read again within a second, so a held one reads stale."""
     data = read_cgroup_file(directory + "/cgroup.procs")
     if data is None:
         return None
@@ -183,6 +192,14 @@ def child_cgroups(directory: str) -> list[str]:
     try:
         with os.scandir(directory) as it:
             return [e.name for e in it if "." not in e.name and e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _names(directory: str) -> list[str]:
+    """Entry names of a directory (no DirEntry objects: this runs per job per sample)."""
+    try:
+        return os.listdir(directory)
     except (FileNotFoundError, NotADirectoryError):
         return []
 
@@ -237,7 +254,8 @@ class StepLeaves:
         """Pids in the leaves of every step of the job (empty when it is gone)."""
         now = self._clock()
         pids: set[int] = set()
-        for name in child_cgroups(job_dir):
+        for name in _names(job_dir):
+            # A step's name has no dot, so it is a directory, never an interface file.
             if not STEP_RE.fullmatch(name):
                 continue
             step = f"{job_dir}/{name}"

@@ -41,11 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from slurm_gpu_exporter.node.cgroup.files import SteadyFiles, StepLeaves
+from slurm_gpu_exporter.node.cgroup.files import Reader, SteadyFiles, StepLeaves
 from slurm_gpu_exporter.node.cgroup.paths import SlurmRoot
 from slurm_gpu_exporter.node.cgroup.roots import RootTracker, cgroup_version
 from slurm_gpu_exporter.node.cgroup.v1 import jobs_under_v1, read_v1
 from slurm_gpu_exporter.node.cgroup.v2 import V2Reader, jobs_under_v2
+from slurm_gpu_exporter.node.kernelfile import HeldFiles, read_kernel_file
 
 __all__ = ["CgroupFS", "CgroupGone", "JobCgroup", "JobCgroupStats"]
 
@@ -122,19 +123,25 @@ class CgroupFS:
         *,
         rescan_interval: float = 60.0,
         steady_ttl: float = 60.0,
+        held_files: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``rescan_interval``: seconds between searches for Slurm's tree roots;
         ``steady_ttl``: seconds a job's cpuset and memory limit are kept before being
-        read again (they do not change while a job runs, short of an admin's hand)."""
+        read again (they do not change while a job runs, short of an admin's hand);
+        ``held_files``: how many of the jobs' accounting files may be kept open
+        between samples (HeldFiles; 0: every file opened on each read)."""
         self.root = Path(root)
         self._clock = clock
         self._roots = RootTracker(self.root, rescan_interval)
         # job key -> (what it was found as, the JobCgroup handed out for it).
         self._jobs: dict[str, tuple[object, JobCgroup]] = {}
         self._steady = SteadyFiles(steady_ttl, clock)
+        self._held = HeldFiles(held_files)
+        self._read: Reader = self._held.read if held_files > 0 else read_kernel_file
         self._v1_leaves = StepLeaves(clock)
-        self._v2 = V2Reader(self._steady)
+        self._v2 = V2Reader(self._steady, self._read)
+        self._live: set[str] = set()  # the job directories found by the last scan
 
     def version(self) -> int:
         """2 on a pure cgroup v2 mount, else 1 (``roots.cgroup_version``)."""
@@ -222,10 +229,31 @@ class CgroupFS:
             self._jobs[job_key] = (signature, jobs[job_key])
         self._jobs = {k: v for k, v in self._jobs.items() if k in jobs}
         live = {d for _, _, insts in found.values() for i in insts.values() for d in i.values()}
-        self._v2.keep_only(live)
-        self._steady.keep_only(live)
-        self._v1_leaves.keep_only(live)
+        if live != self._live:  # only the files of a job that went are to forget
+            self._live = live
+            self._v2.keep_only(live)
+            self._steady.keep_only(live)
+            self._v1_leaves.keep_only(live)
+            self._held.keep_only(self._in_live_job)
         return jobs
+
+    def _in_live_job(self, path: str) -> bool:
+        """Whether ``path`` lies in (or below) a job directory of the last scan."""
+        top = len(os.fspath(self.root))
+        d = os.path.dirname(path)
+        while d not in self._live:
+            if len(d) <= top:
+                return False
+            d = os.path.dirname(d)
+        return True
+
+    def held_files(self) -> list[str]:
+        """The paths of the accounting files kept open between samples."""
+        return list(self._held)
+
+    def close(self) -> None:
+        """Close the files held open (the sampler's end)."""
+        self._held.close()
 
     def read_stats(self, job: JobCgroup) -> JobCgroupStats:
         """Read one job's accounting; raises CgroupGone when its directory vanished.
@@ -236,10 +264,12 @@ class CgroupFS:
         if job.version == 2:
             parts = [self._v2.read(dirs) for dirs in instances]
         else:
-            parts = [read_v1(dirs, self._steady, self._v1_leaves) for dirs in instances]
-        # Checked after reading (a gone directory reads as missing files): files of an
-        # ending job vanish one by one, and partial values are not worth reporting.
-        if not any(os.path.isdir(p) for dirs in instances for p in dirs.values()):
+            parts = [read_v1(dirs, self._steady, self._v1_leaves, self._read)
+                     for dirs in instances]
+        # Checked after reading, when a file that is always there was missing: files of
+        # an ending job vanish one by one, and partial values are not worth reporting.
+        if any(p.missing for p in parts) and not any(
+                os.path.isdir(p) for dirs in instances for p in dirs.values()):
             raise CgroupGone(f"cgroup of job {job.job_key} is gone")
         cpus: set[int] = set()
         for p in parts:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from slurm_gpu_exporter.node.cgroup.files import (
     PartialStats,
+    Reader,
     SteadyFiles,
     StepLeaves,
     read_cpus,
@@ -20,6 +21,7 @@ from slurm_gpu_exporter.node.cgroup.files import (
     subdirs,
 )
 from slurm_gpu_exporter.node.cgroup.paths import JOB_RE, UID_RE, V1_TOP_RE
+from slurm_gpu_exporter.node.kernelfile import read_kernel_file
 
 # v1 memory cgroups report "no limit" as PAGE_COUNTER_MAX pages (about 2**63 bytes,
 # rounded down to the page size); anything this large is no real limit.
@@ -86,31 +88,40 @@ def _read_limit(path: str) -> int | None:
     return limit if limit is not None and limit < V1_UNLIMITED else None
 
 
-def read_v1(dirs: Mapping[str, Path], steady: SteadyFiles, leaves: StepLeaves) -> PartialStats:
+def read_v1(dirs: Mapping[str, Path], steady: SteadyFiles, leaves: StepLeaves,
+            read: Reader = read_kernel_file) -> PartialStats:
     """One job's accounting from its controller directories (one slurmd instance).
 
     The cpuset and the memory limit come through ``steady`` (not read every sample),
     the processes through ``leaves`` (steps' leaf cgroups remembered)."""
     out = PartialStats()
     if "cpuacct" in dirs:
-        usage_ns = read_int(f"{dirs['cpuacct']}/cpuacct.usage")
+        usage_ns = read_int(f"{dirs['cpuacct']}/cpuacct.usage", read)
         out.cpu_seconds = usage_ns / 1e9 if usage_ns is not None else None
+        out.missing = usage_ns is None
     if "cpuset" in dirs:
         # Keyed by a file path in the job directory, so that keep_only finds it.
         out.cpus = steady.get(f"{os.fspath(dirs['cpuset'])}/cpuset.effective_cpus",
                               lambda path: _read_job_cpus(os.path.dirname(path)))  # type: ignore[assignment]
     if "memory" in dirs:
         memory = os.fspath(dirs["memory"])
-        usage = read_int(f"{memory}/memory.usage_in_bytes")
+        usage = read_int(f"{memory}/memory.usage_in_bytes", read)
         # total_* counts the whole subtree: the job's pages sit in its task cgroups.
-        inactive = read_keyed(f"{memory}/memory.stat", "total_inactive_file")
+        inactive = read_keyed(f"{memory}/memory.stat", "total_inactive_file", read)
         if usage is not None:
             out.memory_used = max(0, usage - (inactive or 0))
         out.memory_limit = steady.get(f"{memory}/memory.limit_in_bytes", _read_limit)  # type: ignore[assignment]
-        out.memory_peak = read_int(f"{memory}/memory.max_usage_in_bytes")
-        out.oom_kills = read_keyed(f"{memory}/memory.oom_control", "oom_kill")
+        out.memory_peak = read_int(f"{memory}/memory.max_usage_in_bytes", read)
+        out.oom_kills = read_keyed(f"{memory}/memory.oom_control", "oom_kill", read)
+        out.missing = out.missing or usage is None or out.memory_peak is None
     for ctrl in V1_PID_SOURCES:
-        if ctrl in dirs and os.path.isdir(dirs[ctrl]):
-            out.pids = leaves.pids(os.fspath(dirs[ctrl]))
-            break
+        if ctrl in dirs:
+            job_dir = os.fspath(dirs[ctrl])
+            pids = leaves.pids(job_dir)
+            # No pids from a tree that is not there: the next tree may have them.
+            if pids or os.path.isdir(job_dir):
+                out.pids = pids
+                break
+    else:
+        out.missing = out.missing or any(ctrl in dirs for ctrl in V1_PID_SOURCES)
     return out

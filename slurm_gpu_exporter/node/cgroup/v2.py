@@ -13,6 +13,7 @@ from pathlib import Path
 from slurm_gpu_exporter.node.cgroup.files import (
     UNIFIED,
     PartialStats,
+    Reader,
     SteadyFiles,
     pids_of,
     read_cpus,
@@ -23,6 +24,7 @@ from slurm_gpu_exporter.node.cgroup.files import (
     subdirs,
 )
 from slurm_gpu_exporter.node.cgroup.paths import SCOPE_RE, job_dir_key
+from slurm_gpu_exporter.node.kernelfile import read_kernel_file
 
 SLICE_DEPTH = 4  # how deep nested systemd slices (a.slice/a-b.slice/...) are searched
 
@@ -63,10 +65,11 @@ def _read_max(path: str) -> int | None:
 class V2Reader:
     """Reads v2 job directories, remembering each job's leaf cgroups between samples."""
 
-    def __init__(self, steady: SteadyFiles) -> None:
+    def __init__(self, steady: SteadyFiles, read: Reader = read_kernel_file) -> None:
         # job dir -> (nr_descendants, leaf cgroups) when last walked.
         self._leaves: dict[str, tuple[int, tuple[str, ...]]] = {}
         self._steady = steady
+        self._read = read
 
     def keep_only(self, live: set[str]) -> None:
         """Forget the leaves of job directories not in ``live``."""
@@ -76,7 +79,7 @@ class V2Reader:
         # Listing every directory of a job's subtree costs more than reading it:
         # the leaves are remembered while cgroup.stat's nr_descendants is unchanged
         # (a leaf that vanished in between also forces a fresh walk).
-        count = read_keyed(f"{job_dir}/cgroup.stat", "nr_descendants")
+        count = read_keyed(f"{job_dir}/cgroup.stat", "nr_descendants", self._read)
         cached = self._leaves.get(job_dir)
         if count is not None and cached is not None and cached[0] == count:
             pids = pids_of(cached[1])
@@ -93,15 +96,18 @@ class V2Reader:
         if UNIFIED not in dirs:
             return out
         job_dir = os.fspath(dirs[UNIFIED])
-        usage_usec = read_keyed(f"{job_dir}/cpu.stat", "usage_usec")
+        read = self._read
+        usage_usec = read_keyed(f"{job_dir}/cpu.stat", "usage_usec", read)
         out.cpu_seconds = usage_usec / 1e6 if usage_usec is not None else None
         out.cpus = self._steady.get(f"{job_dir}/cpuset.cpus.effective", read_cpus)  # type: ignore[assignment]
-        current = read_int(f"{job_dir}/memory.current")
-        inactive = read_keyed(f"{job_dir}/memory.stat", "inactive_file")
+        current = read_int(f"{job_dir}/memory.current", read)
+        inactive = read_keyed(f"{job_dir}/memory.stat", "inactive_file", read)
         if current is not None:
             out.memory_used = max(0, current - (inactive or 0))
         out.memory_limit = self._steady.get(f"{job_dir}/memory.max", _read_max)  # type: ignore[assignment]
-        out.memory_peak = read_int(f"{job_dir}/memory.peak")
-        out.oom_kills = read_keyed(f"{job_dir}/memory.events", "oom_kill")
+        out.memory_peak = read_int(f"{job_dir}/memory.peak", read)  # Linux 5.19 and later
+        out.oom_kills = read_keyed(f"{job_dir}/memory.events", "oom_kill", read)
         out.pids = self._pids(job_dir)
+        # cpu.stat is there even without the cpu controller; memory.current is not.
+        out.missing = usage_usec is None or (current is None and out.oom_kills is None)
         return out
