@@ -94,6 +94,25 @@ def wait_agent_sees(url: str, count: int, timeout: float = 120.0) -> None:
         time.sleep(1.0)
 
 
+_INFO = re.compile(rb'^slurm_job_info\{(.*)\} ', re.M)
+
+
+def wait_looked_up(url: str, count: int, timeout: float = 300.0) -> None:
+    """Until Slurm's answer is in for every job: the prolog never knows a job's name,
+    and the agent asks Slurm about at most 8 new jobs per sample, so 64 new jobs take
+    8 samples. Those look-ups happen once in a job's life; the figures are of the
+    samples after them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        labels = _INFO.findall(get(url + "/metrics"))
+        named = sum(1 for text in labels if b'name=""' not in text)
+        if named >= count:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{named} of {count} jobs looked up in Slurm")
+        time.sleep(1.0)
+
+
 def cpu_share(pid: int, url: str, seconds: float, scrape_every: float) -> dict[str, object]:
     """The agent's CPU share of a core over ``seconds``, scraped as Prometheus would
     (OpenMetrics, gzip) every ``scrape_every`` seconds."""
@@ -182,7 +201,8 @@ def run(levels: list[int], window: float,
                 fake.write(NvmlState(devices=devices))
                 wait_agent_sees(agent.url, n)
                 started = time.monotonic() - t0
-                time.sleep(2 * INTERVAL)  # the new jobs' first look-ups are done
+                wait_looked_up(agent.url, n)
+                time.sleep(INTERVAL)  # the sample after the last look-up
                 pid = agent.proc.pid
                 idle = idle_cpu_per_sample(pid, agent.url, INTERVAL, window)
                 scrapes = scrape_cpu(pid, agent.url, INTERVAL, snapshots=4, repeat=20)
