@@ -99,11 +99,9 @@ class GpuSampler:
             self._last_part = self._frozen(jobs, now)
             return self._last_part
         if self.cgroups is not None:
-            # A process's environment is the user's to forge: trust it only on nodes
-            # where Slurm keeps no cgroups to go by.
-            roots = self.cgroups.proc_roots()
-            self.users.mapper.slurm_roots = roots
-            self.users.mapper.environ_fallback = not roots
+            # The mapper's one input from outside: where Slurm's job cgroups are now
+            # (a root can appear late). Without any, it goes by the environment.
+            self.users.mapper.slurm_roots = self.cgroups.proc_roots()
         self._last_part = self._attribute(jobs, readings, now)
         return self._last_part
 

@@ -174,9 +174,9 @@ class PidJobMapper:
 
     Where the node has no Slurm cgroups (proctrack/linuxproc, cgroups disabled) it
     falls back to ``SLURM_JOB_ID`` in /proc/<pid>/environ. The environment is the
-    user's to set, so on nodes with Slurm cgroups the caller turns the fallback off
-    (``environ_fallback = False``): a forged variable must not move usage to
-    another job.
+    user's to set, so the fallback is off as soon as Slurm's roots are known (a forged
+    variable must not move usage to another job), and never on for a mapper made with
+    ``environ_fallback=False``.
 
     Answers are cached by (pid, start time), so a reused pid is resolved afresh.
     "Not in a job" is re-checked after ``negative_ttl`` seconds, since
@@ -223,19 +223,10 @@ class PidJobMapper:
 
     @property
     def environ_fallback(self) -> bool:
-        """Whether a process outside every Slurm cgroup is mapped by its environment."""
-        return self._environ_fallback
-
-    @environ_fallback.setter
-    def environ_fallback(self, enabled: bool) -> None:
-        # Turned off when Slurm cgroups appear: answers taken from the (forgeable)
-        # environment must not outlive that moment, so they are dropped at once.
-        if self._environ_fallback and not enabled:
-            self._cache = {
-                pid: e for pid, e in self._cache.items()
-                if e.job is None or e.job.source != "environ"
-            }
-        self._environ_fallback = enabled
+        """Whether a process outside every Slurm cgroup is mapped by its environment:
+        only on a node without Slurm cgroups. Answers taken from the environment do not
+        outlive the appearance of Slurm's roots: new roots drop every answer."""
+        return self._environ_fallback and not self._roots
 
     def __len__(self) -> int:
         """Number of cached pids."""

@@ -78,7 +78,7 @@ def test_a_process_in_a_look_alike_cgroup_outside_slurms_roots_is_in_no_job(
 
         users = UsageReader(PROC)
         users.mapper.slurm_roots = cgroups.proc_roots()  # as GpuSampler.sample does
-        users.mapper.environ_fallback = False
+        assert not users.mapper.environ_fallback, "off on a node with Slurm cgroups"
         usage = users.usage([GpuProcess(pid, 1 << 20)], [], {"4242": VICTIM}, set())
         # Its GPU use stays outside every job, where the unattributed alert sees it.
         assert usage.processes == {UNATTRIBUTED: 1}

@@ -108,7 +108,6 @@ class StubMapper:
     """pid -> job id, standing in for the /proc and cgroup look-up."""
 
     jobs: dict[int, str]
-    environ_fallback: bool = True
 
     def job_of(self, pid: int) -> PidJob | None:
         jobid = self.jobs.get(pid)

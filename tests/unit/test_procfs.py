@@ -190,7 +190,7 @@ def test_mapper_prefers_cgroup_over_environ(tmp_path: Path) -> None:
 def test_mapper_falls_back_to_environ_without_slurm_cgroups(tmp_path: Path) -> None:
     make_proc(tmp_path, 103, environ={"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "2"})
     make_proc(tmp_path, 104, environ={"SLURM_JOB_ID": "77"})
-    mapper = mapper_of(tmp_path)
+    mapper = PidJobMapper(tmp_path)  # told no Slurm roots: the node has none
     assert mapper.job_of(103) == PidJob("77", "2", False, "environ")
     assert mapper.job_of(104) == PidJob("77", None, False, "environ")
 
@@ -203,14 +203,14 @@ def test_mapper_ignores_environ_when_the_fallback_is_off(tmp_path: Path) -> None
 
 def test_environ_answer_does_not_outlive_the_appearance_of_slurm_cgroups(tmp_path: Path) -> None:
     # Mapped through its (forgeable) environment while the node had no Slurm
-    # cgroups; once they appear the sampler turns the fallback off and the cached
-    # answer must go with it, not be served while the process lives.
+    # cgroups; once they appear the fallback is off and the cached answer must go
+    # with it, not be served while the process lives.
     make_proc(tmp_path, 105, cgroup=OUTSIDE_LINES, environ={"SLURM_JOB_ID": "77"})
     make_proc(tmp_path, 108, cgroup=v1_cgroup(31))
-    mapper = mapper_of(tmp_path, clock=lambda: 0.0)
+    mapper = PidJobMapper(tmp_path, clock=lambda: 0.0)
     assert mapper.job_of(105) == PidJob("77", None, False, "environ")
-    assert mapper.job_of(108) == PidJob("31", "0", False, "cgroup")
-    mapper.environ_fallback = False
+    mapper.slurm_roots = ROOTS  # slurmd made its roots
+    assert not mapper.environ_fallback
     assert mapper.job_of(105) is None
     assert mapper.job_of(108) == PidJob("31", "0", False, "cgroup")
 
