@@ -4,8 +4,10 @@ users outside every job. The per-job counters it adds to live in gpu/counters.py
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from slurm_gpu_exporter.exposition.snapshot import GpuSample, UnattributedSample
 from slurm_gpu_exporter.gpu.activity import DeviceActivity, job_activity, sole_job
@@ -22,7 +24,7 @@ from slurm_gpu_exporter.gpu.shares import (
     energy_shares,
     shares,
 )
-from slurm_gpu_exporter.gpu.usage import UsageReader
+from slurm_gpu_exporter.gpu.usage import Usage, UsageReader
 from slurm_gpu_exporter.jobs.job import Job
 
 
@@ -38,6 +40,25 @@ class Poll:
     unattributed: list[UnattributedSample]
     seen_pids: set[int]
     touched: set[tuple[str, str]]  # (job id, uuid) pairs with live figures
+
+
+class Share(NamedTuple):
+    """One job's part of a target's figures in one poll."""
+
+    window: float
+    busy: float | None
+    energy: float | None
+
+
+_NO_SHARE = Share(0.0, None, None)  # MIG: NVML measures no per-instance busy time or energy
+
+
+def _to_users(target: GpuTarget, usage: Usage, poll: Poll,
+              user_busy: Mapping[str, float] | None = None) -> None:
+    """Use outside every job, by user (with its busy time where the target has one)."""
+    for user, (n, mem) in sorted(usage.unattributed.items()):
+        poll.unattributed.append(UnattributedSample(
+            target.gpu, target.uuid, user, n, mem, (user_busy or {}).get(user)))
 
 
 class GpuAttributor:
@@ -78,13 +99,8 @@ class GpuAttributor:
         across = None if energy.gap_from is None else self.counters.held_across(
             [poll.key_to_job[j] for j in holders], parent.uuid, energy.gap_from)
         e_shares = energy_shares(busy_shares, busy or 0.0, holders, only=across)
-        jobids = set(holders) | set(usage.processes) - {UNATTRIBUTED}
-        for jobid in jobids:
-            job = poll.key_to_job.get(jobid)
-            if job is None:
-                continue
-            poll.touched.add((job.jobid, parent.uuid))
-            c = self._counter(job, parent)
+
+        def figures_of(key: str, job: Job, c: JobGpuCounters) -> Share:
             job_window, job_busy = window or 0.0, busy
             if c.fresh and figures.before is None:
                 # Idle time counted without samples, up to now: the part since its start.
@@ -96,18 +112,15 @@ class GpuAttributor:
                     job_window, job_busy = since_start(reading.util_samples, figures, start_us)
             if window and (figures.before is not None or job_window):
                 c.fresh = False
-            if jobid in holders:
-                self.hold(c, job, poll.now, job_window)
-            c.accrue(
-                window=job_window,
-                busy=None if job_busy is None else job_busy * busy_shares.get(jobid, 0.0),
-                energy=None if energy.joules is None else energy.joules * e_shares.get(jobid, 0.0),
-                memory=usage.memory.get(jobid, 0), processes=usage.processes.get(jobid, 0))
+            return Share(
+                job_window,
+                None if job_busy is None else job_busy * busy_shares.get(key, 0.0),
+                None if energy.joules is None else energy.joules * e_shares.get(key, 0.0))
+
+        jobids = self._to_jobs(parent, usage, holders, poll, figures_of)
         self._count_activity(parent, reading.gpm, jobids, bool(usage.unattributed), poll)
         user_busy = self.counters.count_unattributed_busy(parent.uuid, usage, busy, busy_shares)
-        for user, (n, mem) in sorted(usage.unattributed.items()):
-            poll.unattributed.append(UnattributedSample(parent.gpu, parent.uuid, user, n, mem,
-                                                        user_busy.get(user)))
+        _to_users(parent, usage, poll, user_busy)
         poll.devices.append(self.device_sample(
             reading, busy, (busy / window) if busy is not None and window else None,
             usage.unattributed))
@@ -145,23 +158,31 @@ class GpuAttributor:
                           if p.gpu_instance_id == inst.gpu_instance_id)
             usage = self.users.usage(procs, (), poll.key_to_job, poll.seen_pids)
             holders = self.users.holders(target, poll.running)
-            jobids = set(holders) | set(usage.processes) - {UNATTRIBUTED}
-            for jobid in jobids:
-                job = poll.key_to_job.get(jobid)
-                if job is None:
-                    continue
-                poll.touched.add((job.jobid, target.uuid))
-                c = self._counter(job, target)
-                if jobid in holders:
-                    self.hold(c, job, poll.now, 0.0)
-                c.accrue(window=0.0, busy=None, energy=None, memory=usage.memory.get(jobid, 0),
-                         processes=usage.processes.get(jobid, 0))
+            jobids = self._to_jobs(target, usage, holders, poll, lambda key, job, c: _NO_SHARE)
             self._count_activity(target, inst.gpm, jobids, bool(usage.unattributed), poll)
-            for user, (n, mem) in sorted(usage.unattributed.items()):
-                poll.unattributed.append(
-                    UnattributedSample(target.gpu, target.uuid, user, n, mem))
+            _to_users(target, usage, poll)
             poll.devices.append(mig_sample(reading.uuid, target.gpu, inst, usage.unattributed,
                                            self.activity))
+
+    def _to_jobs(self, target: GpuTarget, usage: Usage, holders: Iterable[str], poll: Poll,
+                 figures_of: Callable[[str, Job, JobGpuCounters], Share]) -> set[str]:
+        """Each job that uses or holds ``target``: its held time, then its share of the
+        target's figures (``figures_of``, by the job's key: its id or cgroup key), memory
+        and processes. Returns their keys."""
+        held = set(holders)
+        jobids = held | set(usage.processes) - {UNATTRIBUTED}
+        for jobid in jobids:
+            job = poll.key_to_job.get(jobid)
+            if job is None:
+                continue
+            poll.touched.add((job.jobid, target.uuid))
+            c = self._counter(job, target)
+            share = figures_of(jobid, job, c)
+            if jobid in held:
+                self.hold(c, job, poll.now, share.window)
+            c.accrue(window=share.window, busy=share.busy, energy=share.energy,
+                     memory=usage.memory.get(jobid, 0), processes=usage.processes.get(jobid, 0))
+        return jobids
 
     def hold(self, c: JobGpuCounters, job: Job, now: float, window: float) -> None:
         c.hold(now, job.start_time, self.first_poll or now, window)
