@@ -46,8 +46,7 @@ class JobSample:
 class JobGpuSample:
     """What one job does with one GPU (or MIG instance) it holds."""
 
-    jobid: str
-    user: str
+    job: JobInfo
     gpu: str  # NVML index, or "<parent index>.<GPU instance id>" for MIG
     uuid: str
     allocated_seconds: float
@@ -60,6 +59,14 @@ class JobGpuSample:
     # GPM activity seconds by name ("sm_active", ...); only where the job has the GPU
     # or MIG instance to itself and the GPU has GPM.
     activity_seconds: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def jobid(self) -> str:
+        return self.job.jobid
+
+    @property
+    def user(self) -> str:
+        return self.job.user
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ def job_gpu_samples(counters: CounterStore, jobs: list[Job],
         for uuid, c in sorted(per_run.items(), key=lambda item: item[1].gpu):
             live = job.running and (touched is None or (job.jobid, uuid) in touched)
             out.append(JobGpuSample(
-                jobid=job.jobid, user=job.user, gpu=c.gpu, uuid=uuid,
+                job=job.info(), gpu=c.gpu, uuid=uuid,
                 allocated_seconds=c.allocated, busy_seconds=c.busy,
                 utilization=c.utilization if live else None,
                 memory_used_bytes=c.memory if live else 0,

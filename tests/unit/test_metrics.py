@@ -33,7 +33,7 @@ def _snapshot(**overrides: object) -> Snapshot:
         "timestamp": 2000.0,
         "jobs": (JobSample(job=job, gpus=1, cpus=4, cpu_seconds=12.5,
                            memory_used_bytes=1024, memory_limit_bytes=None),),
-        "job_gpus": (JobGpuSample(jobid="42", user="alice", gpu="0", uuid="GPU-0",
+        "job_gpus": (JobGpuSample(job=JobInfo(jobid="42", user="alice"), gpu="0", uuid="GPU-0",
                                   allocated_seconds=10.0, busy_seconds=None,
                                   utilization=0.5, memory_used_bytes=1, memory_peak_bytes=2,
                                   energy_joules=None, processes=1),),
