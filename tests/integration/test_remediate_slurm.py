@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import sys
 import time
 import urllib.error
@@ -39,6 +41,7 @@ ALERT = "SlurmGpuXidResetRequired"
 @dataclass
 class Rig:
     cluster: SlurmCluster
+    agent: Agent
     remediate: Daemon
     alertmanager: Alertmanager
     drained_reason: str
@@ -139,7 +142,7 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                    poll=0.5, log=remediate.log)
         reason = node_line(slurm_cluster).split("Reason=", 1)[1]
         print(f"remediate rig, Xid to drained node: {time.monotonic() - began:.1f} s")
-        yield Rig(slurm_cluster, remediate, am, reason)
+        yield Rig(slurm_cluster, agent, remediate, am, reason)
     finally:
         for thing in reversed(started):
             thing.stop()
@@ -231,3 +234,24 @@ def test_dry_run_mode_drains_nothing(rig: Rig, tmp_path: Path) -> None:
         assert "without basic auth or TLS" in dry.log()
     finally:
         dry.stop()
+
+
+def test_missed_scrapes_do_not_make_it_a_new_alert_that_drains_again(rig: Rig) -> None:
+    """The agent stalls (as while it restarts after the GPU reset): its scrapes time out
+    and the series go stale. The alert is kept firing, so it stays the alert remediate
+    acted on, and the admin's resume stands."""
+    resume(rig.cluster)
+    before = firing_payload(rig)["alerts"][0]["startsAt"]
+    os.kill(rig.agent.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(4)  # four 1 s scrapes, each timed out
+    finally:
+        os.kill(rig.agent.proc.pid, signal.SIGCONT)
+    rig.agent.wait_ready()
+    time.sleep(3)  # scraped and evaluated again
+    payload = firing_payload(rig)
+    assert payload["alerts"][0]["startsAt"] == before
+    status, body = post(rig, payload)
+    assert status == 200 and isinstance(body, dict)
+    assert body["results"] == ["ignored: acted on this alert before"]
+    assert not drained(rig.cluster)
