@@ -196,7 +196,7 @@ def child_cgroups(directory: str) -> list[str]:
         return []
 
 
-def _names(directory: str) -> list[str]:
+def names(directory: str) -> list[str]:
     """Entry names of a directory (no DirEntry objects: this runs per job per sample)."""
     try:
         return os.listdir(directory)
@@ -254,7 +254,7 @@ class StepLeaves:
         """Pids in the leaves of every step of the job (empty when it is gone)."""
         now = self._clock()
         pids: set[int] = set()
-        for name in _names(job_dir):
+        for name in names(job_dir):
             # A step's name has no dot, so it is a directory, never an interface file.
             if not STEP_RE.fullmatch(name):
                 continue

@@ -15,6 +15,7 @@ from slurm_gpu_exporter.node.cgroup.files import (
     Reader,
     SteadyFiles,
     StepLeaves,
+    names,
     read_cpus,
     read_int,
     read_keyed,
@@ -68,15 +69,19 @@ def scan_v1_roots(root: Path) -> tuple[Roots, dict[str, frozenset[str]]]:
 
 
 def jobs_under_v1(top: str) -> Iterator[tuple[str, int | None, bool, str]]:
-    """(job id, uid, False, job dir) for every ``uid_<uid>/job_<id>`` under a Slurm root."""
-    for uid_entry in subdirs(top):
-        uid_m = UID_RE.fullmatch(uid_entry.name)
+    """(job id, uid, False, job dir) for every ``uid_<uid>/job_<id>`` under a Slurm root.
+
+    By name alone (this runs every sample): such a name has no dot, so in a cgroup
+    tree it is a directory, never an interface file."""
+    for uid_name in names(top):
+        uid_m = UID_RE.fullmatch(uid_name)
         if uid_m is None:
             continue
-        for job_entry in subdirs(uid_entry.path):
-            job_m = JOB_RE.fullmatch(job_entry.name)
+        uid_dir = f"{top}/{uid_name}"
+        for job_name in names(uid_dir):
+            job_m = JOB_RE.fullmatch(job_name)
             if job_m is not None:
-                yield job_m.group(1), int(uid_m.group(1)), False, job_entry.path
+                yield job_m.group(1), int(uid_m.group(1)), False, f"{uid_dir}/{job_name}"
 
 
 def _read_job_cpus(cpuset: str) -> frozenset[int] | None:
