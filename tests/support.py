@@ -6,6 +6,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -55,3 +56,13 @@ def wait_until(
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}"
                         + (f"\n{detail}" if detail else ""))
         time.sleep(poll)
+
+
+def move_aside(path: Path) -> Path | None:
+    """Move ``path`` (a file, directory or symlink) aside, next to itself: a rename, so
+    nothing is copied. Returns where it went; None when there was nothing."""
+    if not (path.exists() or path.is_symlink()):
+        return None
+    sibling = path.with_name(f".{path.name}.test-saved")
+    os.rename(path, sibling)
+    return sibling

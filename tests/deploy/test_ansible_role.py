@@ -30,7 +30,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from tests.support import free_port, require, wait_until
+from tests.support import free_port, move_aside, require, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -141,15 +141,6 @@ class Node:
         return [str(p) for p in candidates if p.exists() or p.is_symlink()]
 
 
-def _save(path: Path) -> Path | None:
-    """Move path aside, next to itself (a rename: nothing copied); None when absent."""
-    if not (path.exists() or path.is_symlink()):
-        return None
-    sibling = path.with_name(f".{path.name}.ansible-test-saved")
-    os.rename(path, sibling)
-    return sibling
-
-
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
@@ -165,7 +156,7 @@ def node(tmp_path_factory: pytest.TempPathFactory):
     require(shutil.which("systemd-analyze") is not None and shutil.which("systemctl") is not None,
             "systemd's tools are missing (Debian: apt-get install systemd)")
     base = tmp_path_factory.mktemp("role-node")
-    saved = {path: _save(path) for path in GLOBAL_PATHS}
+    saved = {path: move_aside(path) for path in GLOBAL_PATHS}
     try:
         yield Node(base)
     finally:

@@ -22,7 +22,7 @@ import yaml
 
 from tests.agent import Agent
 from tests.daemons import Prometheus, http_json
-from tests.support import require, wait_until
+from tests.support import move_aside, require, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -225,15 +225,6 @@ DEFAULT_PATHS = tuple(Path(p) for p in (
 PREFIX = Path("/opt/slurm-gpu-exporter")
 
 
-def _save(path: Path) -> Path | None:
-    """Move path aside, next to itself (a rename: nothing copied); None when absent."""
-    if not path.exists():
-        return None
-    sibling = path.with_name(f".{path.name}.ansible-test-saved")
-    os.rename(path, sibling)
-    return sibling
-
-
 def _first_missing(path: Path) -> Path | None:
     """The outermost directory above path that does not exist yet (the role makes it)."""
     missing = None
@@ -250,7 +241,7 @@ def test_applied_with_its_default_paths_on_this_machine(tmp_path: Path) -> None:
     require(os.geteuid() == 0, "the role writes /etc/prometheus and /etc/systemd (needs root)")
     require(Path("/etc/prometheus").is_dir(), "Debian's prometheus is not installed")
     made = {d for d in map(_first_missing, DEFAULT_PATHS) if d is not None}
-    saved = {path: _save(path) for path in (*DEFAULT_PATHS, PREFIX)}
+    saved = {path: move_aside(path) for path in (*DEFAULT_PATHS, PREFIX)}
     site = MonitoringHost(tmp_path)
     for key in [k for k in site.vars if k.endswith(("_config", "_dir", "_install"))]:
         del site.vars[key]  # the role's defaults
