@@ -2528,9 +2528,9 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         if (left <= 0)
             return NVML_ERROR_TIMEOUT;
         /* A driver blocks here: wake when the state file is replaced (where inotify
-           works), else poll; look again at least every 0.5 s for a shutdown or a
+           works), else poll; look again at least every second for a shutdown or a
            freed set. */
-        wait_state_change(fmin(left, 0.5));
+        wait_state_change(fmin(left, 1.0));
     }
 }
 
