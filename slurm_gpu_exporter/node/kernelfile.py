@@ -87,14 +87,15 @@ class HeldFiles:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             data = os.pread(fd, _READ_CHUNK, 0)
-            if len(data) < _READ_CHUNK and self._on_kernel_fs(fd):
-                self._fds[path] = fd
-                fd = -1
+            if len(data) < _READ_CHUNK:  # all of it: kept open where the kernel fills it
+                if self._on_kernel_fs(fd):
+                    self._fds[path] = fd
+                    fd = -1
                 return data
         finally:
             if fd >= 0:
                 os.close(fd)
-        return read_kernel_file(path)
+        return read_kernel_file(path)  # longer than one read: never held
 
     def keep_only(self, alive: Callable[[str], bool]) -> None:
         """Close the files for whose path ``alive`` says False (a job that is gone)."""
