@@ -252,7 +252,8 @@ class CgroupFS:
         return list(self._held)
 
     def close(self) -> None:
-        """Close the files held open (the sampler's end)."""
+        """Close the files held open, for a caller done with this CgroupFS (the agent
+        leaves them to its exit)."""
         self._held.close()
 
     def read_stats(self, job: JobCgroup) -> JobCgroupStats:
@@ -271,13 +272,6 @@ class CgroupFS:
         if any(p.missing for p in parts) and not any(
                 os.path.isdir(p) for dirs in instances for p in dirs.values()):
             raise CgroupGone(f"cgroup of job {job.job_key} is gone")
-        if len(parts) == 1:  # one slurmd: nothing to add up (every job but on a test host)
-            p = parts[0]
-            return JobCgroupStats(
-                cpu_seconds=p.cpu_seconds, cpus=len(p.cpus) if p.cpus else None,
-                memory_used_bytes=p.memory_used, memory_limit_bytes=p.memory_limit,
-                memory_peak_bytes=p.memory_peak, oom_kills=p.oom_kills,
-                pids=tuple(sorted(p.pids)))
         cpus: set[int] = set()
         for p in parts:
             cpus.update(p.cpus or ())
