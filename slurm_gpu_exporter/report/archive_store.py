@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 EXIT_STORE_UNREACHABLE = 7
 EXIT_STORE_LOCKED = 8
 EXIT_STORE_NEWER = 9
-DEFAULT_DB = "sqlite:////var/lib/slurm-gpu-report/archive.sqlite"
 
 
 def parse_db_url(url: str) -> URL:

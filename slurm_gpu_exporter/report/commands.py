@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slurm_gpu_exporter.report.accounting import sacct_accounting, sacct_window
-from slurm_gpu_exporter.report.archive import archive
-from slurm_gpu_exporter.report.archive_store import ArchiveStore
+from slurm_gpu_exporter.report.archive_open import archive_libraries
 from slurm_gpu_exporter.report.enforce import EXIT_DOUBTFUL, EnforceOptions, run_enforce
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.flags import prometheus
@@ -33,8 +33,10 @@ from slurm_gpu_exporter.report.reports import (
     unknown_jobs_error,
 )
 from slurm_gpu_exporter.report.rules import Config
-from slurm_gpu_exporter.report.usage import month_window, usage_report
 from slurm_gpu_exporter.report.window import Window, make_window
+
+if TYPE_CHECKING:
+    from slurm_gpu_exporter.report.archive_store import ArchiveStore
 
 log = logging.getLogger("slurm_gpu_exporter.report")
 
@@ -71,6 +73,14 @@ def _progress(what: str) -> Iterator[None]:
 
     with Console(stderr=True).status(what):
         yield
+
+
+def _open_archive(args: argparse.Namespace, write: bool, what: str) -> ArchiveStore:
+    """The archive at --db, imported only here: its libraries are the ``archive`` extra."""
+    with archive_libraries(what):
+        from slurm_gpu_exporter.report.archive_store import ArchiveStore
+
+        return ArchiveStore(args.db, write=write, timeout_s=args.db_timeout)
 
 
 def _write(args: argparse.Namespace, output: str) -> None:
@@ -115,7 +125,7 @@ async def run_low_util(args: argparse.Namespace, config: Config, now: float) -> 
     min_gpu_hours = (args.min_gpu_hours if args.min_gpu_hours is not None
                      else config.min_gpu_hours)
     chart_jobs = config.chart_jobs if args.format == "html" else 0
-    store = ArchiveStore(args.db, write=False, timeout_s=args.db_timeout) if args.db else None
+    store = _open_archive(args, False, "low-util --db") if args.db else None
 
     def archived(window: Window) -> list:  # type: ignore[type-arg]
         assert store is not None
@@ -160,6 +170,9 @@ def _notify(args: argparse.Namespace, report: LowUtilReport, config: Config,
 
 
 async def run_job(args: argparse.Namespace, config: Config, now: float) -> int:
+    if args.db:  # before the queries: a missing archive library is said at once
+        with archive_libraries("job --db"):
+            import slurm_gpu_exporter.report.archive_store  # noqa: F401
     window = make_window(args.since, args.start, args.end, now, default_since="30d")
     filters = Filters(cluster=args.cluster, cluster_label=args.cluster_label)
 
@@ -188,7 +201,7 @@ async def run_job(args: argparse.Namespace, config: Config, now: float) -> int:
 def _from_archive(args: argparse.Namespace, details: list[JobDetail], unknown: list[str]
                   ) -> tuple[list[JobDetail], list[str]]:
     """The jobs Prometheus has no samples of, from the archive, in the order asked."""
-    with ArchiveStore(args.db, write=False, timeout_s=args.db_timeout) as store:
+    with _open_archive(args, False, "job --db") as store:
         archived = store.details(unknown, args.cluster)
     order = {jobid: i for i, jobid in enumerate(args.jobids)}
     for jobid in unknown:
@@ -209,7 +222,9 @@ async def run_archive(args: argparse.Namespace, config: Config, now: float) -> i
     def accounting(window: Window) -> dict:  # type: ignore[type-arg]
         return {} if args.no_sacct else sacct_window(window.start, window.end)
 
-    with ArchiveStore(args.db, write=True, timeout_s=args.db_timeout) as store:
+    with archive_libraries("archive"):
+        from slurm_gpu_exporter.report.archive import archive
+    with _open_archive(args, True, "archive") as store:
         async with prometheus(args) as prom:
             with _progress("querying Prometheus…"):
                 run = await archive(prom, store, window, filters, config, accounting, now)
@@ -219,12 +234,14 @@ async def run_archive(args: argparse.Namespace, config: Config, now: float) -> i
 
 
 def run_usage(args: argparse.Namespace) -> int:
+    with archive_libraries("usage"):
+        from slurm_gpu_exporter.report.usage import month_window, usage_report
     now = time.time()
     if args.month and (args.since or args.start or args.end):
         raise ReportError("give either --month or --since/--start/--end, not both")
     window = (month_window(args.month, now) if args.month
               else make_window(args.since, args.start, args.end, now, default_since="30d"))
-    with ArchiveStore(args.db, write=False, timeout_s=args.db_timeout) as store:
+    with _open_archive(args, False, "usage") as store:
         report = usage_report(store, window, args.by, args.cluster)
     _write(args, render_usage(report, args.format, color=_color()))
     return 0

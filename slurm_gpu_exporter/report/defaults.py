@@ -7,6 +7,9 @@ the request suggests ``--mem`` with 20 % headroom; under 10 % of the time limit
 used suggests a shorter ``--time``.
 """
 
+# The archive when --db is not given to the commands that need one (archive, usage).
+DEFAULT_DB = "sqlite:////var/lib/slurm-gpu-report/archive.sqlite"
+
 DEFAULT_CONFIG = '''\
 # slurm-gpu-report configuration. Every key is optional; a [[notes]] entry with the
 # name of a default note replaces it, "enabled = false" turns it off.

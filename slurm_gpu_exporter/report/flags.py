@@ -7,7 +7,7 @@ import argparse
 import logging
 import os
 
-from slurm_gpu_exporter.report.archive_store import DEFAULT_DB
+from slurm_gpu_exporter.report.defaults import DEFAULT_DB
 from slurm_gpu_exporter.report.promql import Connection, PrometheusClient, read_secret
 from slurm_gpu_exporter.report.remediate_cli import add_remediate_command
 

@@ -235,6 +235,15 @@ def test_install_from_the_checkout(node: Node, installed: PlayResult) -> None:
     version = subprocess.run([str(PREFIX / "bin" / "slurm-gpu-exporter"), "--version"],
                              capture_output=True, text=True, check=True)
     assert version.stdout.startswith("slurm-gpu-exporter ")
+    # A GPU node gets no extras: every tool runs, the archive says which extra it needs.
+    for tool in ("slurm-gpu-report", "slurm-gpu-proxy", "slurm-gpu-exporter-prolog"):
+        helped = subprocess.run([str(PREFIX / "bin" / tool), "--help"], capture_output=True,
+                                text=True, timeout=60, check=False)
+        assert helped.returncode == 0, helped.stdout + helped.stderr
+    usage = subprocess.run([str(PREFIX / "bin" / "slurm-gpu-report"), "usage", "--by", "user"],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert usage.returncode == 2 and "slurm-gpu-exporter[archive]" in usage.stderr, (
+        usage.stderr)
     # One source for the unit: the installed file is the shipped one, byte for byte.
     assert UNIT.read_bytes() == SHIPPED_UNIT.read_bytes()
     assert (DROPIN_DIR / "paths.conf").read_text().splitlines()[-1] == (

@@ -258,6 +258,10 @@ def test_applied_with_its_default_paths_on_this_machine(tmp_path: Path) -> None:
         run = subprocess.run([str(PREFIX / "bin" / "python"), "-c", "import sqlalchemy, psycopg"],
                              capture_output=True, text=True, timeout=60, check=False)
         assert run.returncode == 0, run.stderr
+        run = subprocess.run([str(PREFIX / "bin" / "slurm-gpu-report"), "usage", "--by", "user",
+                              "--db", f"sqlite:///{tmp_path / 'none.sqlite'}"],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert run.returncode == 7 and "no archive at" in run.stderr, run.stderr  # it loaded
         prom = subprocess.run(["promtool", "check", "config", "/etc/prometheus/prometheus.yml"],
                               capture_output=True, text=True, timeout=60, check=False)
         assert prom.returncode == 0, prom.stdout + prom.stderr

@@ -1,0 +1,281 @@
+"""What a user installs: the wheel, with no extras and with each extra, in a fresh venv.
+
+The development venv has every extra and the test tools, so it cannot show what a plain
+``pip install slurm-gpu-exporter`` gives. Here the wheel is built from a clean copy of
+the checkout and installed into venvs made from the system Python (no test tools in
+them); every console script and the commands a user starts with run from there: the
+agent on a simulated node scraped by a real Prometheus, the reports against that
+Prometheus, the proxy, ``check``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tomllib
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.daemons import Prometheus
+from tests.support import free_port, require, wait_until
+
+pytestmark = [pytest.mark.process, pytest.mark.prometheus]
+
+REPO = Path(__file__).resolve().parents[2]
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+# The console scripts the docs promise (DESIGN.md's contracts); the wheel may add more.
+PROMISED_SCRIPTS = {"slurm-gpu-exporter", "slurm-gpu-exporter-prolog",
+                    "slurm-gpu-exporter-epilog", "slurm-gpu-report", "slurm-gpu-proxy"}
+REPORT_COMMANDS = ("job", "low-util", "archive", "usage", "default-config", "enforce",
+                   "default-policy", "remediate")
+EXTRAS = ("", "archive", "bench")
+ARCHIVE_MESSAGE = "needs the job archive's libraries"
+
+
+def _run(argv: list[str | Path], timeout: float = 120,
+         check: bool = False) -> subprocess.CompletedProcess[str]:
+    run = subprocess.run([str(a) for a in argv], capture_output=True, text=True,
+                         timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+    if check:
+        assert run.returncode == 0, f"{argv}: {run.stdout[-2000:]}{run.stderr[-3000:]}"
+    return run
+
+
+def _source_copy(dest: Path) -> Path:
+    """The checkout's files as git sees them (tracked and new, not ignored): no .venv,
+    no build leftovers, so the wheel holds what a release would."""
+    listed = _run(["git", "-C", REPO, "ls-files", "-z", "--cached", "--others",
+                   "--exclude-standard"], check=True).stdout
+    for name in filter(None, listed.split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require(shutil.which("git") is not None, "git is not installed")
+    base = tmp_path_factory.mktemp("wheel")
+    source = _source_copy(base / "src")
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+          "--disable-pip-version-check", "--wheel-dir", base / "dist", source],
+         timeout=300, check=True)
+    (built,) = (base / "dist").glob("slurm_gpu_exporter-*.whl")
+    return built
+
+
+class Install:
+    """A venv from the system Python with the wheel (and one extra) installed."""
+
+    def __init__(self, prefix: Path, wheel: Path, extra: str) -> None:
+        self.prefix = prefix
+        self.extra = extra
+        _run([SYSTEM_PYTHON, "-m", "venv", prefix], check=True)
+        target = f"{wheel}[{extra}]" if extra else str(wheel)
+        _run([prefix / "bin" / "pip", "install", "--quiet", "--disable-pip-version-check",
+              target], timeout=600, check=True)
+
+    def bin(self, name: str) -> Path:
+        return self.prefix / "bin" / name
+
+    def imports(self, module: str) -> bool:
+        return _run([self.bin("python"), "-c", f"import {module}"]).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def installs(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    require(SYSTEM_PYTHON.exists() and _run([SYSTEM_PYTHON, "-c", "import ensurepip"])
+            .returncode == 0, "the system Python with venv (Debian's python3-venv)")
+    made: dict[str, Install] = {}
+
+    def get(extra: str) -> Install:
+        if extra not in made:
+            made[extra] = Install(tmp_path_factory.mktemp(f"venv-{extra or 'plain'}"),
+                                  wheel, extra)
+        return made[extra]
+
+    yield get  # type: ignore[misc]
+
+
+def _scripts_in(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        text = archive.read(name).decode()
+    section = text.split("[console_scripts]", 1)[1].split("\n[", 1)[0]
+    return {line.split("=", 1)[0].strip() for line in section.splitlines() if "=" in line}
+
+
+def test_the_wheel_installs_every_promised_console_script(wheel: Path) -> None:
+    assert _scripts_in(wheel) >= PROMISED_SCRIPTS
+
+
+def test_a_plain_install_has_neither_the_archive_nor_the_test_tools(installs) -> None:
+    plain = installs("")
+    for module in ("sqlalchemy", "psycopg", "pytest", "ansible"):
+        assert not plain.imports(module), f"{module} came with a plain install"
+    assert installs("archive").imports("sqlalchemy")
+    assert installs("archive").imports("psycopg")
+
+
+@pytest.mark.parametrize("extra", EXTRAS, ids=lambda e: e or "no-extra")
+def test_every_console_script_prints_its_help(installs, wheel: Path, extra: str) -> None:
+    install = installs(extra)
+    for script in sorted(_scripts_in(wheel)):
+        run = _run([install.bin(script), "--help"], timeout=60)
+        assert run.returncode == 0 and "usage" in run.stdout.lower(), (
+            f"{script} --help with [{extra}]: {run.stdout[-1000:]}{run.stderr[-3000:]}")
+        assert "Traceback" not in run.stderr, run.stderr
+    report_help = _run([install.bin("slurm-gpu-report"), "--help"], check=True).stdout
+    for command in REPORT_COMMANDS:
+        assert command in report_help, f"slurm-gpu-report --help does not list {command}"
+    for command in REPORT_COMMANDS:
+        _run([install.bin("slurm-gpu-report"), command, "--help"], check=True)
+
+
+def test_bench_extra_brings_its_profiler(installs) -> None:
+    _run([installs("bench").bin("py-spy"), "--version"], check=True)
+
+
+@pytest.mark.parametrize("extra", ("", "bench"), ids=lambda e: e or "no-extra")
+def test_archive_commands_without_the_archive_say_which_extra_to_install(
+        installs, tmp_path: Path, extra: str) -> None:
+    install = installs(extra)
+    db = f"sqlite:///{tmp_path / 'archive.sqlite'}"
+    dead = f"http://127.0.0.1:{free_port()}"
+    for argv in (["usage", "--by", "user", "--db", db],
+                 ["archive", "--db", db, "--prometheus-url", dead, "--no-sacct"],
+                 ["job", "123", "--db", db, "--prometheus-url", dead, "--no-sacct"],
+                 ["low-util", "--db", db, "--prometheus-url", dead]):
+        run = _run([install.bin("slurm-gpu-report"), *argv])
+        assert run.returncode == 2, (argv, run.stdout, run.stderr)
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1 and ARCHIVE_MESSAGE in lines[0], (argv, run.stderr)
+        assert f"{install.prefix}/bin/pip install 'slurm-gpu-exporter[archive]'" in lines[0]
+
+
+@pytest.fixture(scope="module")
+def simulated(installs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+    """The plain install's agent on a simulated node, scraped every second by a real
+    Prometheus."""
+    plain = installs("")
+    workdir = tmp_path_factory.mktemp("simulated")
+    port = free_port()
+    log = (workdir / "agent.log").open("wb")
+    agent = subprocess.Popen([plain.bin("slurm-gpu-exporter"), "--simulate",
+                              "--sample-interval", "1",
+                              "--web.listen-address", f"127.0.0.1:{port}"],
+                             stdout=log, stderr=subprocess.STDOUT)
+    prom = None
+    try:
+        prom = Prometheus("prometheus", {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "slurm-gpu-exporter",
+                                "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
+        }, workdir / "prometheus")
+        prom.wait_ready()
+        yield port, prom, workdir / "agent.log"
+    finally:
+        if prom is not None:
+            prom.stop()
+        agent.send_signal(signal.SIGTERM)
+        try:
+            assert agent.wait(15) == 0, (workdir / "agent.log").read_text()[-3000:]
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+            log.close()
+
+
+def test_the_plain_install_agent_serves_a_simulated_node(simulated) -> None:
+    port, _prom, log = simulated
+
+    def scrape() -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                body = r.read().decode()
+        except OSError:
+            return None
+        return body if "slurm_job_gpu_busy_seconds_total{" in body else None
+
+    body = wait_until(scrape, 60, "a scrape with per-job GPU series", poll=0.5,
+                      log=lambda: log.read_text()[-3000:])
+    assert "slurm_gpu_exporter_build_info" in body
+
+
+def test_the_plain_install_reports_from_a_real_prometheus(installs, simulated) -> None:
+    plain = installs("")
+    _port, prom, _log = simulated
+    jobs = prom.wait_for('slurm_job_gpu_busy_seconds_total > 0', timeout=90)
+    jobid = jobs[0]["metric"]["jobid"]
+    # A range of samples for the job's rates and ratios.
+    prom.wait_for(f'count_over_time(slurm_job_gpus{{jobid="{jobid}"}}[1m]) >= 5',
+                  timeout=60)
+    report = _run([plain.bin("slurm-gpu-report"), "low-util", "--prometheus-url", prom.url,
+                   "--since", "5m", "--threshold", "1", "--format", "json"], check=True)
+    flagged = json.loads(report.stdout)
+    assert flagged, report.stdout
+    job = _run([plain.bin("slurm-gpu-report"), "job", jobid, "--prometheus-url", prom.url,
+                "--since", "5m", "--no-sacct", "--format", "json"], check=True)
+    assert jobid in job.stdout and "Traceback" not in job.stderr
+
+
+def test_the_archive_extra_archives_and_reads_back(installs, simulated,
+                                                    tmp_path: Path) -> None:
+    archive = installs("archive")
+    _port, prom, _log = simulated
+    prom.wait_for('slurm_job_gpus', timeout=60)
+    db = f"sqlite:///{tmp_path / 'archive.sqlite'}"
+    stored = _run([archive.bin("slurm-gpu-report"), "archive", "--db", db,
+                   "--prometheus-url", prom.url, "--since", "10m", "--no-sacct"], check=True)
+    assert stored.stdout.startswith("archived "), stored.stdout
+    _run([archive.bin("slurm-gpu-report"), "usage", "--by", "user", "--db", db,
+          "--since", "1d", "--format", "json"], check=True)
+
+
+def test_check_on_a_plain_install_answers_in_json(installs) -> None:
+    run = _run([installs("").bin("slurm-gpu-exporter"), "check", "--format", "json"],
+               timeout=120)
+    assert "Traceback" not in run.stderr, run.stderr
+    json.loads(run.stdout)
+
+
+def test_gpu_check_installs_offline_from_the_wheels_its_docs_make(tmp_path: Path) -> None:
+    """docs/gpu-check.md's offline path, as written: the wheels downloaded for the
+    machine's python3, then ``scripts/gpu-check --wheels DIR`` in a checkout with no
+    .venv, which must install from DIR alone (``--no-index``)."""
+    python3 = shutil.which("python3")
+    require(python3 is not None and shutil.which("git") is not None, "python3 and git")
+    assert python3 is not None
+    machine = _run(["uname", "-m"], check=True).stdout.strip()
+    version = _run([python3, "-c", "import sys; print(f'{sys.version_info[0]}."
+                    "{sys.version_info[1]}')"], check=True).stdout.strip()
+    checkout = _source_copy(tmp_path / "checkout")
+    deps = tmp_path / "deps.txt"
+    deps.write_text("\n".join(_dependencies()) + "\n")
+    wheels = tmp_path / "gpu-check-wheels"
+    _run([python3, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+          "--only-binary=:all:", "--python-version", version,
+          "--platform", f"manylinux2014_{machine}", "--platform", f"manylinux_2_17_{machine}",
+          "--platform", f"manylinux_2_28_{machine}", "-d", wheels, "-r", deps],
+         timeout=300, check=True)
+    run = _run([checkout / "scripts" / "gpu-check", "--wheels", wheels, "--help"], timeout=300)
+    assert run.returncode == 0 and "usage" in run.stdout, run.stdout + run.stderr
+    venv_python = checkout / ".venv" / "bin" / "python"
+    for module in ("pynvml", "prometheus_client", "aiohttp", "bcrypt", "yaml", "rich",
+                   "promql_parser"):
+        assert _run([venv_python, "-c", f"import {module}"]).returncode == 0, module
+
+
+def _dependencies() -> list[str]:
+    """The runtime dependencies, as the docs' one-liner reads them from pyproject.toml."""
+    with (REPO / "pyproject.toml").open("rb") as f:
+        return list(tomllib.load(f)["project"]["dependencies"])
