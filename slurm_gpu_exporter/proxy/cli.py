@@ -23,7 +23,7 @@ log = logging.getLogger("slurm_gpu_exporter.proxy")
 
 DEFAULT_LISTEN = ":9818"
 # The PromQL parser recurses per level of a query; the largest query it is given
-# (enforce.MAX_QUERY_BYTES) needs well under this.
+# (limits.MAX_QUERY_BYTES) needs well under this.
 PARSER_STACK_BYTES = 64 * 1024 * 1024
 KEEPALIVE_TIMEOUT_S = 75.0
 # How long the rest of a refused request's body is read so the client sees the answer.

@@ -22,20 +22,14 @@ from dataclasses import dataclass
 
 import promql_parser as pp
 
+from slurm_gpu_exporter.proxy.limits import MAX_DEPTH, LimitExceeded, check_query_text
 from slurm_gpu_exporter.proxy.printer import Unprintable, quote, to_promql
 
 USER_LABEL = "user"
-# Bounds on what the parser is given: its cost grows with the square of the nesting
-# depth, and it recurses (a deep enough query would overflow the thread's stack).
-MAX_QUERY_BYTES = 16 * 1024
-MAX_OPERATORS = 1000
-MAX_DEPTH = 200
 # Functions that select series the query does not name (Prometheus 3's info() reads
 # target_info by itself): no matcher could be added to what they read.
 IMPLICIT_SELECTION = frozenset({"info"})
 
-_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', re.S)
-_OPERATORS = re.compile(r"\b(?:and|or|unless|atan2)\b|[-+*/%^([{]|[=!<>]=?")
 _NO_UNWIND = (KeyboardInterrupt, SystemExit, asyncio.CancelledError)
 
 
@@ -67,15 +61,12 @@ class Scope:
 
 
 def parse(query: str) -> pp.Expr:
-    """The AST of ``query``, or QueryRefused with the parser's message."""
-    size = len(query.encode())
-    if size > MAX_QUERY_BYTES:
-        raise QueryRefused(f"query is {size} bytes, more than the {MAX_QUERY_BYTES} allowed; "
-                           "shorten it")
-    operators = len(_OPERATORS.findall(_STRINGS.sub('""', query)))
-    if operators > MAX_OPERATORS:
-        raise QueryRefused(f"query has {operators} operators and brackets, more than the "
-                           f"{MAX_OPERATORS} allowed; split it")
+    """The AST of ``query``, or QueryRefused with the parser's message (or the limit
+    its raw text is past: limits.py)."""
+    try:
+        check_query_text(query)
+    except LimitExceeded as exc:
+        raise QueryRefused(str(exc), reason="limit") from None
     try:
         return pp.parse(query)
     except _NO_UNWIND:
