@@ -7,7 +7,6 @@ import asyncio
 import logging
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from aiohttp import web
@@ -22,9 +21,6 @@ from slurm_gpu_exporter.web.config import WebConfig, WebConfigError, load_web_co
 log = logging.getLogger("slurm_gpu_exporter.proxy")
 
 DEFAULT_LISTEN = ":9818"
-# The PromQL parser recurses per level of a query; the largest query it is given
-# (limits.MAX_QUERY_BYTES) needs well under this.
-PARSER_STACK_BYTES = 64 * 1024 * 1024
 KEEPALIVE_TIMEOUT_S = 75.0
 # How long the rest of a refused request's body is read so the client sees the answer.
 LINGERING_TIME_S = 2.0
@@ -103,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
         print("slurm-gpu-proxy: nobody could sign in: add basic_auth_users to "
               "--web.config.file or a user_header to --config", file=sys.stderr)
         return 2
-    threading.stack_size(PARSER_STACK_BYTES)
     return asyncio.run(serve(config, web_config, addresses))
 
 
