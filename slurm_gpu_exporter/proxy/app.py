@@ -81,6 +81,9 @@ LABEL_VALUES = Endpoint("label_values", matches=True, others=("start", "end", "l
 
 # What a 503 (too busy: password checks or query checks) tells the client to wait.
 RETRY_AFTER_S = 1
+# Admins are few, and their queries (Grafana's admin views, enforce, the reports)
+# must not wait behind users' slow ones: one worker of their own.
+ADMIN_CHECK_WORKERS = 1
 
 
 class Refused(Exception):
@@ -92,18 +95,22 @@ class Refused(Exception):
 def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
              metrics: ProxyMetrics | None = None,
              read_timeout: float = REQUEST_READ_TIMEOUT_S,
-             checks: CheckPool | None = None) -> web.Application:
+             checks: CheckPool | None = None,
+             admin_checks: CheckPool | None = None) -> web.Application:
     """The proxy application (tests start it on a random port). A request body must
-    arrive within ``read_timeout`` seconds; queries are checked in ``checks``' worker
-    processes (started and stopped with the application)."""
+    arrive within ``read_timeout`` seconds. Queries are checked in the worker processes
+    of ``checks``, admins' in those of ``admin_checks``, so that no flood of slow
+    queries from users makes an admin wait (both started and stopped with the app)."""
     web_config = web_config or WebConfig()
     metrics = metrics or ProxyMetrics()
     upstream = URL(config.prometheus_url)
     checks = checks or CheckPool()
+    admin_checks = admin_checks or CheckPool(workers=ADMIN_CHECK_WORKERS)
     state: dict[str, aiohttp.ClientSession] = {}
 
     async def session_context(app: web.Application):  # type: ignore[no-untyped-def]
         await checks.start()
+        await admin_checks.start()
         state["session"] = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=64),
             timeout=aiohttp.ClientTimeout(total=config.upstream_timeout),
@@ -111,6 +118,7 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
         yield
         await state["session"].close()
         await checks.close()
+        await admin_checks.close()
 
     def refuse(request: web.Request, status: int, reason: str, message: str,
                user: str, endpoint: str) -> web.Response:
@@ -169,7 +177,8 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
     async def restricted(kind: str, text: str, scope: Scope) -> str:
         try:
             check_query_text(text)  # at once: what is past the limits never waits
-            return await checks.check(kind, text, scope)
+            pool = admin_checks if scope.admin else checks
+            return await pool.check(kind, text, scope)
         except LimitExceeded as exc:
             raise Refused(400, "limit", str(exc)) from None
         except QueryRefused as exc:

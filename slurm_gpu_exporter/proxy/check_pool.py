@@ -4,15 +4,17 @@ Every query and ``match[]`` selector is checked in one of a few child processes
 (check_worker.py), never on the event loop: the parser holds the GIL, so a slow parse
 in a thread would stop every other request. A check that runs past ``time_limit`` has
 its worker killed (SIGKILL) and replaced, and the query is refused; a worker that dies
-(a parser crash) is replaced the same way. Requests wait for a free worker in order,
-admins first; past ``max_waiting`` waiting non-admin requests, or after ``wait_limit``
-seconds of waiting, a request is told the proxy is busy (503).
+(a parser crash) is replaced the same way. Requests wait for a free worker in turn;
+past ``max_waiting`` waiting requests, or after ``wait_limit`` seconds of waiting, a
+request is told the proxy is busy (503). The proxy keeps a pool of its own for admins
+(app.py), so users' slow queries cannot make an admin wait.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import sys
@@ -52,7 +54,15 @@ class _Worker:
     async def kill(self) -> None:
         if self.process.returncode is None:
             self.process.kill()
+        # Close both pipes (stdout by reading it to its end), so the transport closes
+        # now rather than when it is collected, perhaps after its loop.
+        if self.process.stdin is not None:
+            self.process.stdin.close()
         await self.process.wait()
+        if self.process.stdout is not None:
+            with contextlib.suppress(TimeoutError, OSError):
+                async with asyncio.timeout(1):
+                    await self.process.stdout.read()
 
 
 class CheckPool:
@@ -65,8 +75,7 @@ class CheckPool:
         self.max_waiting, self.command = max_waiting, command
         self._idle: list[_Worker] = []
         self._all: set[_Worker] = set()
-        self._admins: collections.deque[asyncio.Future[_Worker]] = collections.deque()
-        self._users: collections.deque[asyncio.Future[_Worker]] = collections.deque()
+        self._waiting: collections.deque[asyncio.Future[_Worker]] = collections.deque()
         self._replacing: set[asyncio.Task[None]] = set()
         self.killed = 0  # workers killed for running past the time limit
         self.closed = False
@@ -77,13 +86,12 @@ class CheckPool:
 
     async def close(self) -> None:
         self.closed = True
-        for task in list(self._replacing):
-            task.cancel()
-        for waiter in (*self._admins, *self._users):
+        # Let replacements finish (a start at most): one cancelled half-way could leave
+        # a process or a pipe behind.
+        await asyncio.gather(*self._replacing, return_exceptions=True)
+        for waiter in self._waiting:
             waiter.cancel()
         for worker in list(self._all):
-            if worker.process.stdin is not None:
-                worker.process.stdin.close()  # the worker exits at the end of its input
             await worker.kill()
         self._all.clear()
         self._idle.clear()
@@ -91,7 +99,7 @@ class CheckPool:
     async def check(self, kind: str, text: str, scope: Scope) -> str:
         request = {"kind": kind, "text": text, "admin": scope.admin,
                    "users": sorted(scope.users), "public": sorted(scope.public)}
-        worker = await self._acquire(scope.admin)
+        worker = await self._acquire()
         try:
             async with asyncio.timeout(self.time_limit):
                 reply = await worker.ask(request)
@@ -123,20 +131,22 @@ class CheckPool:
             async with asyncio.timeout(START_LIMIT_S):
                 await worker.ask({"kind": "query", "text": "1", "admin": True, "users": [],
                                   "public": []})
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+        except BaseException as exc:  # cancelled too (the pool closing): no orphan left
             await worker.kill()
-            raise OSError(f"the query checker {' '.join(self.command)} did not start "
-                          f"({type(exc).__name__}, exit {process.returncode})") from None
+            if isinstance(exc, (TimeoutError, asyncio.IncompleteReadError, ConnectionError)):
+                raise OSError(f"the query checker {' '.join(self.command)} did not start "
+                              f"({type(exc).__name__}, exit {process.returncode})") from None
+            raise
         self._all.add(worker)
         return worker
 
-    async def _acquire(self, admin: bool) -> _Worker:
-        if self._idle and not self._admins and not self._users:
+    async def _acquire(self) -> _Worker:
+        if self._idle and not self._waiting:
             return self._idle.pop()
-        if not admin and len(self._users) >= self.max_waiting:
-            raise CheckBusy(f"{len(self._users)} queries wait to be checked")
+        if len(self._waiting) >= self.max_waiting:
+            raise CheckBusy(f"{len(self._waiting)} queries wait to be checked")
         waiter: asyncio.Future[_Worker] = asyncio.get_running_loop().create_future()
-        (self._admins if admin else self._users).append(waiter)
+        self._waiting.append(waiter)
         try:
             async with asyncio.timeout(self.wait_limit):
                 return await waiter
@@ -145,21 +155,19 @@ class CheckPool:
                 self._release(waiter.result())  # handed a worker just as the wait ended
             else:
                 waiter.cancel()
-                for queue in (self._admins, self._users):
-                    if waiter in queue:
-                        queue.remove(waiter)
+                if waiter in self._waiting:
+                    self._waiting.remove(waiter)
             if isinstance(exc, TimeoutError):
                 raise CheckBusy(f"no query checker was free for {self.wait_limit:g} s"
                                 ) from None
             raise
 
     def _release(self, worker: _Worker) -> None:
-        for queue in (self._admins, self._users):
-            while queue:
-                waiter = queue.popleft()
-                if not waiter.done():
-                    waiter.set_result(worker)
-                    return
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(worker)
+                return
         self._idle.append(worker)
 
     def _replace(self, worker: _Worker, why: str) -> None:
@@ -172,11 +180,17 @@ class CheckPool:
             await worker.kill()
             while not self.closed:
                 try:
-                    self._release(await self._spawn())
-                    return
+                    new = await self._spawn()
                 except OSError as exc:  # out of processes or memory for now
                     log.error("cannot start a query checker (%s); retrying in 1 s", exc)
                     await asyncio.sleep(1)
+                    continue
+                if self.closed:
+                    self._all.discard(new)
+                    await new.kill()
+                else:
+                    self._release(new)
+                return
 
         task = asyncio.get_running_loop().create_task(replace())
         self._replacing.add(task)
