@@ -133,3 +133,23 @@ def test_a_request_that_waits_too_long_is_told_busy() -> None:
             await pool.close()
 
     asyncio.run(run())
+
+
+def test_answers_larger_than_a_pipe_buffer_come_back_whole() -> None:
+    # A coordinator of many users: every selector gets the whole list, so the answer is
+    # far larger than the query (and than the 64 KiB a pipe holds).
+    users = frozenset(f"user{n:04d}.with.a.long.name" for n in range(200))
+    coordinator = Scope(admin=False, users=users)
+    query = " or ".join(f'slurm_job_gpus{{jobid="{n}"}}' for n in range(50))
+
+    async def run() -> str:
+        pool = CheckPool(workers=1)
+        await pool.start()
+        try:
+            return await pool.check("query", query, coordinator)
+        finally:
+            await pool.close()
+
+    answer = asyncio.run(run())
+    assert len(answer) > 256 * 1024
+    assert answer.count("user0199\\\\.with") == 50
