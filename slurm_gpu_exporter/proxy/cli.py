@@ -56,7 +56,13 @@ async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str]
     runner = web.AppRunner(make_app(config, web_config, metrics), access_log=None,
                            handle_signals=False, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
                            lingering_time=LINGERING_TIME_S)
-    await runner.setup()
+    try:
+        await runner.setup()  # starts the query checkers (check_pool.py)
+    except OSError as exc:
+        log.error("%s; check that slurm-gpu-exporter is installed for %s", exc,
+                  sys.executable)
+        await runner.cleanup()
+        return 1
     ssl_context = web_config.ssl_context()
     try:
         servers = await listen(runner, addresses, ssl_context,

@@ -2,7 +2,9 @@
 
 Enforcement works on promql-parser's AST, never on the query's text:
 
-1. parse the query (a query that does not parse is refused with the parser's message);
+1. bound its raw text (limits.py), then parse it (a query that does not parse is
+   refused with the parser's message). The proxy runs all of this in worker processes
+   with a time limit (check_pool.py);
 2. add ``user="<caller>"`` (a coordinator: ``user=~"a|b"``, an exact list) to every
    vector and matrix selector, wherever it sits (function arguments, aggregation
    parameters, subqueries, both sides of every binary operator), unless the selector

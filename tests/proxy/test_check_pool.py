@@ -5,6 +5,7 @@ on a parse."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 import pytest
@@ -153,3 +154,13 @@ def test_answers_larger_than_a_pipe_buffer_come_back_whole() -> None:
     answer = asyncio.run(run())
     assert len(answer) > 256 * 1024
     assert answer.count("user0199\\\\.with") == 50
+
+
+def test_a_worker_that_cannot_start_is_an_error_naming_its_command() -> None:
+    command = (sys.executable, "-c", "import sys; sys.exit(3)")
+
+    async def run() -> None:
+        with pytest.raises(OSError, match=r"did not start \(IncompleteReadError, exit 3\)"):
+            await CheckPool(workers=1, command=command).start()
+
+    asyncio.run(run())
