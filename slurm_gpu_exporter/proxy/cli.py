@@ -7,7 +7,6 @@ import asyncio
 import logging
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from aiohttp import web
@@ -22,9 +21,6 @@ from slurm_gpu_exporter.web.config import WebConfig, WebConfigError, load_web_co
 log = logging.getLogger("slurm_gpu_exporter.proxy")
 
 DEFAULT_LISTEN = ":9818"
-# The PromQL parser recurses per level of a query; the largest query it is given
-# (enforce.MAX_QUERY_BYTES) needs well under this.
-PARSER_STACK_BYTES = 64 * 1024 * 1024
 KEEPALIVE_TIMEOUT_S = 75.0
 # How long the rest of a refused request's body is read so the client sees the answer.
 LINGERING_TIME_S = 2.0
@@ -60,7 +56,13 @@ async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str]
     runner = web.AppRunner(make_app(config, web_config, metrics), access_log=None,
                            handle_signals=False, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
                            lingering_time=LINGERING_TIME_S)
-    await runner.setup()
+    try:
+        await runner.setup()  # starts the query checkers (check_pool.py)
+    except OSError as exc:
+        log.error("%s; check that slurm-gpu-exporter is installed for %s", exc,
+                  sys.executable)
+        await runner.cleanup()
+        return 1
     ssl_context = web_config.ssl_context()
     try:
         servers = await listen(runner, addresses, ssl_context,
@@ -103,7 +105,6 @@ def main(argv: list[str] | None = None) -> int:
         print("slurm-gpu-proxy: nobody could sign in: add basic_auth_users to "
               "--web.config.file or a user_header to --config", file=sys.stderr)
         return 2
-    threading.stack_size(PARSER_STACK_BYTES)
     return asyncio.run(serve(config, web_config, addresses))
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from slurm_gpu_exporter.proxy.config import USER_NAME, UserHeader
-from slurm_gpu_exporter.web.config import WebConfig
+from slurm_gpu_exporter.web.config import AuthBusy, WebConfig
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,8 @@ def basic_auth_user(authorization: str) -> str:
 
 async def identify(request: web.Request, web_config: WebConfig,
                    user_header: UserHeader | None) -> Caller | Refusal:
-    """The caller, or why the request is refused (401; 403 for a disallowed certificate)."""
+    """The caller, or why the request is refused (401; 403 for a disallowed certificate;
+    503 when too many password checks wait)."""
     transport = request.transport
     if not web_config.client_cert_allowed(
             transport.get_extra_info("peercert") if transport else None):
@@ -78,7 +79,12 @@ async def identify(request: web.Request, web_config: WebConfig,
         name = basic_auth_user(authorization) if authorization.startswith("Basic ") else ""
     except (binascii.Error, UnicodeDecodeError):
         name = ""
-    if not await web_config.check_basic_auth_async(authorization):
+    try:
+        verified = await web_config.check_basic_auth_async(authorization)
+    except AuthBusy as exc:  # a wrong-password flood: a retry soon gets its turn
+        return Refusal(503, "auth_busy", f"too many password checks at once ({exc}); "
+                       "retry in a second", name)
+    if not verified:
         return Refusal(401, "bad_credentials", "wrong user name or password", name)
     if not USER_NAME.fullmatch(name):
         return Refusal(401, "bad_credentials", "basic-auth user names must be letters, "
