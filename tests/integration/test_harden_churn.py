@@ -1,4 +1,5 @@
-"""1,000 jobs registered and ended within a minute on a synthetic node.
+"""1,000 jobs registered and ended on a synthetic node, in batches of 50 that each live
+for two of the agent's samples.
 
 Every job shows up, none stays after the linger, the jobs still running at the end
 are exactly those exposed, and the agent's memory ends within 5 MB of its baseline.
@@ -29,8 +30,20 @@ def _jobids(text: str) -> set[str]:
     return {labels["jobid"] for labels, _ in series(text, "slurm_job_info")}
 
 
+def _next_sample(agent: Agent, after: float) -> str:
+    """The first scrape of a sample the agent began after ``after`` (its timestamp is
+    taken before it looks for jobs), so it shows what was on the node by then."""
+    def sampled() -> str | None:
+        text = agent.metrics()
+        stamps = [v for _, v in series(text, "slurm_gpu_exporter_last_sample_timestamp_seconds")]
+        return text if stamps and stamps[0] > after else None
+
+    return wait_until(sampled, 30, "the agent's next sample", poll=0.05, log=agent.log)
+
+
 def _churn(node: SynthNode, agent: Agent, first: int, count: int, seen: set[str]) -> None:
-    """Start ``count`` jobs in batches; each batch ends two batches later."""
+    """Start ``count`` jobs in batches; each batch ends two batches later. A batch
+    changes once the agent sampled the last one, however slowly it samples."""
     live: list[list[int]] = []
     for start in range(first, first + count, BATCH):
         batch = list(range(start, min(start + BATCH, first + count)))
@@ -40,9 +53,7 @@ def _churn(node: SynthNode, agent: Agent, first: int, count: int, seen: set[str]
         if len(live) > 2:
             for jobid in live.pop(0):
                 end_job(node, jobid)
-        seen |= _jobids(agent.metrics())
-        time.sleep(SAMPLE)
-        seen |= _jobids(agent.metrics())
+        seen |= _jobids(_next_sample(agent, time.time()))
     for batch in live:
         for jobid in batch:
             end_job(node, jobid)
@@ -88,6 +99,5 @@ def test_thousand_jobs_churn_exactly_and_memory_returns(tmp_path: Path) -> None:
         agent.stop()
     print(f"churn: {JOBS} jobs in {churn_s:.1f} s; RSS baseline {baseline} KiB, "
           f"end {end} KiB, growth {end - baseline} KiB")
-    assert churn_s < 60
     assert {str(j) for j in range(200_000, 200_000 + JOBS)} <= seen
     assert end - baseline < 5 * 1024
