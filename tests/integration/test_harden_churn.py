@@ -1,5 +1,5 @@
-"""1,000 jobs registered and ended on a synthetic node, in batches of 50 that each live
-for two of the agent's samples.
+"""1,000 jobs registered and ended on a synthetic node, in batches of 50, each ended as
+soon as the agent has shown it: as fast as the agent samples.
 
 Every job shows up, none stays after the linger, the jobs still running at the end
 are exactly those exposed, and the agent's memory ends within 5 MB of its baseline.
@@ -42,19 +42,23 @@ def _next_sample(agent: Agent, after: float) -> str:
 
 
 def _churn(node: SynthNode, agent: Agent, first: int, count: int, seen: set[str]) -> None:
-    """Start ``count`` jobs in batches; each batch ends two batches later. A batch
-    changes once the agent sampled the last one, however slowly it samples."""
-    live: list[list[int]] = []
+    """Start ``count`` jobs in batches, two or three live at a time; a batch ends once a
+    sample that began after it was added has been scraped, so every job is seen
+    however slowly the agent samples, and no sooner."""
+    live: list[tuple[float, list[int]]] = []  # (when it was on the node, the batch)
     for start in range(first, first + count, BATCH):
         batch = list(range(start, min(start + BATCH, first + count)))
         for jobid in batch:
             node.add_job(jobid, [jobid])
-        live.append(batch)
+        live.append((time.time(), batch))
         if len(live) > 2:
-            for jobid in live.pop(0):
+            added, oldest = live.pop(0)
+            seen |= _jobids(_next_sample(agent, added))
+            for jobid in oldest:
                 end_job(node, jobid)
-        seen |= _jobids(_next_sample(agent, time.time()))
-    for batch in live:
+    if live:
+        seen |= _jobids(_next_sample(agent, live[-1][0]))
+    for _, batch in live:
         for jobid in batch:
             end_job(node, jobid)
 
