@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -16,6 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,7 @@ class Rig:
     agent: Agent
     remediate: Daemon
     alertmanager: Alertmanager
+    prometheus: Prometheus
     drained_reason: str
 
 
@@ -142,7 +145,7 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                    poll=0.5, log=remediate.log)
         reason = node_line(slurm_cluster).split("Reason=", 1)[1]
         print(f"remediate rig, Xid to drained node: {time.monotonic() - began:.1f} s")
-        yield Rig(slurm_cluster, agent, remediate, am, reason)
+        yield Rig(slurm_cluster, agent, remediate, am, prom, reason)
     finally:
         for thing in reversed(started):
             thing.stop()
@@ -165,15 +168,32 @@ def test_xid_alert_from_alertmanager_drains_the_node_naming_the_alert(rig: Rig) 
 
 
 def acted_on_payload(rig: Rig) -> dict[str, Any]:
-    """The alert remediate drained for, as Alertmanager sent it. Alertmanager may hold a
-    newer one by now: the rule has no ``for``, so one scrape that times out on a loaded
-    machine resolves it, and the next evaluation fires it again with a new ``startsAt``
-    (the same fingerprint), which remediate rightly takes for a new alert."""
+    """The alert remediate drained for, by the start its reason names: the test asks
+    about that alert, whatever Alertmanager holds by now."""
     payload = firing_payload(rig)
     since = rig.drained_reason.split(" since ", 1)[1].split()[0]
     for alert in payload["alerts"]:
         alert["startsAt"] = since
     return payload
+
+
+def _rfc3339(text: str) -> float:
+    """Prometheus' RFC 3339 time (nanoseconds, "Z") as Unix time."""
+    return datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", text).replace("Z", "+00:00")
+                                  ).timestamp()
+
+
+def alert_rule(prom: Prometheus) -> dict[str, Any]:
+    """The alert's rule as Prometheus runs it: its query, when it was last evaluated, its
+    alerts (with ``activeAt``, the start Alertmanager is given)."""
+    groups = http_json(f"{prom.url}/api/v1/rules?type=alert")["data"]["groups"]
+    (rule,) = [r for g in groups for r in g["rules"] if r["name"] == ALERT]
+    return rule
+
+
+def evaluated_after(prom: Prometheus, t: float) -> dict[str, Any] | None:
+    rule = alert_rule(prom)
+    return rule if _rfc3339(rule["lastEvaluation"]) > t else None
 
 
 def test_second_post_of_the_same_alert_does_not_act_again(rig: Rig) -> None:
@@ -238,17 +258,31 @@ def test_dry_run_mode_drains_nothing(rig: Rig, tmp_path: Path) -> None:
 
 def test_missed_scrapes_do_not_make_it_a_new_alert_that_drains_again(rig: Rig) -> None:
     """The agent stalls (as while it restarts after the GPU reset): its scrapes time out
-    and the series go stale. The alert is kept firing, so it stays the alert remediate
-    acted on, and the admin's resume stands."""
+    and the series go stale, so the alert's condition no longer holds. The rule keeps it
+    firing (keep_firing_for), so once the agent is scraped again it is still the alert
+    remediate acted on, not a new one, and the admin's resume stands."""
+    prom, up = rig.prometheus, 'up{job="slurm-gpu-exporter"}'
+    payload = firing_payload(rig)
+    before = payload["alerts"][0]["startsAt"]
+    post(rig, payload)  # remediate has acted on this alert, whatever came before this test
     resume(rig.cluster)
-    before = firing_payload(rig)["alerts"][0]["startsAt"]
+    (active,) = [a["activeAt"] for a in alert_rule(prom)["alerts"]]
     os.kill(rig.agent.proc.pid, signal.SIGSTOP)
     try:
-        time.sleep(4)  # four 1 s scrapes, each timed out
+        prom.wait_for(f"{up} == 0", timeout=30)  # a scrape timed out: the series are stale
+        stale = time.time()
+        rule = wait_until(lambda: evaluated_after(prom, stale), 30,
+                          "the rule evaluated on the stale series")
+        assert prom.vector(rule["query"]) == [], "the condition still holds: nothing tested"
+        assert [a["state"] for a in rule["alerts"]] == ["firing"]
     finally:
         os.kill(rig.agent.proc.pid, signal.SIGCONT)
     rig.agent.wait_ready()
-    time.sleep(3)  # scraped and evaluated again
+    prom.wait_for(f"{up} == 1", timeout=30)
+    scraped = time.time()
+    rule = wait_until(lambda: evaluated_after(prom, scraped), 30,
+                      "the rule evaluated on the agent's series again")
+    assert [a["activeAt"] for a in rule["alerts"]] == [active]
     payload = firing_payload(rig)
     assert payload["alerts"][0]["startsAt"] == before
     status, body = post(rig, payload)

@@ -64,7 +64,7 @@ def _gpu_upsert(dialect: str) -> Any:
 
 def upsert(conn: Connection, job_rows: Sequence[dict[str, Any]],
            gpu_rows: Sequence[dict[str, Any]]) -> None:
-    """Upsert job and GPU rows (``archive_rows.job_row``, ``gpu_rows_of``) and move the
+    """Upsert job and GPU rows (``rows.job_row``, ``rows.gpu_rows_of``) and move the
     roll-up by what they changed, in the caller's transaction on ``conn``."""
     dialect = conn.dialect.name
     keys = list(dict.fromkeys((row["jobid"], row["cluster"]) for row in job_rows))
