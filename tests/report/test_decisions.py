@@ -9,7 +9,7 @@ from slurm_gpu_exporter.report.enforce.idle_window import idle_queries, jobs_fro
 from slurm_gpu_exporter.report.enforce.policy import parse_policy
 from slurm_gpu_exporter.report.prometheus.client import Sample
 from slurm_gpu_exporter.report.prometheus.queries import Filters
-from slurm_gpu_exporter.report.slurm.actions import SlurmJob, parse_squeue_json
+from slurm_gpu_exporter.report.slurm.squeue import SlurmJob, parse_squeue_json
 
 NOW = 1_800_000_000.0
 POLICY = parse_policy('[idle]\nmax_cancels_per_run = 1\n[exempt]\njob_names = ["keep-*"]\n')
@@ -174,5 +174,6 @@ def test_squeue_json_keeps_running_jobs_and_names_verbatim() -> None:
             '"partition": "gpu", "qos": "normal", "name": "a|b\\nc", "job_state": "RUNNING"},'
             '{"job_id": 6, "user_name": "bo", "job_state": ["PENDING"]}]}')
     jobs = parse_squeue_json(text)
-    assert list(jobs) == ["5"]
+    assert list(jobs) == ["5", "6"] and jobs["6"].state == "PENDING"
+    assert jobs["5"].running and not jobs["6"].running
     assert jobs["5"].name == "a|b\nc" and jobs["5"].user == "ann"

@@ -152,7 +152,7 @@ def _add_enforce_commands(sub: argparse._SubParsersAction) -> None:  # type: ign
                          help="log each query on stderr")
     _prometheus_options(enforce)
     sub.add_parser("default-policy", help="print the default enforce policy (TOML)")
-    add_remediate_command(sub)
+    _prometheus_options(add_remediate_command(sub))
 
 
 def _connection(args: argparse.Namespace) -> Connection:

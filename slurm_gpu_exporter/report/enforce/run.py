@@ -27,8 +27,8 @@ from slurm_gpu_exporter.report.render.values import when
 from slurm_gpu_exporter.report.slurm.actions import (
     EXIT_SLURM,
     cancel_job,
+    listed_jobs,
     record_reason,
-    running_jobs,
 )
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ async def run_enforce(prom: PrometheusClient, options: EnforceOptions, now: floa
     state = EnforceState(options.state_path)  # a broken state file stops the run first
     jobs = await fetch_idleness(prom, policy.windows_s, options.filters, policy.busy_fraction,
                                 now)
-    slurm = running_jobs()
+    slurm = {jobid: job for jobid, job in listed_jobs().items() if job.running}
     decisions = decide(jobs, slurm, state.warnings(), policy, now)
     failures: set[int] = set()
     if options.cancel:
