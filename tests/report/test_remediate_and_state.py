@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.report.cli.main import main
+from slurm_gpu_exporter.report.cli.remediate import check_exposure
 from slurm_gpu_exporter.report.enforce.state import EnforceState
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.inert_text import slurm_value
@@ -17,6 +18,7 @@ from slurm_gpu_exporter.report.remediate.budget import DrainBudget
 from slurm_gpu_exporter.report.remediate.confirm import Firing, firing_query
 from slurm_gpu_exporter.report.remediate.remediator import Remediator
 from slurm_gpu_exporter.report.slurm.actions import SlurmNode, checked_node
+from slurm_gpu_exporter.web.config import TlsSettings, WebConfig
 
 # What Prometheus has firing: SlurmGpuLost on gpu07's agent, GPU 3.
 FIRING: Firing = {("SlurmGpuLost", "gpu07:9817"): {
@@ -179,3 +181,29 @@ def test_cancel_without_a_notify_channel_is_refused_before_any_query(
                  "--prometheus-url", "http://127.0.0.1:9"])
     assert code == 2
     assert "--notify" in capsys.readouterr().err
+
+
+def test_remediate_on_an_address_others_reach_without_client_auth_refuses_to_start(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for address in ("0.0.0.0:0", ":0", "[::]:0"):
+        code = main(["remediate", "--web.listen-address", address,
+                     "--prometheus-url", "http://127.0.0.1:9"])
+        assert code == 2, address
+        assert "refusing to listen" in capsys.readouterr().err
+
+
+def test_tls_without_client_auth_is_no_authentication(caplog: pytest.LogCaptureFixture
+                                                      ) -> None:
+    """Issue 33: served with TLS but no basic auth and no client certificates, remediate
+    said nothing, though anyone could post."""
+    tls_only = WebConfig(tls=TlsSettings(Path("c.pem"), Path("k.pem")))
+    with pytest.raises(ReportError, match=r"refusing to listen on 10\.0\.0\.5:9818"):
+        check_exposure(["10.0.0.5:9818"], tls_only, insecure=False)
+    check_exposure(["127.0.0.1:9818", "localhost:9819"], tls_only, insecure=False)
+    check_exposure(["10.0.0.5:9818"], tls_only, insecure=True)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2 and all("without client authentication" in w for w in warnings)
+    certs = WebConfig(tls=TlsSettings(Path("c.pem"), Path("k.pem"),
+                                      client_auth_type="RequireAndVerifyClientCert"))
+    check_exposure(["10.0.0.5:9818"], certs, insecure=False)
+    check_exposure(["10.0.0.5:9818"], WebConfig(users={"am": b"$2b$..."}), insecure=False)
