@@ -236,10 +236,11 @@ def test_squeue_json_keeps_running_jobs_and_names_verbatim() -> None:
 
 def test_squeue_json_gives_each_jobs_nodes_and_gpu_count() -> None:
     """22.05's shape, 23.11's, and what cannot be read (a hostlist, no TRES)."""
-    old = {"job_id": 1, "job_state": "RUNNING", "nodes": "gpu[1-2]",
+    old = {"job_id": 1, "job_state": "RUNNING", "nodes": "gpu[1-2]", "start_time": 1796159018,
            "tres_alloc_str": "cpu=4,mem=1G,node=2,billing=4,gres/gpu=3",
            "job_resources": {"allocated_nodes": [{"nodename": "gpu2"}, {"nodename": "gpu1"}]}}
     new = {"job_id": 2, "job_state": ["RUNNING"], "nodes": "gpu3",
+           "start_time": {"set": True, "infinite": False, "number": 1796159100},
            "tres_alloc_str": "cpu=1,gres/gpu:a100=1,gres/gpu=1",
            "job_resources": {"nodes": {"list": "gpu3", "allocation": [{"name": "gpu3"}]}}}
     vague = {"job_id": 3, "job_state": "RUNNING", "nodes": "gpu[4-5]"}
@@ -250,3 +251,4 @@ def test_squeue_json_gives_each_jobs_nodes_and_gpu_count() -> None:
     assert (jobs["2"].nodes, jobs["2"].gpus) == (("gpu3",), 1)
     assert (jobs["3"].nodes, jobs["3"].gpus) == (None, None)
     assert (jobs["4"].nodes, jobs["4"].gpus) == (("cpu1",), 0)
+    assert (jobs["1"].start, jobs["2"].start, jobs["3"].start) == (1796159018, 1796159100, None)

@@ -42,6 +42,7 @@ class Decision:
     cancel_at: float | None = None  # earliest cancel, for "warn"
     doubtful: bool = False  # skipped because the data cannot be trusted
     forget_warnings: bool = False  # used its GPUs again: a new idle spell starts over
+    slurm: SlurmJob | None = None  # the job as Slurm listed it in this run
 
 
 def decide(jobs: list[JobIdleness], slurm: dict[str, SlurmJob],
@@ -60,7 +61,7 @@ def _decide(job: JobIdleness, slurm: SlurmJob | None, sent: list[float], policy:
         "jobid": job.jobid, "user": slurm.user if slurm else job.user,
         "account": slurm.account if slurm else "",
         "partition": slurm.partition if slurm else "", "name": slurm.name if slurm else "",
-        "gpus": len(job.gpus), "nodes": tuple(job.nodes)}
+        "gpus": len(job.gpus), "nodes": tuple(job.nodes), "slurm": slurm}
 
     def skip(reason: str, doubtful: bool = False, idle: float | None = None) -> Decision:
         return Decision(**base, idle_for_s=idle, action="skip", reason=reason,

@@ -30,6 +30,7 @@ from slurm_gpu_exporter.report.slurm.actions import (
     cancel_job,
     listed_jobs,
     record_reason,
+    still_as_listed,
 )
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,10 @@ def act_on(decision: Decision, state: EnforceState, options: EnforceOptions,
         log.info("warned %s: warning %s of %d, %s", who, decision.warning,
                  len(policy.warn_after_s), plain(decision.reason))
     elif decision.action == "cancel":
+        if decision.slurm is None or not still_as_listed(decision.slurm):
+            log.warning("%s not cancelled: Slurm no longer runs it as this run saw it "
+                        "(ended, requeued or changed since); left for the next run", who)
+            return EXIT_DOUBTFUL
         try:
             record_reason(decision.jobid, cancel_reason(decision, now))
             cancel_job(decision.jobid)

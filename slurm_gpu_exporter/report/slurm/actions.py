@@ -83,6 +83,15 @@ def _checked_jobid(jobid: str) -> str:
     return jobid
 
 
+def still_as_listed(job: SlurmJob) -> bool:
+    """Whether Slurm still runs ``job`` as it was listed: RUNNING, with the same start
+    (a job requeued since has another, or is pending). One ``squeue`` for the job,
+    asked right before a cancel."""
+    argv = [_command("squeue"), "--json", "--jobs", _checked_jobid(job.jobid)]
+    now = parse_squeue_json(_run(argv)).get(job.jobid)
+    return now is not None and now.running and now.start == job.start
+
+
 def record_reason(jobid: str, reason: str) -> None:
     """Put ``reason`` in the job's AdminComment (sacct shows it where accounting is on)."""
     _run([_command("scontrol"), "update", f"JobId={_checked_jobid(jobid)}",

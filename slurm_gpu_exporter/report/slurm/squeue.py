@@ -34,6 +34,7 @@ class SlurmJob:
     state: str = "RUNNING"
     nodes: tuple[str, ...] | None = None  # None: Slurm's answer did not say
     gpus: int | None = None  # allocated GPUs, all nodes together; None: not said
+    start: float | None = None  # when it started (a requeued job starts again later)
 
     @property
     def running(self) -> bool:
@@ -72,6 +73,14 @@ def _gpus(job: dict[str, object]) -> int | None:
     return int(match.group(1)) if match else 0
 
 
+def _number(value: object) -> float | None:
+    # 22.05 prints 1796159018; 23.11 and later {"set": true, "number": 1796159018}.
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
+
+
 def parse_squeue_json(text: str) -> dict[str, SlurmJob]:
     """``squeue --json`` -> every job it lists, by job id."""
     try:
@@ -90,5 +99,6 @@ def parse_squeue_json(text: str) -> dict[str, SlurmJob]:
             jobid=jobid, user=str(job.get("user_name", "")),
             account=str(job.get("account", "")), partition=str(job.get("partition", "")),
             qos=str(job.get("qos", "")), name=str(job.get("name", "")),
-            state=_state(job.get("job_state")), nodes=_nodes(job), gpus=_gpus(job))
+            state=_state(job.get("job_state")), nodes=_nodes(job), gpus=_gpus(job),
+            start=_number(job.get("start_time")))
     return listed
