@@ -4,10 +4,13 @@ asking anyone anything."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from slurm_gpu_exporter.report.cli.main import main
 from slurm_gpu_exporter.report.cli.remediate import check_exposure
@@ -17,6 +20,7 @@ from slurm_gpu_exporter.report.inert_text import slurm_value
 from slurm_gpu_exporter.report.remediate.budget import DrainBudget
 from slurm_gpu_exporter.report.remediate.confirm import Firing, firing_query
 from slurm_gpu_exporter.report.remediate.remediator import Remediator
+from slurm_gpu_exporter.report.remediate.webhook import make_app
 from slurm_gpu_exporter.report.slurm.actions import SlurmNode, checked_node
 from slurm_gpu_exporter.web.config import TlsSettings, WebConfig
 
@@ -207,3 +211,49 @@ def test_tls_without_client_auth_is_no_authentication(caplog: pytest.LogCaptureF
                                       client_auth_type="RequireAndVerifyClientCert"))
     check_exposure(["10.0.0.5:9818"], certs, insecure=False)
     check_exposure(["10.0.0.5:9818"], WebConfig(users={"am": b"$2b$..."}), insecure=False)
+
+
+def _post(app: web.Application, payload: dict) -> tuple[int, list[str], str]:
+    """POST /alerts, then GET /metrics, through aiohttp's test server (loopback)."""
+    async def run() -> tuple[int, list[str], str]:
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.post("/alerts", json=payload)
+            results = (await resp.json())["results"]
+            metrics = await (await client.get("/metrics")).text()
+            return resp.status, results, metrics
+
+    return asyncio.run(run())
+
+
+def test_the_webhook_asks_prometheus_once_per_post_and_counts_each_outcome() -> None:
+    rem, drains = remediator()
+    asked: list[int] = []
+
+    async def confirm() -> Firing:
+        asked.append(1)
+        return FIRING
+
+    forged = alert(instance="gpu-node-17:9817") | {"fingerprint": "forged"}
+    status, results, metrics = _post(make_app(rem, confirm),
+                                     {"alerts": [alert(), forged, alert(instance="ALL")]})
+    assert status == 200 and len(asked) == 1
+    assert results == ["drained gpu07", "refused: Prometheus shows no firing SlurmGpuLost "
+                       "for instance=gpu-node-17:9817", "refused: not a node name"]
+    assert [node for node, _ in drains] == ["gpu07"]
+    for outcome, reason in (("drained", "drained"), ("refused", "unconfirmed"),
+                            ("refused", "not_a_node")):
+        assert (f'slurm_gpu_remediate_alerts_total{{outcome="{outcome}",reason="{reason}"}} '
+                "1.0") in metrics
+    assert "slurm_gpu_remediate_drains_in_window 1.0" in metrics
+
+
+def test_a_post_prometheus_cannot_confirm_drains_nothing_and_gets_503() -> None:
+    rem, drains = remediator()
+
+    async def unreachable() -> Firing:
+        raise ReportError("cannot reach Prometheus at http://127.0.0.1:9", 3)
+
+    status, results, metrics = _post(make_app(rem, unreachable), {"alerts": [alert()]})
+    assert status == 503 and drains == []
+    assert results == ["refused: cannot confirm the alert: Prometheus did not answer"]
+    assert 'reason="prometheus_unavailable"} 1.0' in metrics

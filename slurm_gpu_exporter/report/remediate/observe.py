@@ -3,7 +3,7 @@ so a refusal (a forged alert, the drain cap) is a series an alert rule can watch
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
@@ -14,7 +14,7 @@ OUTCOMES = ("drained", "dry_run", "ignored", "refused", "failed")
 
 
 class RemediateMetrics:
-    def __init__(self, budget: DrainBudget) -> None:
+    def __init__(self, budget: DrainBudget, clock: Callable[[], float]) -> None:
         self.registry = CollectorRegistry()
         self.alerts = Counter(
             "slurm_gpu_remediate_alerts", "Alerts remediate received, by what it did and why",
@@ -23,7 +23,7 @@ class RemediateMetrics:
                        "Drains done in the current --drain-window", registry=self.registry)
         cap = Gauge("slurm_gpu_remediate_max_drains",
                     "Drains allowed per --drain-window (--max-drains)", registry=self.registry)
-        drains.set_function(lambda: budget.used(time.time()))
+        drains.set_function(lambda: budget.used(clock()))
         cap.set(budget.max_drains)
 
     def count(self, outcome: str, reason: str) -> None:

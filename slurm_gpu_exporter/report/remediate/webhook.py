@@ -56,7 +56,7 @@ def make_app(remediator: Remediator, confirm: Callable[[], Awaitable[Firing]],
     """The receiver: ``POST /alerts`` (Alertmanager's webhook), ``GET /metrics``,
     ``GET /-/healthy``."""
     config = web_config or WebConfig()
-    counters = metrics or RemediateMetrics(remediator.budget)
+    counters = metrics or RemediateMetrics(remediator.budget, remediator.clock)
     lock = asyncio.Lock()
     # The agent's listener rules: a connection cap, header and idle timeouts.
     guard = ConnectionGuard(ConnectionLimits())
