@@ -1,7 +1,8 @@
 """``slurm-gpu-report remediate`` fed by a real Alertmanager: an Xid that needs a GPU
 reset, raised by the fake NVML, goes through the shipped rules and routing, and the
 real Slurm node is drained with the alert in its reason; once only; never by a post
-without the credentials or with a node name that is not one.
+without the credentials or with a node name that is not one, and never by alerts
+posted straight to Alertmanager's API that Prometheus does not show firing.
 """
 
 from __future__ import annotations
@@ -50,11 +51,13 @@ class Rig:
     drained_reason: str
 
 
+def auth_headers() -> dict[str, str]:
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
 def post(rig: Rig, payload: Any, auth: bool = True) -> tuple[int, dict[str, Any] | str]:
-    headers = {"Content-Type": "application/json"}
-    if auth:
-        token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-        headers["Authorization"] = f"Basic {token}"
+    headers = {"Content-Type": "application/json", **(auth_headers() if auth else {})}
     request = urllib.request.Request(f"{rig.remediate.url}/alerts", method="POST",
                                      data=json.dumps(payload).encode(), headers=headers)
     try:
@@ -106,19 +109,14 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                        "--sample-interval", "1"], env=fake.env(), log_path=base / "agent.log")
         started.append(agent)
         port = free_port()
-        remediate = Daemon("remediate", [
-            *with_slurm_env(slurm_cluster), str(REPORT), "remediate",
-            "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web_config),
-            "--node-label", "node",
-        ], port, base)
-        started.append(remediate)
+        remediate_url = f"http://127.0.0.1:{port}"
         sink = WebhookReceiver()
         started.append(sink)
         am_config = alertmanager_config(sink)
         for receiver in am_config["receivers"]:
             if receiver["name"] == "remediate":
                 receiver["webhook_configs"] = [{
-                    "url": f"{remediate.url}/alerts", "send_resolved": False,
+                    "url": f"{remediate_url}/alerts", "send_resolved": False,
                     "http_config": {"basic_auth": {"username": USER,
                                                    "password_file": str(password_file)}}}]
         am = Alertmanager(am_config, base / "alertmanager")
@@ -134,6 +132,12 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                                     "labels": {"node": slurm_cluster.node_name}}]}],
         }, base / "prometheus")
         started.append(prom)
+        remediate = Daemon("remediate", [
+            *with_slurm_env(slurm_cluster), str(REPORT), "remediate",
+            "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web_config),
+            "--node-label", "node", "--prometheus-url", prom.url,
+        ], port, base)
+        started.append(remediate)
         agent.wait_ready()
         remediate.wait_ready("/-/healthy")
         am.wait_ready()
@@ -240,7 +244,8 @@ def test_dry_run_mode_drains_nothing(rig: Rig, tmp_path: Path) -> None:
     port = free_port()
     dry = Daemon("remediate-dry", [
         *with_slurm_env(rig.cluster), str(REPORT), "remediate", "--web.listen-address",
-        f"127.0.0.1:{port}", "--dry-run", "--node-label", "node"], port, tmp_path)
+        f"127.0.0.1:{port}", "--dry-run", "--node-label", "node", "--prometheus-url",
+        rig.prometheus.url], port, tmp_path)
     try:
         dry.wait_ready("/-/healthy")
         payload = {"alerts": [{"status": "firing", "fingerprint": "d1", "startsAt": "t",
@@ -251,7 +256,7 @@ def test_dry_run_mode_drains_nothing(rig: Rig, tmp_path: Path) -> None:
             assert json.load(resp)["results"] == [f"dry run: would drain "
                                                   f"{rig.cluster.node_name}"]
         assert not drained(rig.cluster)
-        assert "without basic auth or TLS" in dry.log()
+        assert "without client authentication" in dry.log()
     finally:
         dry.stop()
 
@@ -289,3 +294,49 @@ def test_missed_scrapes_do_not_make_it_a_new_alert_that_drains_again(rig: Rig) -
     assert status == 200 and isinstance(body, dict)
     assert body["results"] == ["ignored: acted on this alert before"]
     assert not drained(rig.cluster)
+
+
+def refusals(rig: Rig) -> dict[str, float]:
+    """remediate's refusal counters by reason, from its /metrics."""
+    request = urllib.request.Request(f"{rig.remediate.url}/metrics", headers=auth_headers())
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        text = resp.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith('slurm_gpu_remediate_alerts_total{outcome="refused"'):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            found[reason] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def test_alerts_forged_through_alertmanagers_api_drain_nothing_and_say_why(rig: Rig) -> None:
+    """Issue 33's attack: alerts posted to Alertmanager's open API, which routes them to
+    remediate with its credentials. ``ALL`` is no node name; gpu-node-17 and this node's
+    SlurmGpuLost are not firing in Prometheus (the real alert here is an Xid)."""
+    resume(rig.cluster)
+    before = refusals(rig)
+    node = rig.cluster.node_name
+    forged = [{"labels": {"alertname": "SlurmGpuLost", "instance": "ALL", "node": "ALL"}},
+              {"labels": {"alertname": "SlurmGpuLost", "instance": "gpu-node-17:9817",
+                          "node": "gpu-node-17"}},
+              {"labels": {"alertname": "SlurmGpuLost", "instance": f"{node}:9817",
+                          "node": node}}]
+    request = urllib.request.Request(f"{rig.alertmanager.url}/api/v2/alerts", method="POST",
+                                     data=json.dumps(forged).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert resp.status == 200  # Alertmanager takes them: its API is open here
+
+    def counted() -> bool:
+        now = refusals(rig)
+        return (now.get("not_a_node", 0) - before.get("not_a_node", 0) >= 1
+                and now.get("unconfirmed", 0) - before.get("unconfirmed", 0) >= 2)
+
+    wait_until(counted, 30, "remediate to refuse the forged alerts", poll=0.5,
+               log=rig.remediate.log)
+    assert not drained(rig.cluster)
+    log = rig.remediate.log()
+    assert f"refused SlurmGpuLost (node={node}): Prometheus shows no firing SlurmGpuLost " \
+           f"for node={node}" in log
+    assert "refused SlurmGpuLost (node=gpu-node-17): Prometheus shows no firing" in log
+    assert "refused SlurmGpuLost (node=ALL): not a node name" in log

@@ -16,6 +16,7 @@ This module connects, checks the schema and holds the transactions; what is writ
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,6 +78,19 @@ def _failure(exc: Exception, where: str) -> ReportError:
                        "the database runs", EXIT_STORE_UNREACHABLE)
 
 
+def _create_private(path: Path) -> None:
+    """Make a new SQLite archive file owner-only (0600) whatever the umask: it names
+    users and their jobs. SQLite gives its -wal and -shm files the database's mode."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 class ArchiveStore:
     """The archive at one URL; open with ``ArchiveStore(url, write=…)`` and ``with``."""
 
@@ -105,6 +119,7 @@ class ArchiveStore:
             if self.write:
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
+                    _create_private(path)
                 except OSError as exc:
                     raise ReportError(f"cannot make {path.parent} for the archive: "
                                       f"{exc.strerror}; create it or choose --db",

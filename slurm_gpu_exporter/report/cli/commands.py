@@ -50,7 +50,8 @@ async def run_enforce_command(args: argparse.Namespace, now: float) -> int:
     options = EnforceOptions(
         policy=policy, cancel=args.cancel, state_path=Path(args.state_file),
         filters=Filters(cluster=args.cluster, cluster_label=args.cluster_label),
-        notify=args.notify, mail_to=args.mail_to, mail_from=args.mail_from)
+        notify=args.notify, mail_to=args.mail_to, mail_from=args.mail_from,
+        node_label=args.node_label)
     logging.getLogger("slurm_gpu_exporter.report.enforce").setLevel(logging.INFO)
     async with prometheus(args) as prom:
         run = await run_enforce(prom, options, now)

@@ -148,11 +148,14 @@ def _add_enforce_commands(sub: argparse._SubParsersAction) -> None:  # type: ign
     enforce.add_argument("--state-file", default=DEFAULT_ENFORCE_STATE,
                          help=f"warnings sent and cancels (default {DEFAULT_ENFORCE_STATE})")
     _cluster_options(enforce)
+    enforce.add_argument("--node-label", default="instance",
+                         help="the label naming each GPU's Slurm node, checked against "
+                              "squeue's node list (a port is dropped; default instance)")
     enforce.add_argument("--verbose", "-v", action="store_true",
                          help="log each query on stderr")
     _prometheus_options(enforce)
     sub.add_parser("default-policy", help="print the default enforce policy (TOML)")
-    add_remediate_command(sub)
+    _prometheus_options(add_remediate_command(sub))
 
 
 def _connection(args: argparse.Namespace) -> Connection:

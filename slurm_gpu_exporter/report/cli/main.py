@@ -23,7 +23,7 @@ from slurm_gpu_exporter.report.cli.commands import (
     run_low_util,
     run_usage,
 )
-from slurm_gpu_exporter.report.cli.flags import build_parser
+from slurm_gpu_exporter.report.cli.flags import build_parser, prometheus
 from slurm_gpu_exporter.report.cli.remediate import run_remediate
 from slurm_gpu_exporter.report.enforce.policy import DEFAULT_POLICY
 from slurm_gpu_exporter.report.errors import ReportError
@@ -64,7 +64,7 @@ def _enforce_command(args: argparse.Namespace) -> int:
         sys.stdout.write(DEFAULT_POLICY)
         return 0
     if args.command == "remediate":
-        return run_remediate(args)
+        return run_remediate(args, prometheus)
     # enforce's exit status says whether jobs were skipped or an action failed: a closed
     # stdout does not make that 0.
     return _reported(lambda: asyncio.run(run_enforce_command(args, time.time())),

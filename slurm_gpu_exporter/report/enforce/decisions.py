@@ -1,9 +1,13 @@
 """What ``enforce`` does with each job: warn, cancel, nothing, or skip and why.
 
-Pure: from the jobs the metrics show, the jobs Slurm runs, the warnings already sent
+Pure: from the jobs the metrics show, the jobs Slurm lists, the warnings already sent
 and the policy. Every doubt about the data turns into a skip, never into an action.
 Order of the checks: running in Slurm, same user in Slurm and the metrics, exempt,
-data doubts now, old enough, then the idle windows.
+the same nodes and GPUs in Slurm and in fresh series, data doubts now, old enough,
+then the idle windows. The two sources must agree: a node of the job without fresh
+series (an agent not deployed, a target missing from service discovery), fewer GPUs
+with fresh series than Slurm allocated, or a job Slurm does not list as RUNNING while
+its series are fresh, makes the job doubtful.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ from slurm_gpu_exporter.report.enforce.policy import Policy, span
 from slurm_gpu_exporter.report.slurm.actions import SlurmJob
 
 Action = Literal["warn", "cancel", "none", "skip"]
+# States of a job that has ended or is ending: its series linger, nothing is doubtful.
+ENDED_STATES = frozenset({"COMPLETED", "COMPLETING", "CANCELLED", "FAILED", "TIMEOUT",
+                          "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
+                          "DEADLINE"})
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,7 @@ class Decision:
     cancel_at: float | None = None  # earliest cancel, for "warn"
     doubtful: bool = False  # skipped because the data cannot be trusted
     forget_warnings: bool = False  # used its GPUs again: a new idle spell starts over
+    slurm: SlurmJob | None = None  # the job as Slurm listed it in this run
 
 
 def decide(jobs: list[JobIdleness], slurm: dict[str, SlurmJob],
@@ -52,14 +61,19 @@ def _decide(job: JobIdleness, slurm: SlurmJob | None, sent: list[float], policy:
         "jobid": job.jobid, "user": slurm.user if slurm else job.user,
         "account": slurm.account if slurm else "",
         "partition": slurm.partition if slurm else "", "name": slurm.name if slurm else "",
-        "gpus": len(job.gpus), "nodes": tuple(job.nodes)}
+        "gpus": len(job.gpus), "nodes": tuple(job.nodes), "slurm": slurm}
 
     def skip(reason: str, doubtful: bool = False, idle: float | None = None) -> Decision:
         return Decision(**base, idle_for_s=idle, action="skip", reason=reason,
                         doubtful=doubtful)
 
-    if slurm is None:
+    if slurm is None or slurm.state in ENDED_STATES:
+        if slurm is None and job.fresh:
+            return skip("Slurm does not list the job, yet its series are fresh",
+                        doubtful=True)
         return skip("not running in Slurm (ended, or not a job of this cluster)")
+    if not slurm.running:
+        return skip(f"Slurm lists it as {slurm.state}, not RUNNING", doubtful=True)
     if slurm.user != job.user:
         return skip(f"Slurm says the job is {slurm.user}'s, the metrics {job.user}'s",
                     doubtful=True)
@@ -67,8 +81,9 @@ def _decide(job: JobIdleness, slurm: SlurmJob | None, sent: list[float], policy:
                                   slurm.name)
     if exempt is not None:
         return skip(f"exempt ({exempt})")
-    if job.doubts:
-        return skip("; ".join(job.doubts), doubtful=True)
+    doubts = _disagreements(job, slurm) + job.doubts
+    if doubts:
+        return skip("; ".join(doubts), doubtful=True)
     age = job.age(now)
     if age is not None and age < policy.min_job_age_s:
         return skip(f"younger than min_job_age ({span(policy.min_job_age_s)})")
@@ -76,6 +91,24 @@ def _decide(job: JobIdleness, slurm: SlurmJob | None, sent: list[float], policy:
     if doubt is not None:
         return skip(doubt, doubtful=True, idle=idle)
     return _by_idle_time(base, idle, sent, policy, now)
+
+
+def _disagreements(job: JobIdleness, slurm: SlurmJob) -> list[str]:
+    """Where Slurm's view of the job and its fresh series differ."""
+    found = []
+    if slurm.nodes is None:
+        found.append("Slurm's answer does not say which nodes the job runs on")
+    else:
+        missing = sorted(set(slurm.nodes) - job.fresh_nodes)
+        if missing:
+            found.append(f"Slurm runs it on {', '.join(missing)} too, with no fresh series "
+                         "of it from there (agent or scrape target missing?)")
+    if slurm.gpus is None:
+        found.append("Slurm's answer does not say how many GPUs the job holds")
+    elif slurm.gpus > len(job.fresh):
+        found.append(f"Slurm allocated {slurm.gpus} GPU(s), fresh series show "
+                     f"{len(job.fresh)}")
+    return found
 
 
 def _by_idle_time(base: dict[str, Any], idle: float, sent: list[float], policy: Policy,

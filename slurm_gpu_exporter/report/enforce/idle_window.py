@@ -58,10 +58,17 @@ class JobIdleness:
     gpus: list[GpuKey] = field(default_factory=list)
     windows: list[WindowUsage] = field(default_factory=list)  # shortest first
     doubts: list[str] = field(default_factory=list)  # problems now (target down, stale)
+    node_of: dict[str, str] = field(default_factory=dict)  # instance -> Slurm node name
+    fresh: list[GpuKey] = field(default_factory=list)  # GPUs whose series are fresh now
 
     @property
     def nodes(self) -> list[str]:
-        return sorted({node_name(instance) for instance, _ in self.gpus})
+        return sorted({self.node_of.get(i, node_name(i)) for i, _ in self.gpus})
+
+    @property
+    def fresh_nodes(self) -> set[str]:
+        """The nodes from which some GPU of the job has fresh series."""
+        return {self.node_of.get(i, node_name(i)) for i, _ in self.fresh}
 
     def age(self, now: float) -> float | None:
         return None if self.start is None else now - self.start
@@ -123,8 +130,10 @@ def _per_instance(samples: list[Sample]) -> dict[str, float]:
 
 
 def jobs_from_answers(answers: dict[str, list[Sample]], windows_s: tuple[float, ...],
-                      busy_fraction: float, now: float) -> list[JobIdleness]:
-    """The jobs the answers show, with their windows and doubts (pure: no I/O)."""
+                      busy_fraction: float, now: float, node_label: str = "instance"
+                      ) -> list[JobIdleness]:
+    """The jobs the answers show, with their windows and doubts (pure: no I/O). Each
+    GPU's node is its ``node_label`` label (``instance`` by default, port dropped)."""
     jobs: dict[str, JobIdleness] = {}
     starts = {s.labels.get("jobid", ""): s.value for s in answers["start"]}
     for sample in answers["held"]:
@@ -133,13 +142,17 @@ def jobs_from_answers(answers: dict[str, list[Sample]], windows_s: tuple[float, 
         if job is None:
             job = jobs[jobid] = JobIdleness(jobid, sample.labels.get("user", ""),
                                             starts.get(jobid))
-        job.gpus.append((sample.labels.get("instance", ""), sample.labels.get("gpu", "")))
+        instance = sample.labels.get("instance", "")
+        job.gpus.append((instance, sample.labels.get("gpu", "")))
+        job.node_of[instance] = node_name(sample.labels.get(node_label, instance))
     fresh = _per_gpu(answers["fresh"])
     up = _per_instance(answers["up"])
     last_sample = _per_instance(answers["last_sample"])
     for job in jobs.values():
         job.gpus.sort()
         job.doubts = _doubts_now(job, fresh, up, last_sample, now)
+        job.fresh = [g for g in job.gpus if now - fresh.get((job.jobid, g), -1e18)
+                     <= STALE_AFTER_S]
         if job.start is None:
             job.doubts.append("no start time in the metrics")
         for seconds in windows_s:
@@ -188,12 +201,12 @@ def _window(job: JobIdleness, seconds: float, busy: dict[tuple[str, GpuKey], flo
 
 
 async def fetch_idleness(prom: PrometheusClient, windows_s: tuple[float, ...],
-                         filters: Filters, busy_fraction: float, now: float
-                         ) -> list[JobIdleness]:
+                         filters: Filters, busy_fraction: float, now: float,
+                         node_label: str = "instance") -> list[JobIdleness]:
     """Every job that held GPUs in the longest window, from one batch of queries.
 
     A query that fails raises (ReportError), so the caller acts on nothing."""
     queries = idle_queries(windows_s, filters)
     answers = await gather(*(prom.instant(q, now) for q in queries.values()))
     return jobs_from_answers(dict(zip(queries, answers, strict=True)), windows_s,
-                             busy_fraction, now)
+                             busy_fraction, now, node_label)

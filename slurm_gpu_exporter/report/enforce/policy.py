@@ -46,7 +46,9 @@ min_job_age = "30m"
 max_cancels_per_run = 10
 
 [exempt]
-# Jobs never warned nor cancelled. job_names are glob patterns (* ? [abc]).
+# Jobs never warned nor cancelled. job_names are glob patterns (* ? [abc]). Users
+# name their own jobs (sbatch --job-name): a job-name exemption is one any user can
+# claim. Exempt by account, partition or QOS where that matters.
 users = []
 accounts = []
 partitions = []

@@ -17,18 +17,20 @@ from typing import Any
 from slurm_gpu_exporter.report.enforce.decisions import Decision, decide
 from slurm_gpu_exporter.report.enforce.idle_window import fetch_idleness
 from slurm_gpu_exporter.report.enforce.policy import Policy, span
-from slurm_gpu_exporter.report.enforce.state import EnforceState
+from slurm_gpu_exporter.report.enforce.state import EXIT_STATE, EnforceState
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.rules import render_template
-from slurm_gpu_exporter.report.notify.send import EXIT_NOTIFY, Message, send
+from slurm_gpu_exporter.report.inert_text import plain
+from slurm_gpu_exporter.report.notify.send import EXIT_NOTIFY, Message, make_message, send
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
 from slurm_gpu_exporter.report.prometheus.queries import Filters
 from slurm_gpu_exporter.report.render.values import when
 from slurm_gpu_exporter.report.slurm.actions import (
     EXIT_SLURM,
     cancel_job,
+    listed_jobs,
     record_reason,
-    running_jobs,
+    still_as_listed,
 )
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ class EnforceOptions:
     notify: str | None = None
     mail_to: str = "{user}"
     mail_from: str = "slurm-gpu-report"
+    node_label: str = "instance"  # the label naming a GPU's Slurm node (port dropped)
 
 
 @dataclass(frozen=True)
@@ -75,71 +78,92 @@ def cancel_reason(decision: Decision, now: float) -> str:
 def _message(decision: Decision, policy: Policy, options: EnforceOptions, subject: str,
              body: str) -> Message:
     facts = message_facts(decision, policy)
-    return Message(user=decision.user, to=render_template(options.mail_to,
-                                                          {"user": decision.user}),
-                   subject=render_template(subject, facts),
-                   text=render_template(body, facts).strip() + "\n",
-                   jobids=(decision.jobid,))
+    return make_message(decision.user, options.mail_to, render_template(subject, facts),
+                        render_template(body, facts).strip() + "\n", (decision.jobid,))
 
 
 async def run_enforce(prom: PrometheusClient, options: EnforceOptions, now: float
                       ) -> EnforceRun:
-    """Decide, and with ``options.cancel`` act; the exit code says what went wrong."""
+    """Decide, and with ``options.cancel`` act; the exit code says what went wrong.
+
+    One job's failure (a message that cannot be made or sent, a Slurm command that
+    fails) is that job's error line and its exit code; the run goes on with the others.
+    A state file that cannot be written stops the run: what was sent would be forgotten."""
     policy = options.policy
     state = EnforceState(options.state_path)  # a broken state file stops the run first
     jobs = await fetch_idleness(prom, policy.windows_s, options.filters, policy.busy_fraction,
-                                now)
-    slurm = running_jobs()
+                                now, options.node_label)
+    slurm = listed_jobs()
     decisions = decide(jobs, slurm, state.warnings(), policy, now)
     failures: set[int] = set()
     if options.cancel:
-        for decision in decisions:
-            failure = _act(decision, state, options, now)
-            if failure:
-                failures.add(failure)
-        state.keep_only(slurm)
+        if options.notify is None and any(d.action == "warn" for d in decisions):
+            raise ReportError("enforce --cancel has a warning to send and no --notify "
+                              "channel: give --notify smtp://… or a webhook URL")
+        failures |= act_all(decisions, state, options, now)
+        state.keep_only({jobid for jobid, job in slurm.items() if job.running})
     if any(d.doubtful for d in decisions):
         failures.add(EXIT_DOUBTFUL)
-    code = next((c for c in (EXIT_SLURM, EXIT_NOTIFY, EXIT_DOUBTFUL) if c in failures), 0)
+    code = next((c for c in (EXIT_SLURM, EXIT_NOTIFY, EXIT_DOUBTFUL) if c in failures),
+                max(failures, default=0))
     return EnforceRun(decisions, prom.queries, code)
 
 
-def _act(decision: Decision, state: EnforceState, options: EnforceOptions,
-         now: float) -> int:
+def act_all(decisions: list[Decision], state: EnforceState, options: EnforceOptions,
+            now: float) -> set[int]:
+    """Carry out every decision; the exit codes of the jobs that failed. One job's
+    failure is its error line; only a state file that cannot be written stops here."""
+    failures = set()
+    for decision in decisions:
+        try:
+            failure = act_on(decision, state, options, now)
+        except ReportError as exc:
+            if exc.exit_code == EXIT_STATE:
+                raise
+            log.error("job %s: %s", decision.jobid, plain(exc))
+            failure = exc.exit_code
+        if failure:
+            failures.add(failure)
+    return failures
+
+
+def act_on(decision: Decision, state: EnforceState, options: EnforceOptions,
+           now: float) -> int:
     """Carry out one decision; the exit code of a failure, or 0."""
     policy = options.policy
-    who = f"job {decision.jobid} ({decision.user})"
+    who = f"job {decision.jobid} ({plain(decision.user)})"
     if decision.forget_warnings:
         state.forget_warnings(decision.jobid)
         log.info("%s used its GPUs again: its warnings are forgotten", who)
-    if decision.action == "warn":
-        if options.notify is None:
-            raise ReportError("enforce --cancel has a warning to send and no --notify "
-                              "channel: give --notify smtp://… or a webhook URL")
-        message = _message(decision, policy, options, policy.warning_subject, policy.warning)
+    if decision.action == "warn" and options.notify is not None:
         try:
-            send(message, options.notify, options.mail_from)
+            send(_message(decision, policy, options, policy.warning_subject,
+                          policy.warning), options.notify, options.mail_from)
         except ReportError as exc:
             log.error("%s: warning %s not sent, retried next run: %s", who, decision.warning,
-                      exc)
+                      plain(exc))
             return EXIT_NOTIFY
         state.add_warning(decision.jobid, now)
         log.info("warned %s: warning %s of %d, %s", who, decision.warning,
-                 len(policy.warn_after_s), decision.reason)
+                 len(policy.warn_after_s), plain(decision.reason))
     elif decision.action == "cancel":
+        if decision.slurm is None or not still_as_listed(decision.slurm):
+            log.warning("%s not cancelled: Slurm no longer runs it as this run saw it "
+                        "(ended, requeued or changed since); left for the next run", who)
+            return EXIT_DOUBTFUL
         try:
             record_reason(decision.jobid, cancel_reason(decision, now))
             cancel_job(decision.jobid)
         except ReportError as exc:
-            log.error("%s not cancelled: %s", who, exc)
+            log.error("%s not cancelled: %s", who, plain(exc))
             return EXIT_SLURM
         state.add_cancel(decision.jobid, now)
-        log.info("cancelled %s: %s", who, decision.reason)
+        log.info("cancelled %s: %s", who, plain(decision.reason))
         if options.notify is not None:
             try:
                 send(_message(decision, policy, options, policy.cancel_subject,
                               policy.cancel), options.notify, options.mail_from)
             except ReportError as exc:
-                log.error("%s was cancelled; telling the user failed: %s", who, exc)
+                log.error("%s was cancelled; telling the user failed: %s", who, plain(exc))
                 return EXIT_NOTIFY
     return 0

@@ -2,20 +2,20 @@
 
 A JSON file ``{"jobs": {"<jobid>": {"warnings": [t1, t2], "cancelled": t}}}``. Each
 warning is added after it was sent, so a failed send is retried on the next run and a
-sent one is never repeated. Jobs Slurm no longer runs are forgotten. Written as a new
-file (``O_EXCL|O_NOFOLLOW`` through the directory's fd), fsynced, renamed over the
-old one, then the directory fsynced: a crash leaves the old state or the new one.
+sent one is never repeated. Jobs Slurm no longer runs are forgotten. Written whole,
+mode 0600 whatever the umask (``report/private_file.py``): a crash leaves the old
+state or the new one.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.private_file import write_private
 
 EXIT_STATE = 2
 
@@ -65,29 +65,4 @@ class EnforceState:
 
     def save(self) -> None:
         body = (json.dumps({"jobs": self.jobs}, indent=1, sort_keys=True) + "\n").encode()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            dirfd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as exc:
-            raise ReportError(f"cannot write the enforce state in {self.path.parent}: "
-                              f"{exc.strerror}; check --state-file", EXIT_STATE) from None
-        tmp = f".{self.path.name}.{os.getpid()}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
-                         dir_fd=dirfd)
-            try:
-                os.write(fd, body)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, self.path.name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-            os.fsync(dirfd)
-        except OSError as exc:
-            try:
-                os.unlink(tmp, dir_fd=dirfd)
-            except OSError:
-                pass
-            raise ReportError(f"cannot write the enforce state {self.path}: {exc.strerror}",
-                              EXIT_STATE) from None
-        finally:
-            os.close(dirfd)
+        write_private(self.path, body, "the enforce state", EXIT_STATE)

@@ -10,25 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import re
 from pathlib import Path
 from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.model import JobUsage, LowUtilReport
 from slurm_gpu_exporter.report.figures.rules import Config, render_template
-from slurm_gpu_exporter.report.notify.send import EXIT_NOTIFY, Message
-from slurm_gpu_exporter.report.render.inert import plain
+from slurm_gpu_exporter.report.inert_text import plain
+from slurm_gpu_exporter.report.notify.send import EXIT_NOTIFY, Message, make_message
+from slurm_gpu_exporter.report.private_file import write_private
 from slurm_gpu_exporter.report.render.values import when
 
 log = logging.getLogger(__name__)
-
-# A user name that can stand in a mail address: POSIX's portable name characters.
-# Anything else (commas, spaces, angle brackets, quotes, "@") could name more or other
-# recipients, so such a user is not written to.
-MAILABLE_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
-
 
 def _job_key(job: JobUsage) -> str:
     return f"{job.cluster}/{job.jobid}" if job.cluster else job.jobid
@@ -56,10 +49,8 @@ class NotifyState:
             self.sent[_job_key(job)] = now
         # Forget what can no longer suppress anything, so the file stays small.
         self.sent = {k: t for k, t in self.sent.items() if now - t < keep_s}
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(self.sent, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
+        body = (json.dumps(self.sent, indent=1, sort_keys=True) + "\n").encode()
+        write_private(self.path, body, "the notify state", EXIT_NOTIFY)
 
 
 def messages(report: LowUtilReport, config: Config, state: NotifyState, now: float,
@@ -72,10 +63,6 @@ def messages(report: LowUtilReport, config: Config, state: NotifyState, now: flo
             by_user.setdefault(job.user, []).append(job)
     out = []
     for user, jobs in sorted(by_user.items()):
-        if not MAILABLE_USER.fullmatch(user):
-            log.warning("not notifying user %r: the name cannot stand in a mail address "
-                        "safely; tell them another way", plain(user))
-            continue
         lines = [render_template(config.job_line, _job_facts(job)) for job in jobs]
         facts: dict[str, Any] = {
             "user": user, "count": len(jobs), "jobs": "\n".join(lines),
@@ -84,11 +71,13 @@ def messages(report: LowUtilReport, config: Config, state: NotifyState, now: flo
             "wasted_gpu_hours": sum(j.wasted_gpu_hours for j in jobs),
             "threshold": report.threshold,
         }
-        message = Message(
-            user=user, to=render_template(address, {"user": user}),
-            subject=plain(render_template(config.subject, facts)),  # one header line
-            text=render_template(config.template, facts).strip() + "\n",
-            jobids=tuple(j.jobid for j in jobs))
+        try:
+            message = make_message(user, address, render_template(config.subject, facts),
+                                   render_template(config.template, facts).strip() + "\n",
+                                   tuple(j.jobid for j in jobs))
+        except ReportError as exc:
+            log.warning("%s", exc)
+            continue
         out.append((message, jobs))
     return out
 
