@@ -31,6 +31,7 @@ from slurm_gpu_exporter.proxy.enforce import (
     enforce_series_selector,
 )
 from slurm_gpu_exporter.proxy.identity import Caller, Refusal, identify
+from slurm_gpu_exporter.proxy.munge import MungeDecoder
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
 from slurm_gpu_exporter.proxy.params import FORM, BadRequest, pick, read_params, single
 from slurm_gpu_exporter.proxy.printer import LABEL_NAME
@@ -96,9 +97,10 @@ class Refused(Exception):
 
 def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
              metrics: ProxyMetrics | None = None,
-             read_timeout: float = REQUEST_READ_TIMEOUT_S) -> web.Application:
+             read_timeout: float = REQUEST_READ_TIMEOUT_S,
+             munge: MungeDecoder | None = None) -> web.Application:
     """The proxy application (tests start it on a random port). A request body must
-    arrive within ``read_timeout`` seconds."""
+    arrive within ``read_timeout`` seconds; ``munge`` decodes munge credentials."""
     web_config = web_config or WebConfig()
     metrics = metrics or ProxyMetrics()
     upstream = URL(config.prometheus_url)
@@ -133,7 +135,7 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
         if request.path in OPEN_PATHS:
             response = await handler(request)
         else:
-            who = await identify(request, web_config, config.user_header)
+            who = await identify(request, web_config, config.user_header, munge)
             if isinstance(who, Refusal):
                 return refuse(request, who.status, who.reason, who.message, who.claimed,
                               "auth")
