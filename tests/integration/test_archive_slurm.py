@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.report.accounting import parse_reqmem, parse_timelimit
-from slurm_gpu_exporter.report.archive_store import ArchiveStore
+from slurm_gpu_exporter.report.archive.store import ArchiveStore
+from slurm_gpu_exporter.report.slurm.accounting import parse_reqmem, parse_timelimit
 from tests.agent import Agent
 from tests.daemons import Prometheus
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip

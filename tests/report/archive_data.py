@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from slurm_gpu_exporter.report.archive_rows import ArchiveRecord
-from slurm_gpu_exporter.report.model import (
+from slurm_gpu_exporter.report.archive.rows import ArchiveRecord
+from slurm_gpu_exporter.report.figures.model import (
     Accounting,
     GpuDetail,
     JobDetail,

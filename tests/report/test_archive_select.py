@@ -6,12 +6,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from slurm_gpu_exporter.report.archive import _ended_everywhere, archive_queries
+from slurm_gpu_exporter.report.archive.collect import _ended_everywhere, archive_queries
+from slurm_gpu_exporter.report.archive.usage import month_window, spans_months
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.promql import Sample
-from slurm_gpu_exporter.report.queries import Filters
-from slurm_gpu_exporter.report.usage import month_window, spans_months
-from slurm_gpu_exporter.report.window import Window
+from slurm_gpu_exporter.report.figures.window import Window
+from slurm_gpu_exporter.report.prometheus.client import Sample
+from slurm_gpu_exporter.report.prometheus.queries import Filters
 
 
 def _s(jobid: str, instance: str, cluster: str = "", value: float = 1.0) -> Sample:

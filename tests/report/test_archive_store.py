@@ -13,18 +13,18 @@ import psycopg
 import pytest
 from sqlalchemy import create_engine, text
 
-from slurm_gpu_exporter.report.archive_schema import SCHEMA_VERSION
-from slurm_gpu_exporter.report.archive_store import (
+from slurm_gpu_exporter.report.archive.schema import SCHEMA_VERSION
+from slurm_gpu_exporter.report.archive.store import (
     EXIT_STORE_LOCKED,
     EXIT_STORE_NEWER,
     EXIT_STORE_UNREACHABLE,
     ArchiveStore,
     parse_db_url,
 )
+from slurm_gpu_exporter.report.archive.usage import month_window, usage_report
 from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.render.usage import render_usage
-from slurm_gpu_exporter.report.usage import month_window, usage_report
-from slurm_gpu_exporter.report.window import Window
 from tests.report.archive_data import DEC_1, NOV_1, record
 from tests.support import free_port
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slurm_gpu_exporter.report.decisions import Decision, decide
-from slurm_gpu_exporter.report.idle_window import idle_queries, jobs_from_answers
-from slurm_gpu_exporter.report.policy import parse_policy
-from slurm_gpu_exporter.report.promql import Sample
-from slurm_gpu_exporter.report.queries import Filters
-from slurm_gpu_exporter.report.slurm_actions import SlurmJob, parse_squeue_json
+from slurm_gpu_exporter.report.enforce.decisions import Decision, decide
+from slurm_gpu_exporter.report.enforce.idle_window import idle_queries, jobs_from_answers
+from slurm_gpu_exporter.report.enforce.policy import parse_policy
+from slurm_gpu_exporter.report.prometheus.client import Sample
+from slurm_gpu_exporter.report.prometheus.queries import Filters
+from slurm_gpu_exporter.report.slurm.actions import SlurmJob, parse_squeue_json
 
 NOW = 1_800_000_000.0
 POLICY = parse_policy('[idle]\nmax_cancels_per_run = 1\n[exempt]\njob_names = ["keep-*"]\n')

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.report.cli import main
-from slurm_gpu_exporter.report.enforce_state import EnforceState
+from slurm_gpu_exporter.report.cli.main import main
+from slurm_gpu_exporter.report.enforce.state import EnforceState
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.remediate import Remediator
-from slurm_gpu_exporter.report.slurm_actions import inert
+from slurm_gpu_exporter.report.remediate.webhook import Remediator
+from slurm_gpu_exporter.report.slurm.actions import inert
 
 
 def remediator(state: str = "IDLE") -> tuple[Remediator, list[tuple[str, str]]]:
