@@ -106,6 +106,9 @@ def summary_text(job: Mapping[str, Any]) -> str:
         energy = job.get("energy_kwh")
         lines.append(("GPU energy", f"{energy:.3f} kWh"
                       if isinstance(energy, int | float) else None))
+        power = job.get("gpu_power_mean_w")
+        lines.append(("GPU power", f"{power:.0f} W mean per GPU"
+                      if isinstance(power, int | float) else None))
     lines.append(("CPU efficiency", _ratio(job.get("cpu_efficiency"))))
     peak, request = _gib(job.get("memory_peak_gib")), _gib(job.get("memory_request_gib"))
     lines.append(("Memory peak", f"{peak} of {request} requested" if peak and request
