@@ -23,7 +23,13 @@ from slurm_gpu_exporter.mail.config import (
     config_path,
     load_mail_config,
 )
-from slurm_gpu_exporter.mail.summary import NoSummary, jobid_to_summarize, report_json, summary_text
+from slurm_gpu_exporter.mail.summary import (
+    CONTROL,
+    NoSummary,
+    jobid_to_summarize,
+    report_json,
+    summary_text,
+)
 
 log = logging.getLogger("slurm_gpu_exporter.mail")
 SYSLOG = "/dev/log"
@@ -76,11 +82,17 @@ def _summary(config: MailConfig, started: float) -> tuple[bytes, str]:
     return text.encode(), f"summary of job {jobid} added"
 
 
+def inert_arguments(argv: list[str]) -> list[str]:
+    """Slurm's arguments with control characters made spaces: the subject holds the job
+    name, which a user chose, and a newline there would start a header of its own."""
+    return [CONTROL.sub(" ", arg) for arg in argv]
+
+
 def deliver(mailer: str, argv: list[str], message: bytes, timeout_s: float) -> int:
     """Hand ``message`` to ``mailer`` with Slurm's arguments; its exit status."""
     try:
-        proc = subprocess.run([mailer, *argv], input=message, timeout=timeout_s,
-                              check=False)
+        proc = subprocess.run([mailer, *inert_arguments(argv)], input=message,
+                              timeout=timeout_s, check=False)
     except OSError as exc:
         log.error("cannot run the mailer %s: %s; set mailer in %s", mailer, exc.strerror,
                   config_path())

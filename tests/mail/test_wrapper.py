@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpu_exporter.mail.cli import inert_arguments
+
 pytestmark = pytest.mark.process
 
 WRAPPER = str(Path(sys.executable).parent / "slurm-gpu-mail")
@@ -68,3 +70,9 @@ def test_without_a_summary_slurms_mail_goes_unchanged_in_bounded_time(
     assert args == ARGS and body == b"as is\n"
     assert reason in log, log
     assert took < 5, took
+
+
+def test_a_newline_in_the_subject_cannot_start_a_header() -> None:
+    assert inert_arguments(["-s", "Slurm Job_id=1 Name=x\nBcc: evil@example.org Ended",
+                            "alice"]) == [
+        "-s", "Slurm Job_id=1 Name=x Bcc: evil@example.org Ended", "alice"]
