@@ -77,8 +77,11 @@ async def identify(request: web.Request, web_config: WebConfig,
     if authorization and authorization.startswith(SCHEME):
         return await _munge_caller(authorization[len(SCHEME):].strip(), munge)
     if not web_config.users or not authorization:
-        return Refusal(401, "unauthenticated", "authentication required: basic auth with a "
-                       "user of the web config")
+        ways = ["basic auth with a user of the web config"] if web_config.users else []
+        if munge is not None:
+            ways.append("'Authorization: Munge <credential>' (munge -n)")
+        how = " or ".join(ways) or "the user header from a client that proves itself"
+        return Refusal(401, "unauthenticated", f"authentication required: {how}")
     try:
         name = basic_auth_user(authorization) if authorization.startswith("Basic ") else ""
     except (binascii.Error, UnicodeDecodeError):

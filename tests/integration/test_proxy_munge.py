@@ -123,3 +123,9 @@ def test_munged_that_does_not_answer_is_503_not_401(stack: Stack, tmp_path: Path
     decoder = MungeDecoder(tmp_path / "no-such.socket")
     answer = asyncio.run(decoder.decode(credential(USER)))
     assert isinstance(answer, MungeRefusal) and answer.status == 503, answer
+
+
+def test_no_credential_is_told_both_ways_in(stack: Stack) -> None:
+    answer = request(f"{stack.proxy.url}/api/v1/query?query=up")
+    assert answer.status == 401 and answer.body["errorType"] == "unauthenticated"
+    assert "basic auth" in answer.body["error"] and "Munge" in answer.body["error"]
