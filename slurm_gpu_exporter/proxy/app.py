@@ -26,6 +26,7 @@ from slurm_gpu_exporter.proxy.config import ProxyConfig
 from slurm_gpu_exporter.proxy.enforce import QueryRefused, Scope, default_series_selectors
 from slurm_gpu_exporter.proxy.identity import Caller, Refusal, identify
 from slurm_gpu_exporter.proxy.limits import LimitExceeded, check_query_text
+from slurm_gpu_exporter.proxy.munge import MungeDecoder
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
 from slurm_gpu_exporter.proxy.params import FORM, BadRequest, pick, read_params, single
 from slurm_gpu_exporter.proxy.printer import LABEL_NAME
@@ -96,11 +97,13 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
              metrics: ProxyMetrics | None = None,
              read_timeout: float = REQUEST_READ_TIMEOUT_S,
              checks: CheckPool | None = None,
-             admin_checks: CheckPool | None = None) -> web.Application:
+             admin_checks: CheckPool | None = None,
+             munge: MungeDecoder | None = None) -> web.Application:
     """The proxy application (tests start it on a random port). A request body must
     arrive within ``read_timeout`` seconds. Queries are checked in the worker processes
     of ``checks``, admins' in those of ``admin_checks``, so that no flood of slow
-    queries from users makes an admin wait (both started and stopped with the app)."""
+    queries from users makes an admin wait (both started and stopped with the app);
+    ``munge`` decodes munge credentials."""
     web_config = web_config or WebConfig()
     metrics = metrics or ProxyMetrics()
     upstream = URL(config.prometheus_url)
@@ -139,7 +142,7 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
         if request.path in OPEN_PATHS:
             response = await handler(request)
         else:
-            who = await identify(request, web_config, config.user_header)
+            who = await identify(request, web_config, config.user_header, munge)
             if isinstance(who, Refusal):
                 return refuse(request, who.status, who.reason, who.message, who.claimed,
                               "auth")

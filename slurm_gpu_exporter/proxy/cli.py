@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from slurm_gpu_exporter import __version__
 from slurm_gpu_exporter.proxy.app import make_app
 from slurm_gpu_exporter.proxy.config import ConfigError, ProxyConfig, load_config
 from slurm_gpu_exporter.proxy.listener import ListenError, listen, parse_listen_address
+from slurm_gpu_exporter.proxy.munge import DEFAULT_SOCKET, MungeDecoder
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
 from slurm_gpu_exporter.web.config import WebConfig, WebConfigError, load_web_config
 
@@ -45,15 +47,23 @@ def build_parser() -> argparse.ArgumentParser:
                    "(cluster-wide aggregates)")
     p.add_argument("--config", type=Path, help="YAML file with the same settings, plus "
                    "coordinators and the trusted user header")
+    p.add_argument("--munge", action="store_true",
+                   help="accept 'Authorization: Munge <credential>' (munge -n), decoded by "
+                        "the site's munged")
+    p.add_argument("--munge.socket", dest="munge_socket", type=Path, default=DEFAULT_SOCKET,
+                   help=f"munged's socket (default {DEFAULT_SOCKET})")
     p.add_argument("--log.level", dest="log_level", default="info",
                    choices=["debug", "info", "warn", "error"])
     p.add_argument("--version", action="version", version=f"slurm-gpu-proxy {__version__}")
     return p
 
 
-async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str]) -> int:
+async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str],
+                munge_socket: Path | None = None) -> int:
     metrics = ProxyMetrics()
-    runner = web.AppRunner(make_app(config, web_config, metrics), access_log=None,
+    munge = MungeDecoder(munge_socket) if munge_socket else None
+    runner = web.AppRunner(make_app(config, web_config, metrics, munge=munge),
+                           access_log=None,
                            handle_signals=False, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
                            lingering_time=LINGERING_TIME_S)
     try:
@@ -101,11 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, WebConfigError, ValueError) as exc:
         print(f"slurm-gpu-proxy: {exc}", file=sys.stderr)
         return 2
-    if not web_config.users and config.user_header is None:
+    if not web_config.users and config.user_header is None and not args.munge:
         print("slurm-gpu-proxy: nobody could sign in: add basic_auth_users to "
-              "--web.config.file or a user_header to --config", file=sys.stderr)
+              "--web.config.file, a user_header to --config, or --munge", file=sys.stderr)
         return 2
-    return asyncio.run(serve(config, web_config, addresses))
+    if args.munge and shutil.which("unmunge") is None:
+        print("slurm-gpu-proxy: --munge needs unmunge; install munge (Debian: apt-get "
+              "install munge)", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(config, web_config, addresses,
+                             args.munge_socket if args.munge else None))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ MAY_IMPORT: dict[str, set[str]] = {
                    "report.slurm", "report.render", "report.notify", "report.archive",
                    "report.enforce", "report.remediate"},
     "proxy": {TOP, "web"},  # only web.config: tests/proxy/test_boundary.py
+    "mail": set(),  # MailProg: runs slurm-gpu-report as a command, imports none of it
     "training": set(),  # the client library jobs import: stdlib and prometheus-client
 }
 # Modules a layer may not import though their layer is allowed: the sampler publishes
@@ -269,11 +270,13 @@ def test_only_the_dispatch_of_archive_commands_loads_the_archive() -> None:
 
 
 def test_only_the_slurm_layer_runs_commands_and_one_module_acts() -> None:
-    """sacct is read in slurm/accounting; squeue, scancel and scontrol run only in
-    slurm/actions (enforce and remediate act through it)."""
+    """sacct is read in slurm/accounting, munge credentials made in slurm/munge;
+    squeue, scancel and scontrol run only in slurm/actions (enforce and remediate act
+    through it)."""
     runners = {path.relative_to(PACKAGE).as_posix() for path in _report_modules()
                if "subprocess" in _imports(path)}
-    assert runners == {"report/slurm/accounting.py", "report/slurm/actions.py"}
+    assert runners == {"report/slurm/accounting.py", "report/slurm/actions.py",
+                       "report/slurm/munge.py"}
     acting = {path.relative_to(PACKAGE).as_posix() for path in _report_modules()
               for node in ast.walk(ast.parse(path.read_text()))
               if isinstance(node, ast.Constant) and node.value in ("scancel", "scontrol")}

@@ -47,6 +47,7 @@ def job_row(record: ArchiveRecord, archived_at: float) -> dict[str, Any]:
         "requested_memory": d.memory_request, "requested_gpus": acct.requested_gpus,
         "allocated_s": u.allocated_s, "busy_s": u.busy_s, "sm_active_s": u.sm_active_s,
         "gpm_allocated_s": u.gpm_allocated_s, "idle_gpus": u.idle_gpus,
+        "tensor_active_s": u.tensor_active_s, "dram_active_s": u.dram_active_s,
         "gpu_memory_peak": u.gpu_memory_peak, "energy_j": d.energy_j,
         "cpu_s": _sum([n.cpu_s for n in d.nodes]), "cpu_efficiency": d.cpu_efficiency,
         "memory_peak": d.memory_peak, "notes": json.dumps(d.notes), "archived_at": archived_at,
@@ -65,7 +66,8 @@ def gpu_rows_of(record: ArchiveRecord) -> list[dict[str, Any]]:
              "uuid": g.uuid, "model": record.gpu_models.get((n.node, g.gpu), ""),
              "allocated_s": g.allocated_s, "busy_s": g.busy_s, "sm_active_s": g.sm_active_s,
              "memory_peak": g.memory_peak, "memory_total": g.memory_total,
-             "energy_j": g.energy_j}
+             "energy_j": g.energy_j, "tensor_active_s": g.tensor_active_s,
+             "dram_active_s": g.dram_active_s}
             for n in record.detail.nodes for g in n.gpus]
 
 
@@ -77,7 +79,8 @@ def usage_of(row: Any) -> JobUsage:
         gpus=row["gpus"], allocated_s=row["allocated_s"], busy_s=row["busy_s"],
         idle_gpus=row["idle_gpus"], gpu_memory_peak=row["gpu_memory_peak"],
         start=row["start_time"], end=row["end_time"], sm_active_s=row["sm_active_s"],
-        gpm_allocated_s=row["gpm_allocated_s"])
+        gpm_allocated_s=row["gpm_allocated_s"], tensor_active_s=row["tensor_active_s"],
+        dram_active_s=row["dram_active_s"])
 
 
 def detail_of(row: Any, gpu_rows: list[Any]) -> JobDetail:
@@ -94,7 +97,8 @@ def detail_of(row: Any, gpu_rows: list[Any]) -> JobDetail:
         node.gpus.append(GpuDetail(
             gpu=g["gpu"], uuid=g["uuid"], allocated_s=g["allocated_s"], busy_s=g["busy_s"],
             memory_peak=g["memory_peak"], memory_total=g["memory_total"],
-            energy_j=g["energy_j"], sm_active_s=g["sm_active_s"]))
+            energy_j=g["energy_j"], sm_active_s=g["sm_active_s"],
+            tensor_active_s=g["tensor_active_s"], dram_active_s=g["dram_active_s"]))
     accounting = Accounting(
         state=row["state"], time_limit_s=row["time_limit_s"],
         requested_memory=row["requested_memory"], cpus=row["cpus"], nodes=row["node_count"],

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Text,
     inspect,
     select,
+    text,
 )
 
 metadata = MetaData()
@@ -57,6 +58,8 @@ jobs = Table(
     Column("busy_s", Float, nullable=False),
     Column("sm_active_s", Float),
     Column("gpm_allocated_s", Float, nullable=False),
+    Column("tensor_active_s", Float),  # version 2 on
+    Column("dram_active_s", Float),
     Column("idle_gpus", Integer, nullable=False),
     Column("gpu_memory_peak", Float),
     Column("energy_j", Float),
@@ -86,6 +89,8 @@ gpus = Table(
     Column("memory_peak", Float),
     Column("memory_total", Float),
     Column("energy_j", Float),
+    Column("tensor_active_s", Float),  # version 2 on
+    Column("dram_active_s", Float),
 )
 
 # What `usage` reads for whole months: the sums of archive_jobs per group and month of
@@ -111,11 +116,27 @@ usage_monthly = Table(
 Migration = Callable[[Connection], None]
 
 
+# Columns added after version 1: (table, column), nullable (NULL: not measured).
+ADDED_IN_V2 = [(jobs, "tensor_active_s"), (jobs, "dram_active_s"), (gpus, "tensor_active_s"),
+               (gpus, "dram_active_s")]
+
+
 def _create_v1(conn: Connection) -> None:
+    # Today's tables: the later migrations find their columns there already.
     metadata.create_all(conn, tables=[jobs, gpus, usage_monthly])
 
 
-MIGRATIONS: list[Migration] = [_create_v1]
+def _add_activity_v2(conn: Connection) -> None:
+    """Tensor-core and DRAM activity (GPM) per job and GPU; old rows keep NULL."""
+    have = {t.name: {c["name"] for c in inspect(conn).get_columns(t.name)}
+            for t in (jobs, gpus)}
+    for table, column in ADDED_IN_V2:
+        if column not in have[table.name]:
+            conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column} "
+                              "DOUBLE PRECISION"))
+
+
+MIGRATIONS: list[Migration] = [_create_v1, _add_activity_v2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

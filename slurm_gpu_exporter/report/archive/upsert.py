@@ -14,8 +14,9 @@ from slurm_gpu_exporter.report.archive.schema import gpus, jobs
 
 # Counters only grow: a later run keeps the larger of the stored and the new value.
 JOB_COUNTERS = ("allocated_s", "busy_s", "sm_active_s", "gpm_allocated_s", "energy_j",
-                "cpu_s", "gpu_memory_peak", "memory_peak")
-GPU_COUNTERS = ("allocated_s", "busy_s", "sm_active_s", "energy_j", "memory_peak")
+                "cpu_s", "gpu_memory_peak", "memory_peak", "tensor_active_s", "dram_active_s")
+GPU_COUNTERS = ("allocated_s", "busy_s", "sm_active_s", "energy_j", "memory_peak",
+                "tensor_active_s", "dram_active_s")
 # What only Slurm accounting knows: a run without sacct keeps what an earlier one stored.
 JOB_ACCOUNTING_TEXT = ("state", "exit_code", "qos")
 JOB_ACCOUNTING_NUMBERS = ("time_limit_s", "requested_memory", "requested_gpus", "cpus",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import pwd
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurm_gpu_exporter.report.cli.archive_open import archive_libraries
-from slurm_gpu_exporter.report.cli.flags import prometheus
+from slurm_gpu_exporter.report.cli.flags import munge_auth, prometheus
 from slurm_gpu_exporter.report.cli.reports import (
     EXIT_UNKNOWN_JOB,
     job_report,
@@ -34,12 +35,17 @@ from slurm_gpu_exporter.report.prometheus.queries import Filters
 from slurm_gpu_exporter.report.render import html, text
 from slurm_gpu_exporter.report.render.usage import render_usage
 from slurm_gpu_exporter.report.render.values import when
-from slurm_gpu_exporter.report.slurm.accounting import sacct_accounting, sacct_window
+from slurm_gpu_exporter.report.slurm.accounting import (
+    sacct_accounting,
+    sacct_owners,
+    sacct_window,
+)
 
 if TYPE_CHECKING:
     from slurm_gpu_exporter.report.archive.store import ArchiveStore
 
 log = logging.getLogger("slurm_gpu_exporter.report")
+EXIT_NOT_YOURS = 10  # job: another user's job, asked for with --auth munge
 
 
 async def run_enforce_command(args: argparse.Namespace, now: float) -> int:
@@ -192,12 +198,24 @@ async def run_job(args: argparse.Namespace, config: Config, now: float) -> int:
     if details:
         _write(args, render_jobs(details, args.format, queries))
     if unknown:
+        if munge_auth(args):
+            _refuse_others_jobs(unknown)
         if args.db:
             raise ReportError(f"no metrics for job {', '.join(unknown)} in Prometheus in the "
                               "window, nor in the archive; check the id, or widen --since",
                               EXIT_UNKNOWN_JOB)
         raise unknown_jobs_error(unknown, window)
     return 0
+
+
+def _refuse_others_jobs(unknown: list[str]) -> None:
+    """Signed in as oneself, another user's job is said to be theirs, not unknown."""
+    me = pwd.getpwuid(os.getuid()).pw_name
+    others = [j for j, user in sacct_owners(unknown).items() if user != me]
+    if others:
+        raise ReportError(f"job {', '.join(others)} is not yours ({me}): the proxy shows "
+                          "each user only their own jobs; ask the job's owner or an admin",
+                          EXIT_NOT_YOURS)
 
 
 def _from_archive(args: argparse.Namespace, details: list[JobDetail], unknown: list[str]

@@ -4,11 +4,19 @@ Prometheus flags describe."""
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 
+from slurm_gpu_exporter.report.cli.client_config import (
+    AUTH_METHODS,
+    CLIENT_ENV,
+    DEFAULT_CLIENT_CONFIG,
+    load_client_config,
+)
 from slurm_gpu_exporter.report.cli.remediate import add_remediate_command
 from slurm_gpu_exporter.report.prometheus.client import Connection, PrometheusClient, read_secret
+from slurm_gpu_exporter.report.slurm.munge import munge_credential
 
 log = logging.getLogger("slurm_gpu_exporter.report")
 
@@ -23,10 +31,13 @@ DEFAULT_DB = "sqlite:////var/lib/slurm-gpu-report/archive.sqlite"
 def _prometheus_options(parser: argparse.ArgumentParser) -> None:
     conn = parser.add_argument_group("Prometheus")
     conn.add_argument("--prometheus-url",
-                      default=os.environ.get("SLURM_GPU_REPORT_PROMETHEUS_URL", DEFAULT_URL),
-                      help="base URL of the Prometheus API (env SLURM_GPU_REPORT_PROMETHEUS_URL;"
-                           f" default {DEFAULT_URL})")
-    conn.add_argument("--timeout", type=float, default=30.0, help="seconds per query")
+                      help="base URL of the Prometheus API or of slurm-gpu-proxy (env "
+                           "SLURM_GPU_REPORT_PROMETHEUS_URL; then the client config "
+                           f"{DEFAULT_CLIENT_CONFIG}, env {CLIENT_ENV}; default {DEFAULT_URL})")
+    conn.add_argument("--auth", choices=AUTH_METHODS,
+                      help="munge: sign in to slurm-gpu-proxy --munge as yourself with a "
+                           "munge credential (default from the client config, else none)")
+    conn.add_argument("--timeout", type=float, help="seconds per query (default 30)")
     conn.add_argument("--username", help="basic auth user")
     conn.add_argument("--password-file", help="basic auth password, first line of this file")
     conn.add_argument("--bearer-token-file", help="bearer token, first line of this file")
@@ -159,12 +170,24 @@ def _add_enforce_commands(sub: argparse._SubParsersAction) -> None:  # type: ign
 
 
 def _connection(args: argparse.Namespace) -> Connection:
+    """The flags, then the environment, then the client config, then the defaults."""
+    site = load_client_config()
+    url = (args.prometheus_url or os.environ.get("SLURM_GPU_REPORT_PROMETHEUS_URL")
+           or site.prometheus_url or DEFAULT_URL)
+    auth = args.auth or site.auth or "none"
     return Connection(
-        url=args.prometheus_url, timeout_s=args.timeout, username=args.username,
+        url=url, timeout_s=args.timeout or site.timeout_s or 30.0, username=args.username,
         password=read_secret(args.password_file),
-        bearer_token=read_secret(args.bearer_token_file), ca_file=args.ca_file,
+        bearer_token=read_secret(args.bearer_token_file), ca_file=args.ca_file or site.ca_file,
         cert_file=args.cert_file, key_file=args.key_file,
-        insecure_skip_verify=args.insecure_skip_verify)
+        insecure_skip_verify=args.insecure_skip_verify,
+        munge_credential=functools.partial(munge_credential, site.munge_socket)
+        if auth == "munge" else None)
+
+
+def munge_auth(args: argparse.Namespace) -> bool:
+    """True when the report signs in with munge (flag or client config)."""
+    return (args.auth or load_client_config().auth) == "munge"
 
 
 def _log_query(query: str) -> None:

@@ -31,6 +31,9 @@ class JobUsage:
     # SM activity (NVML GPM): seconds, and the GPU-seconds held on GPUs that measure it
     sm_active_s: float | None = None
     gpm_allocated_s: float = 0.0
+    # tensor-core and DRAM-bandwidth activity (GPM), over the same GPU-seconds
+    tensor_active_s: float | None = None
+    dram_active_s: float | None = None
 
     @property
     def gpu_hours(self) -> float:
@@ -50,9 +53,22 @@ class JobUsage:
     @property
     def sm_active_ratio(self) -> float | None:
         """Mean SM activity over the time held on GPUs with GPM; None without any."""
-        if self.sm_active_s is None or self.gpm_allocated_s <= 0:
-            return None
-        return min(1.0, self.sm_active_s / self.gpm_allocated_s)
+        return _share(self.sm_active_s, self.gpm_allocated_s)
+
+    @property
+    def tensor_active_ratio(self) -> float | None:
+        return _share(self.tensor_active_s, self.gpm_allocated_s)
+
+    @property
+    def dram_active_ratio(self) -> float | None:
+        return _share(self.dram_active_s, self.gpm_allocated_s)
+
+
+def _share(part: float | None, whole: float) -> float | None:
+    """``part / whole`` capped at 1; None when ``part`` was not measured."""
+    if part is None or whole <= 0:
+        return None
+    return min(1.0, part / whole)
 
 
 @dataclass
@@ -119,6 +135,8 @@ class GpuDetail:
     memory_total: float | None = None
     energy_j: float | None = None
     sm_active_s: float | None = None  # None: the GPU has no GPM (or shares it without MIG)
+    tensor_active_s: float | None = None
+    dram_active_s: float | None = None
 
     @property
     def busy_ratio(self) -> float | None:
@@ -126,9 +144,22 @@ class GpuDetail:
 
     @property
     def sm_active_ratio(self) -> float | None:
-        if self.sm_active_s is None or self.allocated_s <= 0:
+        return _share(self.sm_active_s, self.allocated_s)
+
+    @property
+    def tensor_active_ratio(self) -> float | None:
+        return _share(self.tensor_active_s, self.allocated_s)
+
+    @property
+    def dram_active_ratio(self) -> float | None:
+        return _share(self.dram_active_s, self.allocated_s)
+
+    @property
+    def power_mean_w(self) -> float | None:
+        """Mean power drawn while held: energy over the time held."""
+        if self.energy_j is None or self.allocated_s <= 0:
             return None
-        return min(1.0, self.sm_active_s / self.allocated_s)
+        return self.energy_j / self.allocated_s
 
 
 @dataclass

@@ -40,6 +40,8 @@ class Connection:
     cert_file: str | None = None
     key_file: str | None = None
     insecure_skip_verify: bool = False
+    # A fresh munge credential for each request (--auth munge), made off the event loop.
+    munge_credential: Callable[[], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,12 @@ class PrometheusClient:
         if self._on_query is not None:
             self._on_query(params["query"])
         url = f"{self.conn.url.rstrip('/')}/api/v1/{endpoint}"
+        headers = {}
+        if self.conn.munge_credential is not None:
+            credential = await asyncio.to_thread(self.conn.munge_credential)
+            headers["Authorization"] = f"Munge {credential}"
         try:
-            async with self._session.post(url, data=params) as resp:
+            async with self._session.post(url, data=params, headers=headers) as resp:
                 try:
                     body = await resp.json(content_type=None)
                 except ValueError:
@@ -150,6 +156,7 @@ class PrometheusClient:
 def _check(body: object, status: int, url: str) -> dict:  # type: ignore[type-arg]
     if not isinstance(body, dict) or "status" not in body:
         hint = {401: "check the credentials", 403: "check the credentials",
+                503: "the server is busy or down; try again",
                 404: "is --prometheus-url the server's base URL?"}.get(status, "")
         raise ReportError(f"Prometheus at {url} answered HTTP {status} without an API "
                           f"response{'; ' + hint if hint else ''}", EXIT_QUERY)

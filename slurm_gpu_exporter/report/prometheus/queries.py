@@ -25,6 +25,8 @@ ALLOCATED = "slurm_job_gpu_allocated_seconds_total"
 BUSY = "slurm_job_gpu_busy_seconds_total"
 ENERGY = "slurm_job_gpu_energy_joules_total"
 SM_ACTIVE = "slurm_job_gpu_sm_active_seconds_total"
+TENSOR_ACTIVE = "slurm_job_gpu_tensor_active_seconds_total"
+DRAM_ACTIVE = "slurm_job_gpu_dram_active_seconds_total"
 CPU = "slurm_job_cpu_seconds_total"
 # How far before the window's start a counter's value still counts as its value there.
 BASELINE_LOOKBACK = "5m"
@@ -215,6 +217,10 @@ def job_queries(window: Window, jobids: list[str], filters: Filters) -> dict[str
         "energy_base": base(ENERGY),
         "sm_active": f"max_over_time({s(SM_ACTIVE)}[{d}])",
         "sm_active_base": base(SM_ACTIVE),
+        "tensor_active": f"max_over_time({s(TENSOR_ACTIVE)}[{d}])",
+        "tensor_active_base": base(TENSOR_ACTIVE),
+        "dram_active": f"max_over_time({s(DRAM_ACTIVE)}[{d}])",
+        "dram_active_base": base(DRAM_ACTIVE),
         "gpu_memory_peak": f"max_over_time({s('slurm_job_gpu_memory_peak_bytes')}[{d}])",
         "gpu_memory_total": f"max by (instance, uuid) (last_over_time("
                             f"{selector('slurm_gpu_memory_total_bytes', equal)}[{d}])) "
@@ -255,6 +261,12 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
     busy, busy_base = per("busy", *gpu_keys), per("busy_base", *gpu_keys)
     energy, energy_base = per("energy", *gpu_keys), per("energy_base", *gpu_keys)
     sm, sm_base = per("sm_active", *gpu_keys), per("sm_active_base", *gpu_keys)
+    activity = {name: (per(name, *gpu_keys), per(f"{name}_base", *gpu_keys))
+                for name in ("tensor_active", "dram_active")}
+
+    def active_s(name: str, gkey: tuple[str, ...]) -> float | None:
+        now, before = activity[name]
+        return max(0.0, now[gkey] - before.get(gkey, 0.0)) if gkey in now else None
     gpu_peak = per("gpu_memory_peak", *gpu_keys)
     gpu_total = per("gpu_memory_total", "instance", "uuid")
 
@@ -294,6 +306,8 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
                 memory_total=gpu_total.get((instance, gkey[3])),
                 energy_j=(energy[gkey] - energy_base.get(gkey, 0.0)) if gkey in energy else None,
                 sm_active_s=max(0.0, sm[gkey] - sm_base.get(gkey, 0.0)) if gkey in sm else None,
+                tensor_active_s=active_s("tensor_active", gkey),
+                dram_active_s=active_s("dram_active", gkey),
             )
             node.gpus.append(gpu)
         nodes.append(node)
@@ -315,6 +329,10 @@ def _add_node(usage: JobUsage, node: NodeDetail, start: float | None,
         usage.sm_active_s = (usage.sm_active_s or 0.0) + sum(g.sm_active_s or 0.0
                                                              for g in measured)
         usage.gpm_allocated_s += sum(g.allocated_s for g in measured)
+        for name in ("tensor_active_s", "dram_active_s"):
+            known = [getattr(g, name) for g in measured if getattr(g, name) is not None]
+            if known:
+                setattr(usage, name, (getattr(usage, name) or 0.0) + sum(known))
     usage.idle_gpus += sum(1 for g in node.gpus if g.allocated_s > 0 and g.busy_s <= 0)
     peaks = [g.memory_peak for g in node.gpus if g.memory_peak is not None]
     if peaks:

@@ -123,3 +123,22 @@ def _run_sacct(selection: list[str], sacct: str | None) -> dict[str, Accounting]
                  proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode)
         return {}
     return parse_sacct(proc.stdout)
+
+
+def sacct_owners(jobids: list[str], sacct: str | None = None) -> dict[str, str]:
+    """The user of each job sacct knows (``sacct -X -n -P -o JobIDRaw,User``)."""
+    sacct = sacct or shutil.which("sacct")
+    if not sacct or not jobids:
+        return {}
+    try:
+        proc = subprocess.run([sacct, "-X", "-n", "-P", "-j", ",".join(jobids), "-o",
+                               "JobIDRaw,User"], capture_output=True, text=True, timeout=10,
+                              check=False, errors="replace")
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    owners = {}
+    for line in proc.stdout.splitlines() if proc.returncode == 0 else ():
+        jobid, _, user = line.partition("|")
+        if jobid in jobids and user:
+            owners[jobid] = user
+    return owners
