@@ -274,6 +274,7 @@ class DeviceIntegrator:
         if self.cursors:
             log.info("driver sample cursors dropped: %s; each GPU starts afresh", why)
         self.cursors.clear()
+        self.buffers.stashes.clear()  # what was read between polls is on the old clocks
 
     def interrupted(self) -> None:
         """NVML was frozen or down for a while: the gap up to each GPU's next sample may

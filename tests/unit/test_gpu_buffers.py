@@ -52,3 +52,14 @@ def test_the_span_is_learned_from_the_most_samples_a_read_returned() -> None:
                166_667, 416_667)
     assert stash.span_s(166_667) == pytest.approx(200.0, rel=1e-3)
     assert stash.read_interval(166_667) == pytest.approx(50.0, rel=1e-3)
+
+
+def test_a_driver_reload_drops_what_was_read_between_polls_with_the_cursors() -> None:
+    dev = DeviceIntegrator()
+    dev.integrate(reading(driver_buffer(100.0)), at(100.0))
+    dev.keep_reads([BufferRead("GPU-a", driver_buffer(105.0, 100.0), None)], at(105.0))
+    dev.drop_cursors("a driver reload")
+    assert dev.driver_cursors() == {}
+    first = dev.integrate(reading(driver_buffer(5.0)), at(5.0))  # its clock restarted
+    assert (first.window, first.busy) == (0.0, 0.0)  # a first look, nothing of the old
+    assert dev.driver_cursors()["GPU-a"][0] == driver_buffer(5.0)[-1].timestamp_us
