@@ -411,6 +411,8 @@ def main() -> int:
                    help="where --probe writes its JSON (gpu-probe.json)")
     p.add_argument("--probe-seconds", type=float, default=10.0,
                    help="seconds --probe polls each call, before and again during the load")
+    p.add_argument("--probe-busy", type=float, default=40.0,
+                   help="seconds of 100 %% load before --probe reads the whole sample buffer")
     p.add_argument("--wheels", metavar="DIR",
                    help="(scripts/gpu-check) make .venv from the wheels in DIR, offline; see "
                         "docs/gpu-check.md")
@@ -436,18 +438,24 @@ def probe(args: argparse.Namespace) -> int:
         load, sm_count = _start_load(args, uuid, args.duty, 1)
         return load, f"spin load {args.duty:.0%} of {args.period:g} s on 1 of {sm_count} SMs"
 
+    def start_full_load(uuid: str) -> tuple[subprocess.Popen[str], str]:
+        load, sm_count = _start_load(args, uuid, 1.0, 1)
+        return load, f"spin load 100 % on 1 of {sm_count} SMs"
+
     try:
         report = gpu_probe.run_probe(args.out, [args.gpu], args.probe_seconds, 0.5,
-                                     start_load)
+                                     start_load, start_full_load, args.probe_busy)
     except Exception as exc:  # pynvml's errors and any other: say what and where
         print(f"gpu-check: the probe failed ({type(exc).__name__}: {exc}); is the NVIDIA "
               "driver loaded (nvidia-smi)?", file=sys.stderr)
         return 2
     for gpu in report["gpus"]:
-        device = gpu["before_load"]["device_samples"]
+        device, full = gpu["before_load"]["device_samples"], gpu["full_buffer"]
         print(f"GPU {gpu['index']} {gpu['name']}: device samples on {device['clock']}, "
               f"process samples on {gpu['before_load']['process_samples']['clock']}; "
-              f"load: {gpu.get('load')}")
+              f"load: {gpu.get('load')}; whole buffer "
+              f"({'under 100 % load' if full['under_load'] else 'as found'}): "
+              f"{full['samples']} samples over {full.get('span_s', 0.0):.1f} s")
     print(f"probe written to {args.out}")
     return 0
 

@@ -13,7 +13,10 @@ the accuracy check fails. Per GPU, over ``seconds`` of polling:
   starts its load, ``with_load`` while it runs (where CUDA is there to run it);
 - the energy counter's step size and how often it moves;
 - NVML GPM (Hopper and later): the return code of the support query, of taking a
-  sample, and of each metric.
+  sample, and of each metric;
+- the whole device-sample buffer in one read after ``--probe-busy`` seconds (40) of
+  100 % load: how many samples it holds, their span and period, and whether a re-read
+  stamps them the same (``full_buffer``).
 
 Only nvidia-ml-py is needed; nothing here reads the agent.
 """
@@ -38,7 +41,7 @@ GPM_METRIC_IDS = {
     "fp16_util": 13, "pcie_tx_per_sec": 20, "pcie_rx_per_sec": 21,
     "nvlink_total_rx_per_sec": 60, "nvlink_total_tx_per_sec": 61,
 }  # fmt: skip
-PROBE_VERSION = 1
+PROBE_VERSION = 2  # 2: full_buffer
 
 
 def host_clocks() -> dict[str, float]:
@@ -171,6 +174,39 @@ def probe_sample_buffers(handle: Any, seconds: float, interval: float) -> dict[s
     return {"device_samples": device.summary(), "process_samples": process.summary()}
 
 
+def probe_full_buffer(handle: Any, under_load: bool) -> dict[str, Any]:
+    """The whole device-sample buffer in one read from 0: its length, the span it holds
+    and the period of its samples. Taken after the GPU has been busy long enough to
+    fill it (``under_load``), this is what the agent's buffer reads are spaced by
+    (slurm_gpu_exporter/gpu/buffers.py); on an idle GPU, whether a read says
+    NOT_FOUND. The same read again, to see that the stamps do not move."""
+    import pynvml
+
+    try:
+        _, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+        _, again = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    except pynvml.NVMLError as exc:
+        return {"under_load": under_load, "read": error_name(exc), "samples": 0}
+    stamps = sorted(int(s.timeStamp) for s in samples)
+    spacing = [(b - a) / 1e6 for a, b in itertools.pairwise(stamps)]
+    return {
+        "under_load": under_load, "read": "NVML_SUCCESS", "samples": len(stamps),
+        "span_s": (stamps[-1] - stamps[0]) / 1e6 if len(stamps) > 1 else 0.0,
+        "period_s": statistics.median(spacing) if spacing else None,
+        "busy_samples": sum(1 for s in samples if s.sampleValue.uiVal > 0),
+        # samples of the first read, still in the buffer, that a re-read stamps otherwise
+        # (0: stamped once and stored, as the agent assumes)
+        "restamped_on_reread": _restamped(stamps, [int(s.timeStamp) for s in again]),
+    }
+
+
+def _restamped(first: list[int], second: list[int]) -> int:
+    if not first or not second:
+        return 0
+    oldest, newest, kept = min(second), max(first), set(second)
+    return sum(1 for ts in first if oldest <= ts <= newest and ts not in kept)
+
+
 def probe_energy(handle: Any, seconds: float) -> dict[str, Any]:
     """The energy counter read every 10 ms: how big its steps are and how often it moves."""
     import pynvml
@@ -233,6 +269,23 @@ def probe_gpm(handle: Any) -> dict[str, Any]:
     return out
 
 
+def _full_buffer(handle: Any, uuid: str, start: Callable[[str], tuple[Any, str]] | None,
+                 busy_s: float) -> dict[str, Any]:
+    load = None
+    if start is not None:
+        try:
+            load, _ = start(uuid)
+        except RuntimeError:
+            load = None
+    if load is None:
+        return probe_full_buffer(handle, under_load=False)
+    try:
+        time.sleep(busy_s)
+        return probe_full_buffer(handle, under_load=True)
+    finally:
+        load.terminate()
+
+
 def _return_name(value: int) -> str:
     import pynvml
 
@@ -249,11 +302,15 @@ def _text(value: bytes | str) -> str:
 
 
 def run_probe(out: Path, gpus: list[int] | None, seconds: float, interval: float,
-              start_load: Callable[[str], tuple[Any, str]] | None = None) -> dict[str, Any]:
+              start_load: Callable[[str], tuple[Any, str]] | None = None,
+              start_full_load: Callable[[str], tuple[Any, str]] | None = None,
+              busy_s: float = 40.0) -> dict[str, Any]:
     """Probe the GPUs (all, or the NVML indices in ``gpus``), write the JSON to ``out``
     and return it. ``start_load(uuid)`` starts a load on a GPU for the busy phase and
     returns (something to stop it with ``.terminate()``, a description), or raises
-    RuntimeError where no load can run (then only the idle phase is recorded)."""
+    RuntimeError where no load can run (then only the idle phase is recorded).
+    ``start_full_load`` likewise starts a 100 % load, run ``busy_s`` before the whole
+    buffer is read (without it, or where it cannot run, the buffer is read as it is)."""
     import pynvml
 
     pynvml.nvmlInit()
@@ -290,6 +347,7 @@ def run_probe(out: Path, gpus: list[int] | None, seconds: float, interval: float
                     load.terminate()
             else:
                 gpu["gpm"] = probe_gpm(handle)
+            gpu["full_buffer"] = _full_buffer(handle, uuid, start_full_load, busy_s)
             report["gpus"].append(gpu)
     finally:
         pynvml.nvmlShutdown()

@@ -184,9 +184,6 @@ def gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
                    [*GPU_LABELS, "type"])
     xid = _counter("slurm_gpu_xid_errors", "Xid errors seen by the agent, by Xid code.",
                    [*GPU_LABELS, "xid"])
-    clamped = _counter("slurm_gpu_driver_samples_clamped",
-                       "Driver utilization samples outside 0..100 % (drivers have reported "
-                       "130 %), clamped before they were counted.", GPU_LABELS)
     unattr_procs = _gauge("slurm_gpu_unattributed_processes",
                           "GPU processes that belong to no Slurm job, by user.",
                           [*GPU_LABELS, "user"])
@@ -212,13 +209,29 @@ def gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
         _maybe(ecc, [*key, "uncorrected"], g.ecc_uncorrected)
         for code, count in g.xid_errors:
             xid.add_metric([*key, str(code)], count)
-        _maybe(clamped, key, g.clamped_samples)
     for u in snapshot.unattributed:
         unattr_procs.add_metric([u.gpu, u.uuid, u.user], u.processes)
         unattr_mem.add_metric([u.gpu, u.uuid, u.user], u.memory_bytes)
         _maybe(unattr_busy, [u.gpu, u.uuid, u.user], u.busy_seconds)
     yield from (info, lost, util, busy, mem_used, mem_total, power, energy, temp, ecc, xid,
-                clamped, unattr_procs, unattr_mem, unattr_busy)
+                unattr_procs, unattr_mem, unattr_busy)
+
+
+def sample_gap_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """Time the driver's samples did not cover, and what its samples did."""
+    lost = "the driver's samples may have been lost (agent stalled, machine suspended)"
+    job = _counter("slurm_job_gpu_unknown_seconds", f"Seconds the job held the GPU where {lost}"
+                   "; in neither busy nor allocated time.", JOB_GPU_LABELS)
+    device = _counter("slurm_gpu_unknown_seconds", f"Seconds where {lost}; not idle time.",
+                      GPU_LABELS)
+    events = _counter("slurm_gpu_driver_events", "What the driver's sample buffers did, by "
+                      "kind (docs/metrics.md).", [*GPU_LABELS, "kind"])
+    for s in snapshot.job_gpus:
+        _maybe(job, [s.jobid, s.user, s.gpu, s.uuid], s.unknown_seconds)
+    for g in snapshot.gpus:
+        _maybe(device, [g.gpu, g.uuid], g.unknown_seconds)
+        [events.add_metric([g.gpu, g.uuid, kind], n) for kind, n in g.driver_events]
+    yield from (job, device, events)
 
 
 def self_families(snapshot: Snapshot) -> Iterator[Metric]:
@@ -282,6 +295,7 @@ class SnapshotCollector(Collector):
         yield from job_gpu_families(self.snapshot)
         if self.snapshot.nvml_up is not None:
             yield from gpu_families(self.snapshot)
+            yield from sample_gap_families(self.snapshot)
         yield from gpm_families(self.snapshot)
         yield from self_families(self.snapshot)
         yield from self.snapshot.training  # relayed from inside jobs (training_relay)

@@ -56,6 +56,9 @@ class JobGpuSample:
     memory_peak_bytes: int
     energy_joules: float | None
     processes: int
+    # Seconds held with the driver's samples lost (in neither busy nor allocated);
+    # None where the GPU reports no utilization (MIG).
+    unknown_seconds: float | None = None
     # GPM activity seconds by name ("sm_active", ...); only where the job has the GPU
     # or MIG instance to itself and the GPU has GPM.
     activity_seconds: tuple[tuple[str, float], ...] = ()
@@ -90,7 +93,8 @@ class GpuSample:
     ecc_corrected: int | None = None
     ecc_uncorrected: int | None = None
     xid_errors: tuple[tuple[int, int], ...] = ()  # (xid, count)
-    clamped_samples: int | None = None  # driver samples outside 0..100 %, clamped
+    unknown_seconds: float | None = None  # driver samples may have been lost (busy GPUs)
+    driver_events: tuple[tuple[str, int], ...] = ()  # (kind, count): gpu/integration.py
     unattributed_processes: int = 0
     unattributed_memory_bytes: int = 0
     # GPM totals by name (GPUs with GPM only): activity seconds, PCIe/NVLink bytes.

@@ -4,6 +4,7 @@ users outside every job. The per-job counters it adds to live in gpu/counters.py
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ class Share(NamedTuple):
     window: float
     busy: float | None
     energy: float | None
+    unknown: float = 0.0  # seconds the driver's samples may have been lost in
 
 
 _NO_SHARE = Share(0.0, None, None)  # MIG: NVML measures no per-instance busy time or energy
@@ -101,21 +103,24 @@ class GpuAttributor:
         e_shares = energy_shares(busy_shares, busy or 0.0, holders, only=across)
 
         def figures_of(key: str, job: Job, c: JobGpuCounters) -> Share:
-            job_window, job_busy = window or 0.0, busy
+            job_window, job_busy, unknown = window or 0.0, busy, figures.unknown
             if c.fresh and figures.before is None:
                 # Idle time counted without samples, up to now: the part since its start.
                 job_window = max(0.0, min(job_window, poll.now - (job.start_time or poll.now)))
-            elif trim and c.fresh and job.start_time and reading.util_samples:
+            elif trim and c.fresh and job.start_time and figures.samples:
                 # Only a job's first window can reach back before its start.
                 start_us = wall_to_driver_us(job.start_time, trim, at)
                 if start_us is not None:
-                    job_window, job_busy = since_start(reading.util_samples, figures, start_us)
+                    job_window, job_busy, unknown = since_start(figures, start_us)
+            elif c.fresh:
+                unknown = min(unknown, max(0.0, poll.now - (job.start_time or poll.now)))
             if window and (figures.before is not None or job_window):
                 c.fresh = False
             return Share(
                 job_window,
                 None if job_busy is None else job_busy * busy_shares.get(key, 0.0),
-                None if energy.joules is None else energy.joules * e_shares.get(key, 0.0))
+                None if energy.joules is None else energy.joules * e_shares.get(key, 0.0),
+                unknown)
 
         jobids = self._to_jobs(parent, usage, holders, poll, figures_of)
         self._count_activity(parent, reading.gpm, jobids, bool(usage.unattributed), poll)
@@ -149,17 +154,23 @@ class GpuAttributor:
                 c.utilization, c.memory, c.processes = None, 0, 0
 
     def _attribute_mig(self, reading: DeviceReading, poll: Poll) -> None:
-        """MIG instances: allocation by MIG UUID, processes by GPU instance id; NVML gives no
-        per-instance utilization, so busy time and energy are not attributed."""
+        """MIG instances: allocation by MIG UUID, processes by GPU and compute instance id;
+        NVML gives no per-instance utilization, so busy time and energy are not attributed.
+        GPM measures a whole GPU instance: where it has several compute instances, their
+        jobs get none of it (it would count once per compute instance)."""
+        per_gi = Counter(inst.gpu_instance_id for inst in reading.mig)
         for inst in reading.mig:
             target = GpuTarget(f"{reading.index}.{inst.gpu_instance_id}", inst.uuid,
                                None, is_mig=True, parent_uuid=reading.uuid)
             procs = tuple(p for p in reading.processes
-                          if p.gpu_instance_id == inst.gpu_instance_id)
+                          if p.gpu_instance_id == inst.gpu_instance_id
+                          and p.compute_instance_id in (None, inst.compute_instance_id))
             usage = self.users.usage(procs, (), poll.key_to_job, poll.seen_pids)
             holders = self.users.holders(target, poll.running)
             jobids = self._to_jobs(target, usage, holders, poll, lambda key, job, c: _NO_SHARE)
-            self._count_activity(target, inst.gpm, jobids, bool(usage.unattributed), poll)
+            alone = per_gi[inst.gpu_instance_id] == 1
+            self._count_activity(target, inst.gpm, jobids if alone else set(),
+                                 bool(usage.unattributed), poll)
             _to_users(target, usage, poll)
             poll.devices.append(mig_sample(reading.uuid, target.gpu, inst, usage.unattributed,
                                            self.activity))
@@ -179,6 +190,7 @@ class GpuAttributor:
             c = self._counter(job, target)
             share = figures_of(jobid, job, c)
             if jobid in held:
+                c.leave_out(share.unknown)
                 self.hold(c, job, poll.now, share.window)
             c.accrue(window=share.window, busy=share.busy, energy=share.energy,
                      memory=usage.memory.get(jobid, 0), processes=usage.processes.get(jobid, 0))

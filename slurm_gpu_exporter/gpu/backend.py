@@ -118,6 +118,16 @@ class DeviceReading:
 
 
 @dataclass(frozen=True)
+class BufferRead:
+    """One read of a GPU's sample buffers between two samples (gpu/buffers.py): the
+    samples newer than the cursors passed in; None where the GPU has none."""
+
+    uuid: str
+    util_samples: tuple[UtilSample, ...] | None = None
+    process_samples: tuple[ProcessUtilSample, ...] | None = None
+
+
+@dataclass(frozen=True)
 class XidEvent:
     uuid: str
     xid: int
@@ -141,3 +151,12 @@ class GpuBackend(Protocol):
         ...
 
     def shutdown(self) -> None: ...
+
+
+class BufferReader(Protocol):
+    """A backend that can read the sample buffers alone, between two polls."""
+
+    def read_buffers(self, cursors: dict[str, tuple[int, int]]) -> list[BufferRead]:
+        """The samples of each GPU in ``cursors`` newer than its (device, process)
+        timestamps; GPUs not in ``cursors`` are not read."""
+        ...

@@ -40,6 +40,7 @@ class JobGpuCounters:
     memory: int = 0
     processes: int = 0
     activity: dict[str, float] = field(default_factory=dict)  # GPM activity seconds by name
+    unknown: float = 0.0  # seconds held where the driver's samples may have been lost
 
     @property
     def allocated(self) -> float:
@@ -52,6 +53,13 @@ class JobGpuCounters:
         self.held += held_seconds(self.held_until, start, first_poll, now)
         self.held_until = now
         self.window += window
+
+    def leave_out(self, seconds: float) -> None:
+        """Seconds of the job's time on the GPU that nothing measured (samples lost): not
+        in busy time nor in the sampled window, counted on their own. Allocated time stays
+        the wall time held (energy across restarts is counted against it)."""
+        if seconds > 0:
+            self.unknown += seconds
 
     def accrue(self, *, window: float, busy: float | None, energy: float | None,
                memory: int, processes: int) -> None:
@@ -74,7 +82,7 @@ class JobGpuCounters:
 
     def to_state(self) -> list[Any]:
         return [self.gpu, self.held, self.window, self.busy, self.energy, self.peak,
-                self.held_until, self.activity]
+                self.held_until, self.activity, self.unknown]
 
     @classmethod
     def from_state(cls, data: Any) -> JobGpuCounters | None:
@@ -83,17 +91,21 @@ class JobGpuCounters:
 
         try:
             activity: Any = {}
+            unknown: Any = 0.0
             if len(data) == 5:  # before 0.2: one allocated total, no time held until
                 gpu, allocated, busy, energy, peak = data
                 held = window = float(allocated)
                 held_until = None
             elif len(data) == 7:  # before GPM activity
                 gpu, held, window, busy, energy, peak, held_until = data
-            else:
+            elif len(data) == 8:  # before unknown time
                 gpu, held, window, busy, energy, peak, held_until, activity = data
+            else:
+                gpu, held, window, busy, energy, peak, held_until, activity, unknown = data
             return cls(str(gpu), float(held), float(window), opt(busy), opt(energy),
                        int(peak), opt(held_until), fresh=False,
-                       activity={str(n): float(v) for n, v in dict(activity).items()})
+                       activity={str(n): float(v) for n, v in dict(activity).items()},
+                       unknown=float(unknown))
         except (TypeError, ValueError):
             return None
 

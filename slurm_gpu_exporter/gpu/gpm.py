@@ -48,6 +48,11 @@ _NAMES = {i: n for n, i in (*ACTIVITY_METRICS.items(), *TRAFFIC_METRICS.items())
 _UNSUPPORTED = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
 
 
+# NVML wants two GPM samples at least this far apart for metrics that mean anything
+# (nvml.h, nvmlGpmMetricsGet); polls closer than that (a retried read, two compute
+# instances of one GPU instance read back to back) keep the previous sample.
+MIN_SPACING_S = 0.1
+
 class _Stream:
     """Two sample buffers of one GPU or MIG GPU instance and the request NVML fills."""
 
@@ -96,8 +101,12 @@ class GpmReader:
             self._streams.pop(key).free()  # MIG turned on or off, an instance went away
         if not mig:
             return True, self._figures(uuid, None, handle, errors), mig
-        return True, None, tuple(
-            replace(m, gpm=self._figures(uuid, m.gpu_instance_id, handle, errors)) for m in mig)
+        # One GPM sample per GPU instance, however many compute instances it has.
+        by_gi: dict[int, GpmFigures | None] = {}
+        for m in mig:
+            if m.gpu_instance_id not in by_gi:
+                by_gi[m.gpu_instance_id] = self._figures(uuid, m.gpu_instance_id, handle, errors)
+        return True, None, tuple(replace(m, gpm=by_gi[m.gpu_instance_id]) for m in mig)
 
     def close(self) -> None:
         """Free every sample buffer (before NVML shuts down)."""
@@ -135,6 +144,8 @@ class GpmReader:
             stream = self._streams[key] = _Stream(ids)
         if stream.unsupported:
             return None
+        if stream.previous is not None and self._clock() - stream.previous_at < MIN_SPACING_S:
+            return None  # too soon for a good interval: the next read covers this one too
         try:
             if stream.spare is None:
                 stream.spare = pynvml.nvmlGpmSampleAlloc()

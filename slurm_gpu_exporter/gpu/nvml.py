@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from typing import Any
 
 import pynvml
 
 from slurm_gpu_exporter.gpu import nvml_samples
 from slurm_gpu_exporter.gpu.backend import (
+    BufferRead,
     DeviceReading,
     GpuUnavailable,
     XidEvent,
@@ -28,6 +30,8 @@ from slurm_gpu_exporter.gpu.nvml_fields import Device, FieldReader, GpuLost, tex
 
 log = logging.getLogger(__name__)
 
+# A lost GPU is opened again this often: after a reset it answers again, and is back.
+LOST_RECHECK_S = 10.0
 
 
 def _handle_key(handle: Any) -> int | None:
@@ -69,6 +73,7 @@ class NvmlBackend:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             raise GpuUnavailable(f"NVML failed to initialise: {exc}") from None
+        self._fields = FieldReader()  # a reloaded driver may support what the last did not
         try:
             driver = text(pynvml.nvmlSystemGetDriverVersion())
             count = pynvml.nvmlDeviceGetCount()
@@ -80,14 +85,15 @@ class NvmlBackend:
         self._event_set = _register_xid_events(self._devices)
         return driver
 
-    def _open(self, index: int) -> Device:
+    def _open(self, index: int, quiet: bool = False) -> Device:
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             uuid = text(pynvml.nvmlDeviceGetUUID(handle))
             name = text(pynvml.nvmlDeviceGetName(handle))
         except pynvml.NVMLError as exc:
-            log.error("GPU %d cannot be opened (%s); it is reported as lost", index, exc)
-            return Device(index, None, "", "", None, "", lost=True)
+            if not quiet:
+                log.error("GPU %d cannot be opened (%s); it is reported as lost", index, exc)
+            return Device(index, None, "", "", None, "", lost=True, lost_at=time.monotonic())
         minor = self._fields.optional(uuid, "minor", pynvml.nvmlDeviceGetMinorNumber, handle)
         pci = self._fields.optional(uuid, "pci", pynvml.nvmlDeviceGetPciInfo, handle)
         bus_id = text(pci.busId) if pci is not None else ""
@@ -109,19 +115,23 @@ class NvmlBackend:
         return [self._read_device(d, cursors.get(d.uuid, (0, 0))) for d in self._devices]
 
     def _read_device(self, d: Device, cursor: tuple[int, int]) -> DeviceReading:
+        still_lost = d.lost and not self._answers_again(d)
         base = {"index": d.index, "uuid": d.uuid, "name": d.name, "minor": d.minor,
                 "pci_bus_id": d.pci_bus_id}
-        if d.lost:
+        if still_lost:
             return DeviceReading(**base, lost=True)
         errors: list[str] = []
         f = self._fields
         try:
             mig = f.mig_instances(d, errors)
             gpm_ok, gpm, mig = self._gpm.read(d.index, d.uuid, d.handle, mig, errors)
-            util = None if mig else f.samples(d, "samples", nvml_samples.util_samples,
-                                              cursor[0], errors)
-            procs = None if mig else f.samples(d, "process_samples",
-                                               nvml_samples.process_samples, cursor[1], errors)
+            # nvml.h: no utilization samples on a MIG-enabled GPU, instances made or not.
+            mig_on = f.mig_on.get(d.uuid, False)
+            util = None if mig_on else f.samples(d, "samples", nvml_samples.util_samples,
+                                                 cursor[0], errors)
+            procs = None if mig_on else f.samples(d, "process_samples",
+                                                  nvml_samples.process_samples, cursor[1],
+                                                  errors)
             clocks = HostClocks.now()  # right after the sample calls: what they compare with
             memory = f.memory(d.uuid, d.handle, errors)
             power = f.field(d.uuid, "power", pynvml.nvmlDeviceGetPowerUsage, errors, d.handle)
@@ -152,9 +162,44 @@ class NvmlBackend:
             if not d.lost:
                 log.error("GPU %d (%s) is lost (fell off the bus?); its metrics stop, the other "
                           "GPUs keep reporting. It needs a reset or a reboot.", d.index, d.uuid)
-            d.lost = True
+            d.lost, d.lost_at = True, time.monotonic()
             return DeviceReading(**base, lost=True)
         return reading
+
+    def _answers_again(self, d: Device) -> bool:
+        """Whether a lost GPU, opened again now and then, is the same GPU answering."""
+        if time.monotonic() - d.lost_at < LOST_RECHECK_S:
+            return False
+        d.lost_at = time.monotonic()
+        found = self._open(d.index, quiet=True)
+        if found.lost or (d.uuid and found.uuid != d.uuid):
+            return False
+        log.warning("GPU %d (%s) answers again; its metrics resume", d.index, found.uuid)
+        d.handle, d.uuid, d.name, d.minor, d.pci_bus_id = (
+            found.handle, found.uuid, found.name, found.minor, found.pci_bus_id)
+        d.lost = False
+        self._uuid_by_handle[_handle_key(d.handle)] = d.uuid
+        return True
+
+    def read_buffers(self, cursors: dict[str, tuple[int, int]]) -> list[BufferRead]:
+        """The sample buffers alone of the GPUs in ``cursors`` (gpu/buffers.py); a GPU
+        that fails here is left to the next poll, which reports it."""
+        out = []
+        for d in self._devices:
+            cursor = cursors.get(d.uuid)
+            if d.lost or cursor is None or self._fields.mig_on.get(d.uuid, False):
+                continue
+            errors: list[str] = []
+            try:
+                util = self._fields.samples(d, "samples", nvml_samples.util_samples_after,
+                                            cursor[0], errors)
+                procs = self._fields.samples(d, "process_samples",
+                                             nvml_samples.process_samples_after, cursor[1],
+                                             errors)
+            except (GpuLost, pynvml.NVMLError):
+                continue
+            out.append(BufferRead(d.uuid, util, procs))
+        return out
 
     # -- Xid events (own thread) -------------------------------------------
 

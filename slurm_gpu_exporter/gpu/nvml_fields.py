@@ -30,6 +30,7 @@ class Device:
     minor: int | None
     pci_bus_id: str
     lost: bool = False
+    lost_at: float = 0.0  # host monotonic time it was last found lost
 
 
 def text(value: bytes | str) -> str:
@@ -41,6 +42,7 @@ class FieldReader:
 
     def __init__(self) -> None:
         self.unsupported: set[tuple[str, str]] = set()
+        self.mig_on: dict[str, bool] = {}  # uuid -> MIG mode enabled at the last poll
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -119,8 +121,16 @@ class FieldReader:
         return result
 
     def mig_instances(self, d: Device, errors: list[str]) -> tuple[MigInstance, ...]:
+        """The GPU's MIG instances (none where MIG is off or none is made yet). A change of
+        MIG mode forgets what the GPU did not support: the sample calls a MIG-enabled GPU
+        refuses work again once MIG is off."""
         mode = self.field(d.uuid, "mig_mode", pynvml.nvmlDeviceGetMigMode, errors, d.handle)
-        if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+        enabled = bool(mode) and mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+        if self.mig_on.get(d.uuid, enabled) != enabled:
+            self.unsupported = {u for u in self.unsupported
+                                if u[0] != d.uuid or u[1] == "mig_mode"}
+        self.mig_on[d.uuid] = enabled
+        if not enabled:
             return ()
         count = self.field(d.uuid, "mig_count", pynvml.nvmlDeviceGetMaxMigDeviceCount, errors,
                             d.handle) or 0

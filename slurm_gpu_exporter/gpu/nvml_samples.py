@@ -48,6 +48,27 @@ def process_samples(handle: Any, since_us: int, errors: list[str]
     return (), max((int(s.timeStamp) for s in everything), default=None)
 
 
+def util_samples_after(handle: Any, since_us: int, errors: list[str]
+                       ) -> tuple[UtilSample, ...] | None:
+    """The device samples newer than ``since_us``, oldest first, without the re-read
+    (a read between two polls); None where the GPU has none."""
+    samples = _device_samples_after(handle, since_us, errors)
+    if samples is None:
+        return None
+    return tuple(UtilSample(int(s.timeStamp), float(s.sampleValue.uiVal))
+                 for s in sorted(samples, key=lambda s: s.timeStamp) if s.timeStamp > since_us)
+
+
+def process_samples_after(handle: Any, since_us: int, errors: list[str]
+                          ) -> tuple[ProcessUtilSample, ...] | None:
+    """As util_samples_after, for the per-process SM samples."""
+    samples = _process_samples_after(handle, since_us, errors)
+    if samples is None:
+        return None
+    return tuple(ProcessUtilSample(int(s.pid), int(s.timeStamp), float(s.smUtil))
+                 for s in samples if s.timeStamp > since_us)
+
+
 def _device_samples_after(handle: Any, since_us: int, errors: list[str]) -> list[Any] | None:
     """The raw samples; [] for none (or a failed read, noted in ``errors``); None where
     the GPU has none at all. A lost GPU's error goes up to the caller."""

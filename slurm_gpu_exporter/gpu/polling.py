@@ -12,13 +12,30 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import TypeVar
 
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuBackend, GpuUnavailable
+from slurm_gpu_exporter.gpu.backend import BufferRead, DeviceReading, GpuBackend, GpuUnavailable
 from slurm_gpu_exporter.node.source_health import SourceErrors
 
 log = logging.getLogger(__name__)
 
 Cursors = dict[str, tuple[int, int]]
+T = TypeVar("T")
+
+
+def in_thread(fn: Callable[[], T]) -> Future[T]:
+    """``fn`` run in a daemon thread of its own: a call that never returns must not
+    keep the agent from exiting (a thread pool's workers are joined at exit)."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="nvml-read", daemon=True).start()
+    return future
 
 
 class Poller:
@@ -36,16 +53,7 @@ class Poller:
         self._since = 0.0
 
     def _start(self, cursors: Cursors) -> Future[list[DeviceReading]]:
-        future: Future[list[DeviceReading]] = Future()
-
-        def run() -> None:
-            try:
-                future.set_result(self._backend.read(cursors))
-            except BaseException as exc:
-                future.set_exception(exc)
-
-        threading.Thread(target=run, name="nvml-read", daemon=True).start()
-        return future
+        return in_thread(lambda: self._backend.read(cursors))
 
     def poll(self, cursors: Cursors, timeout: float) -> list[DeviceReading] | None:
         """The readings, or None while a read is still running (stuck).
@@ -122,6 +130,7 @@ class BackendLink:
         self._init_error_logged = False
         self._stop = threading.Event()
         self._xid_thread: threading.Thread | None = None
+        self._buffer_read: Future[list[BufferRead]] | None = None  # one still in flight
         self.driver: str | None = None  # the driver version of the last init
         self.generation = 0  # successful inits so far: a new one may be a reloaded driver
 
@@ -143,6 +152,23 @@ class BackendLink:
             self.errors.count("nvml", "an NVML call has not returned (hung driver?); GPU "
                               "figures are frozen until it does")
         return readings
+
+    def read_buffers(self, cursors: Cursors) -> list[BufferRead] | None:
+        """A read of the sample buffers alone (between two polls), or None where the
+        backend cannot (none, down, a read in flight) or the read failed: the next
+        poll reads on from where the last good read got to, and counts its errors."""
+        read = getattr(self.backend, "read_buffers", None)
+        if (read is None or not self._initialised or self._poller is None
+                or self._poller.busy or (self._buffer_read and not self._buffer_read.done())):
+            return None
+        self._buffer_read = in_thread(lambda: read(cursors))
+        try:
+            return self._buffer_read.result(self.poll_timeout)
+        except TimeoutError:
+            return None
+        except Exception as exc:
+            log.debug("reading the sample buffers failed: %s", exc)
+            return None
 
     def _ensure_init(self) -> bool:
         if self._initialised:

@@ -27,6 +27,7 @@ from typing import Any
 from slurm_gpu_exporter.exposition.snapshot import GpuSample, JobGpuSample, UnattributedSample
 from slurm_gpu_exporter.gpu.attributor import GpuAttributor, Poll
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuBackend
+from slurm_gpu_exporter.gpu.clocks import HostClocks
 from slurm_gpu_exporter.gpu.polling import BackendLink
 from slurm_gpu_exporter.gpu.samples import job_gpu_samples
 from slurm_gpu_exporter.jobs.job import Job
@@ -104,6 +105,21 @@ class GpuSampler:
             self.users.mapper.slurm_roots = self.cgroups.proc_roots()
         self._last_part = self._attribute(jobs, readings, now)
         return self._last_part
+
+    def buffer_read_interval(self) -> float | None:
+        """Seconds between reads of the driver's sample buffers that keep them from
+        overrunning unseen (gpu/buffers.py); None where the backend cannot read them
+        alone or no GPU has them."""
+        if getattr(self.link.backend, "read_buffers", None) is None:
+            return None
+        return self.devices.read_interval()
+
+    def read_buffers(self) -> None:
+        """Read the sample buffers alone, between two samples; the next sample counts
+        what they held."""
+        reads = self.link.read_buffers(self.devices.buffers.cursors(self.devices.cursors))
+        if reads:
+            self.devices.keep_reads(reads, HostClocks.now())
 
     # -- attribution ---------------------------------------------------------
 

@@ -26,6 +26,9 @@ class Usage:
     unattributed_weight: dict[str, float] = field(default_factory=dict)  # user -> SM weight
 
 
+UNKNOWN_USER = "unknown"  # the user of a GPU process /proc does not show
+
+
 class UsageReader:
     """Maps a GPU's processes to the running jobs, through /proc and the cgroups.
 
@@ -52,9 +55,10 @@ class UsageReader:
             job = key_to_job.get(pid_job.job_key) if pid_job is not None else None
             memory = proc.used_memory or 0
             if job is None:
-                user = self._user_of(proc.pid)
-                if user is None:
-                    continue  # exited between NVML's list and our look
+                # A PID NVML lists that /proc cannot resolve (it exited between NVML's list
+                # and this look, or lives in another PID namespace) is still use outside
+                # every job: its memory was on the GPU.
+                user = self._user_of(proc.pid) or UNKNOWN_USER
                 n, mem = usage.unattributed.get(user, (0, 0))
                 usage.unattributed[user] = (n + 1, mem + memory)
                 usage.unattributed_weight[user] = (usage.unattributed_weight.get(user, 0.0)

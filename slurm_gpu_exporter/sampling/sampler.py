@@ -118,7 +118,24 @@ class Sampler:
             if delay < 0:  # fell behind (slow NVML?): skip missed ticks, keep the cadence
                 next_at = time.monotonic()
                 delay = 0
-            self._stop.wait(delay)
+            self._wait_reading_buffers(next_at)
+
+    def _wait_reading_buffers(self, until: float) -> None:
+        """Wait until ``until`` (monotonic s); meanwhile read the GPUs' sample buffers as
+        often as they need, so that a long interval loses none to the driver's buffer."""
+        every = getattr(self.gpu, "buffer_read_interval", None)
+        while True:
+            gap = every() if every is not None else None
+            left = until - time.monotonic()
+            if gap is None or gap >= left:
+                self._stop.wait(max(0.0, left))
+                return
+            if self._stop.wait(gap):
+                return
+            try:
+                self.gpu.read_buffers()  # type: ignore[union-attr]
+            except Exception:  # as a failed sample: the next one reads on
+                log.exception("reading the GPU sample buffers failed")
 
     def sample_once(self) -> Snapshot:
         """Take one sample, save state and publish it; returns the snapshot."""

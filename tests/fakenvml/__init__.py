@@ -204,6 +204,9 @@ class Process:
     # smUtil reported = sm_scale x the true mean, not capped at 100 (drivers have been
     # seen reporting 130 %).
     sm_scale: float = 1.0
+    # About one read in this many (0: none) also returns a garbage sample of it: smUtil
+    # 37100 stamped 7 years ahead of the others, as nvtop issue 110 saw drivers return.
+    garbage_every: int = 0
 
 
 @dataclass
@@ -275,6 +278,7 @@ class Device:
     processes: list[Process] = field(default_factory=list)
     util: Pattern | None = None
     mig: list[MigInstance] = field(default_factory=list)
+    mig_on: bool = False  # MIG mode enabled with no instances yet (instances: always on)
     xid_events: list[XidEvent] = field(default_factory=list)
     lost: bool = False
     errors: dict[str, str] = field(default_factory=dict)
@@ -739,6 +743,7 @@ class FakeNvml:
             f"temperature {int(dev.temperature_c)}",
             f"ecc {int(dev.ecc_corrected)} {int(dev.ecc_uncorrected)}",
             f"lost {int(dev.lost)}",
+            f"mig_on {int(dev.mig_on)}",
         ]
         hist = self._history(self._util.setdefault(uid, []), dev.util, 0.0, now, horizon)
         out += [_trace("util", start, pat, "derived") for start, pat in hist]
@@ -763,6 +768,8 @@ class FakeNvml:
                 if not 0 < proc.sm_scale <= 10:
                     raise ValueError(f"sm_scale of pid {proc.pid} must be within (0, 10]")
                 out.append(f"psm_scale {float(proc.sm_scale)!r}")
+            if proc.garbage_every:
+                out.append(f"pgarbage {int(proc.garbage_every)}")
 
         if len(dev.mig) > 8:
             raise ValueError("at most 8 MIG instances per device")

@@ -84,6 +84,7 @@ typedef struct {
     unsigned gi, ci;
     tracelist_t sm;
     double sm_scale; /* psm_scale: smUtil reported = this * the true mean (may pass 100) */
+    unsigned garbage; /* pgarbage: one read in this many also returns a garbage sample */
 } proc_t;
 
 typedef struct {
@@ -133,6 +134,7 @@ typedef struct {
     int nproc, capproc;
     proc_t *procs;
     int nmig;
+    int mig_on; /* MIG mode enabled with no instances yet (with instances it always is) */
     mig_t mig[MAX_MIG];
     int nxid, capxid;
     xid_t *xids;
@@ -184,6 +186,9 @@ static struct nvmlEventSet_st g_sets[MAX_SETS];
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static int g_refcount;
+/* MIG mode is on with instances, or turned on before any is made. */
+#define MIG_ENABLED(d) ((d)->nmig > 0 || (d)->mig_on)
+
 static state_t *g_state;
 /* Identity of the file g_state came from, and of the last bad file (so each
  * bad version is reported once, not on every call). */
@@ -633,6 +638,11 @@ static int parse_device_line(fdev_t *d, const char *key, char **p, perr_t *pe)
     } else if (strcmp(key, "ecc") == 0) {
         if (parse_ull(next_tok(p), &d->ecc_c) || parse_ull(next_tok(p), &d->ecc_u))
             return fail(pe, "ecc needs CORRECTED UNCORRECTED", NULL);
+    } else if (strcmp(key, "mig_on") == 0) {
+        unsigned m;
+        if (parse_uint(next_tok(p), &m) || m > 1)
+            return fail(pe, "mig_on must be 0 or 1", NULL);
+        d->mig_on = (int)m;
     } else if (strcmp(key, "lost") == 0) {
         unsigned l;
         if (parse_uint(next_tok(p), &l) || l > 1)
@@ -658,6 +668,13 @@ static int parse_device_line(fdev_t *d, const char *key, char **p, perr_t *pe)
         if (parse_dbl(next_tok(p), &f) || !(f > 0) || f > 10)
             return fail(pe, "bad psm_scale (want 0 < FACTOR <= 10)", NULL);
         d->procs[d->nproc - 1].sm_scale = f;
+    } else if (strcmp(key, "pgarbage") == 0) {
+        unsigned g;
+        if (!d->nproc)
+            return fail(pe, "pgarbage before any process line", NULL);
+        if (parse_uint(next_tok(p), &g))
+            return fail(pe, "bad pgarbage (want EVERY_N_READS)", NULL);
+        d->procs[d->nproc - 1].garbage = g;
     } else if (strcmp(key, "psm") == 0) {
         if (!d->nproc)
             return fail(pe, "psm before any process line", NULL);
@@ -1223,16 +1240,46 @@ static unsigned long long sample_us(const state_t *st, unsigned long long k)
     return k * per + late;
 }
 
+/* The host's boot time (realtime - boottime), measured once per load of the
+ * library: a driver stores each sample's timestamp, so two reads of one sample
+ * agree to the microsecond.  Measured per call, the gap between the two clock
+ * reads (under a microsecond with a vDSO clock source, more through a system
+ * call or when preempted between them) made a re-read sample 1 us older now and
+ * then, which an agent takes for its clock going back.  The tightest of a few
+ * bracketed reads is kept. */
+static double g_host_boot_s;
+static int g_host_boot_known;
+
+static double host_boot_epoch_s(void)
+{
+    if (g_host_boot_known)
+        return g_host_boot_s;
+    double best_width = 1e9;
+    for (int i = 0; i < 8; i++) {
+        struct timespec r0, bt, r1;
+        clock_gettime(CLOCK_REALTIME, &r0);
+        clock_gettime(CLOCK_BOOTTIME, &bt);
+        clock_gettime(CLOCK_REALTIME, &r1);
+        double a = (double)r0.tv_sec + (double)r0.tv_nsec * 1e-9;
+        double b = (double)r1.tv_sec + (double)r1.tv_nsec * 1e-9;
+        double boot = (double)bt.tv_sec + (double)bt.tv_nsec * 1e-9;
+        if (b - a < best_width) {
+            best_width = b - a;
+            /* whole microseconds: timestamps shifted by it stay whole */
+            g_host_boot_s = floor((0.5 * (a + b) - boot) * 1e6) / 1e6;
+        }
+    }
+    g_host_boot_known = 1;
+    return g_host_boot_s;
+}
+
 /* Seconds to take off the fake clock for a sample stamped on the boot clock:
- * the fake time of boot (boot_time), else the host's (realtime - boottime). */
+ * the fake time of boot (boot_time), else the host's. */
 static double boot_epoch_s(void)
 {
     if (g_state->boot_time_set)
         return g_state->boot_time;
-    struct timespec rt, bt;
-    clock_gettime(CLOCK_REALTIME, &rt);
-    clock_gettime(CLOCK_BOOTTIME, &bt);
-    return (double)(rt.tv_sec - bt.tv_sec) + (double)(rt.tv_nsec - bt.tv_nsec) * 1e-9;
+    return host_boot_epoch_s();
 }
 
 /* Driver timestamps: the fake clock (less the boot time for a call stamped on
@@ -1787,7 +1834,7 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
         return r;
     if (!utilization)
         return done(NVML_ERROR_INVALID_ARGUMENT);
-    if (t.dev->nmig) /* documented: not supported on MIG-enabled GPUs */
+    if (MIG_ENABLED(t.dev)) /* documented: not supported on MIG-enabled GPUs */
         return done(NVML_ERROR_NOT_SUPPORTED);
     unsigned long long k = now_us() / ((unsigned long long)g_state->period_ms * 1000ull);
     double m = mean_dev(t.dev, NULL, k_time(g_state, k ? k - 1 : 0), k_time(g_state, k));
@@ -1916,7 +1963,7 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
     if (type != NVML_TOTAL_POWER_SAMPLES && type != NVML_GPU_UTILIZATION_SAMPLES &&
         type != NVML_MEMORY_UTILIZATION_SAMPLES)
         return done(NVML_ERROR_NOT_SUPPORTED);
-    if (t.dev->nmig && type != NVML_TOTAL_POWER_SAMPLES) /* documented for MIG */
+    if (MIG_ENABLED(t.dev) && type != NVML_TOTAL_POWER_SAMPLES) /* documented for MIG */
         return done(NVML_ERROR_NOT_SUPPORTED);
     unsigned long long lo, hi, now = now_us();
     int boot = g_state->device_boot;
@@ -2018,6 +2065,25 @@ static long collect_psamples(const fdev_t *d, unsigned long long last_seen, psam
             n++;
         }
     }
+    /* pgarbage: as reported (nvtop #110), a sample of smUtil 37100 stamped far ahead of
+     * the others (7 years), in about one read in N: by a hash of the read's newest period, so both
+     * calls of one read (sizing and filling) see the same, and polls a whole number of
+     * periods apart do not always or never hit. */
+    for (int i = 0; i < d->nproc && n; i++) {
+        const proc_t *p = &d->procs[i];
+        if (!p->garbage || mix(hi ^ p->pid) % p->garbage)
+            continue;
+        psample_t *nv = n < cap ? v : realloc(v, (cap = cap * 2 + 1) * sizeof *nv);
+        if (!nv) {
+            free(v);
+            return -1;
+        }
+        v = nv;
+        v[n].pid = p->pid;
+        v[n].ts = hi * per_us + 217144956601725ull; /* nvtop's value, as an offset */
+        v[n].sm = 37100;
+        n++;
+    }
     *out = v;
     return (long)n;
 }
@@ -2041,7 +2107,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         return r;
     if (!processSamplesCount)
         return done(NVML_ERROR_INVALID_ARGUMENT);
-    if (t.dev->nmig) /* documented: not supported on MIG-enabled GPUs */
+    if (MIG_ENABLED(t.dev)) /* documented: not supported on MIG-enabled GPUs */
         return done(NVML_ERROR_NOT_SUPPORTED);
     psample_t *v;
     unsigned long long first_k = 0;
@@ -2100,7 +2166,8 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode
         return r;
     if (!currentMode || !pendingMode)
         return done(NVML_ERROR_INVALID_ARGUMENT);
-    *currentMode = *pendingMode = t.dev->nmig ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+    *currentMode = *pendingMode = MIG_ENABLED(t.dev) ? NVML_DEVICE_MIG_ENABLE
+                                                     : NVML_DEVICE_MIG_DISABLE;
     return done(NVML_SUCCESS);
 }
 
@@ -2113,7 +2180,7 @@ nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *c
     if (!count)
         return done(NVML_ERROR_INVALID_ARGUMENT);
     /* The maximum, not the current number: 7 on A100/H100, 0 without MIG. */
-    *count = t.dev->nmig ? (unsigned)(t.dev->nmig > 7 ? t.dev->nmig : 7) : 0;
+    *count = MIG_ENABLED(t.dev) ? (unsigned)(t.dev->nmig > 7 ? t.dev->nmig : 7) : 0;
     return done(NVML_SUCCESS);
 }
 
@@ -2126,7 +2193,7 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned i
         return r;
     if (!migDevice)
         return done(NVML_ERROR_INVALID_ARGUMENT);
-    if (!t.dev->nmig)
+    if (!MIG_ENABLED(t.dev))
         return done(NVML_ERROR_NOT_SUPPORTED);
     unsigned max = (unsigned)(t.dev->nmig > 7 ? t.dev->nmig : 7);
     if (index >= max)

@@ -12,7 +12,6 @@ NVML time in seconds of test are faithful (its counters are NVML seconds).
 
 from __future__ import annotations
 
-import ctypes.util
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +32,7 @@ from tests.fakenvml import (
     XidEvent,
     fake_nvml_or_skip,
 )
-from tests.support import require, wait_until
+from tests.support import wait_until
 
 pytestmark = pytest.mark.fakenvml
 
@@ -242,6 +241,37 @@ def test_jobs_sharing_a_gpu_are_split_by_their_process_samples(rig: Rig) -> None
     assert d21 / (d21 + d22) == pytest.approx(30 / 80, abs=0.02)
 
 
+def test_garbage_process_samples_are_dropped_counted_and_move_no_cursor(rig: Rig) -> None:
+    """As nvtop issue 110 saw: now and then a sample of smUtil 37100 stamped far ahead."""
+    real0 = time.time()
+    rig.fake.write(NvmlState(
+        time_scale=SCALE, time_origin=real0, buffer_samples=BUFFER,
+        devices=[Device(0, processes=[
+            Process(5101, GIB, sm=Pattern.constant(30), start_time=real0, garbage_every=3),
+            Process(5102, GIB, sm=Pattern.constant(50), start_time=real0)])],
+    ))  # fmt: skip
+    rig.node.add_job(51, [5101], job_gpus="0", start_time=real0)
+    rig.node.add_job(52, [5102], job_gpus="0", start_time=real0)
+    agent = rig.start()
+    try:
+        wait_for(agent, lambda t: has_busy(51, "0")(t) and has_busy(52, "0")(t),
+                 what="both jobs' busy counters")  # fmt: skip
+        text_a = wait_samples(agent, 2)
+        text_b = wait_for(agent, lambda t: (value(t, "slurm_gpu_driver_events_total", gpu="0",
+                                                  kind="out_of_range") or 0) >= 2,
+                          what="garbage samples dropped")
+        text_b = wait_samples(agent, 2)
+    finally:
+        agent.stop()
+    d51 = (job_gpu(text_b, "slurm_job_gpu_busy_seconds_total", 51, "0") or 0) - (
+        job_gpu(text_a, "slurm_job_gpu_busy_seconds_total", 51, "0") or 0)
+    d52 = (job_gpu(text_b, "slurm_job_gpu_busy_seconds_total", 52, "0") or 0) - (
+        job_gpu(text_a, "slurm_job_gpu_busy_seconds_total", 52, "0") or 0)
+    assert d51 / (d51 + d52) == pytest.approx(30 / 80, abs=0.03)  # clamped, garbage weighs 100
+    # Its stamp, far ahead, moved no cursor: no rebase followed.
+    assert value(text_b, "slurm_gpu_driver_events_total", gpu="0", kind="process_rebase") is None
+
+
 # ----------------------------------------------------------------- 3. MIG
 
 
@@ -297,6 +327,57 @@ def test_mig_instances_are_attributed_by_mig_uuid_without_busy_series(rig: Rig) 
     # No job series on the MIG parent itself.
     assert not [x for x in labelsets(text_b, "slurm_job_gpu_allocated_seconds_total")
                 if x["gpu"] == "0"]  # fmt: skip
+
+
+def test_two_compute_instances_of_one_gpu_instance_each_get_their_own_processes(
+    rig: Rig,
+) -> None:
+    uuids = {ci: f"MIG-{ci:08x}-7e57-4a11-8c1d-0000000000c{ci}" for ci in (0, 1)}
+    rig.fake.write(NvmlState(devices=[Device(0, mig=[
+        MigInstance(1, ci, uuid=uuids[ci], memory_used=3 * GIB) for ci in (0, 1)],
+        processes=[Process(3700 + ci, (ci + 1) * GIB, gpu_instance_id=1, compute_instance_id=ci)
+                   for ci in (0, 1)])]))  # fmt: skip
+    for ci in (0, 1):
+        rig.node.add_job(37 + ci, [3700 + ci], job_gpus="0", cuda_visible_devices=uuids[ci])
+    agent = rig.start()
+    try:
+        text = wait_for(agent, lambda t: all(
+            value(t, "slurm_job_gpu_processes", jobid=str(37 + ci), uuid=uuids[ci])
+            for ci in (0, 1)), what="both compute instances' jobs")
+    finally:
+        agent.stop()
+    for ci in (0, 1):
+        job = {"jobid": str(37 + ci), "uuid": uuids[ci], "gpu": "0.1"}
+        assert value(text, "slurm_job_gpu_processes", **job) == 1  # its own, not both
+        assert value(text, "slurm_job_gpu_memory_used_bytes", **job) == (ci + 1) * GIB
+
+
+def test_mig_turned_on_then_off_again_keeps_counting_device_busy_time(rig: Rig) -> None:
+    """MIG on with no instance yet, then off, then on with an instance, then off: the
+    sample calls refused while MIG is on work again once it is off (no restart)."""
+    real0 = time.time()
+    proc = Process(3901, GIB, sm=Pattern.constant(50), start_time=real0)
+    state = NvmlState(devices=[Device(0, processes=[proc])])
+    rig.fake.write(state)
+    rig.node.add_job(39, [3901], job_gpus="0", start_time=real0)
+    name = "slurm_gpu_busy_seconds_total"
+    agent = rig.start()
+    try:
+        off1 = wait_for(agent, lambda t: (value(t, name, gpu="0") or 0) > 0.3, what="busy")
+        for mig_state in (Device(0, mig_on=True),
+                          Device(0, mig=[MigInstance(1)],
+                                 processes=[Process(3902, GIB, gpu_instance_id=1,
+                                                    compute_instance_id=0)])):
+            state.devices = [mig_state]
+            rig.fake.write(state)
+            wait_for(agent, lambda t: value(t, name, gpu="0") is None, what="MIG on")
+            before = max(v for _, v in series(off1, name))
+            state.devices = [Device(0, processes=[proc])]
+            rig.fake.write(state)
+            off1 = wait_for(agent, lambda t, b=before: (value(t, name, gpu="0") or 0) > b + 0.3,
+                            what="device busy time counted again with MIG off")
+    finally:
+        agent.stop()
 
 
 # ------------------------------------ a shared node: tests 4, 5, 6, 7b, 8
@@ -440,11 +521,14 @@ def test_xid_event_is_counted_on_its_gpu(shared: SharedNode) -> None:
 def test_without_nvml_job_metrics_are_served_and_it_is_logged_once(rig: Rig, how: str) -> None:
     rig.node.add_job(71, [7101], job_gpus="0")
     if how == "no library":
-        # The case needs a machine without the real library (as CI machines are).
-        require(not ctypes.util.find_library("nvidia-ml"),
-                "a real libnvidia-ml is installed here")
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("LD_LIBRARY_PATH", "FAKE_NVML_STATE")}  # fmt: skip
+        # An unloadable file of the library's name first in LD_LIBRARY_PATH hides a real
+        # libnvidia-ml too (the dynamic loader stops at the first file of that name), so
+        # the case runs on a GPU machine as on one without.
+        shadow = rig.base / "no-nvml"
+        shadow.mkdir()
+        (shadow / "libnvidia-ml.so.1").write_bytes(b"")
+        env = {k: v for k, v in os.environ.items() if k != "FAKE_NVML_STATE"}
+        env["LD_LIBRARY_PATH"] = str(shadow)
     else:
         rig.fake.write(NvmlState(init_error="DRIVER_NOT_LOADED", devices=[Device(0)]))
         env = rig.fake.env()
@@ -508,6 +592,31 @@ def test_lost_gpu_is_flagged_and_the_others_keep_updating(rig: Rig) -> None:
         assert x is not None and y is not None and y >= x, name
 
 
+def test_a_lost_gpu_that_answers_again_is_back_without_a_restart(rig: Rig) -> None:
+    real0 = time.time()
+    state = NvmlState(devices=[
+        Device(0, processes=[Process(7801, GIB, sm=Pattern.constant(50), start_time=real0)])])
+    rig.fake.write(state)
+    rig.node.add_job(78, [7801], job_gpus="0", start_time=real0)
+    agent = rig.start()
+    try:
+        wait_for(agent, has_busy(78, "0"), what="busy counter")
+        state.devices[0].lost = True
+        rig.fake.write(state)
+        wait_for(agent, lambda t: value(t, "slurm_gpu_lost", gpu="0") == 1, what="GPU 0 lost")
+        state.devices[0].lost = False  # reset: it answers again
+        rig.fake.write(state)
+        back = wait_for(agent, lambda t: value(t, "slurm_gpu_lost", gpu="0") == 0, 25.0,
+                        what="GPU 0 back (opened again every 10 s)")
+        later = wait_samples(agent, 3)
+    finally:
+        agent.stop()
+    a = job_gpu(back, "slurm_job_gpu_busy_seconds_total", 78, "0")
+    b = job_gpu(later, "slurm_job_gpu_busy_seconds_total", 78, "0")
+    assert a is not None and b is not None and b > a
+    assert "answers again" in agent.log()
+
+
 def test_hung_nvml_call_freezes_gpu_figures_but_not_scrapes_or_job_metrics(rig: Rig) -> None:
     real0 = time.time()
     state = NvmlState(time_scale=SCALE, time_origin=real0, buffer_samples=BUFFER, devices=[
@@ -542,7 +651,10 @@ def test_hung_nvml_call_freezes_gpu_figures_but_not_scrapes_or_job_metrics(rig: 
     last = texts[-1]
     print(f"\nhung NVML: slowest of {len(scrape_times)} scrapes {max(scrape_times) * 1000:.0f} ms; "
           f"agent stop took {stop_took:.1f} s (rc {agent.proc.returncode})")
-    assert max(scrape_times) < 0.5
+    # What the bound stands for: no scrape waited on the hung call, which returns only
+    # after 30 s. A bound of a third of that is far from any loaded machine's slowest
+    # scrape and still fails a scrape that waits on NVML.
+    assert max(scrape_times) < 10.0, scrape_times
     assert last_sample(last) >= last_sample(stuck) + 2.5  # job sampling goes on
     assert value(last, "slurm_gpu_exporter_nvml_up") == 0
     assert value(last, "slurm_job_cpu_seconds_total", jobid="73") == 42.0

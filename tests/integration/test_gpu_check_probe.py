@@ -34,12 +34,12 @@ def test_probe_records_clocks_spacing_idle_samples_process_reads_energy_and_gpm(
     for gpu in ("0", "1"):
         run = subprocess.run(
             [str(REPO / "scripts" / "gpu-check"), "--probe", "--gpu", gpu, "--out",
-             str(out.with_suffix(f".{gpu}.json")), "--probe-seconds", "1"],
+             str(out.with_suffix(f".{gpu}.json")), "--probe-seconds", "1", "--probe-busy", "1"],
             env=fake.env(), capture_output=True, text=True, timeout=90, check=False)
         assert run.returncode == 0, run.stdout + run.stderr
     busy = json.loads(out.with_suffix(".0.json").read_text())
     idle = json.loads(out.with_suffix(".1.json").read_text())
-    assert busy["driver"] == "550.54.15" and busy["probe_version"] == 1
+    assert busy["driver"] == "550.54.15" and busy["probe_version"] == 2
 
     [gpu] = busy["gpus"]
     if ctypes.util.find_library("cuda") is None:  # no CUDA beside the fake: said why
@@ -58,7 +58,17 @@ def test_probe_records_clocks_spacing_idle_samples_process_reads_energy_and_gpm(
     assert gpu["gpm"]["supported"] is True and gpu["gpm"]["call"] == "NVML_SUCCESS"
     assert gpu["gpm"]["metrics"]["sm_util"] == {"return": "NVML_SUCCESS", "value": 40.0}
 
+    # The whole buffer, busy for 30 s: 120 sample periods of 1/6 s (the fake leaves about
+    # one in 7 out, as drivers do), stamped the same when read again.
+    full = gpu["full_buffer"]
+    assert full["under_load"] is (ctypes.util.find_library("cuda") is not None)
+    assert full["span_s"] == pytest.approx(20.0, abs=0.5)
+    assert full["period_s"] == pytest.approx(0.167, abs=0.02)
+    assert 90 <= full["samples"] <= 120 and full["restamped_on_reread"] == 0
+
     [dry] = idle["gpus"]
+    assert dry["full_buffer"] == {"under_load": False, "read": "NVML_ERROR_NOT_FOUND",
+                                  "samples": 0}
     assert dry["before_load"]["device_samples"]["samples"] == 0
     assert dry["before_load"]["device_samples"]["errors"] == {
         "NVML_ERROR_NOT_FOUND": dry["before_load"]["device_samples"]["reads"]}

@@ -134,9 +134,9 @@ def test_smutil_above_100_is_clamped_and_counted(driver_node: DriverNode) -> Non
     d94, d95 = busy_of(b, 94, "1") - busy_of(a, 94, "1"), busy_of(b, 95, "1") - busy_of(a, 95, "1")
     # 130 % clamped to 100 % against 50 %: 2/3, where the raw values give 130/180.
     assert d94 / (d94 + d95) == pytest.approx(100 / 150, abs=0.02)
-    clamped = value(b, "slurm_gpu_driver_samples_clamped_total", gpu="1")
+    clamped = value(b, "slurm_gpu_driver_events_total", gpu="1", kind="clamped")
     assert clamped is not None and clamped >= 3
-    assert value(b, "slurm_gpu_driver_samples_clamped_total", gpu="0") == 0
+    assert value(b, "slurm_gpu_driver_events_total", gpu="0", kind="clamped") is None
 
 
 def test_an_idle_gpu_whose_buffer_ran_dry_reads_idle_not_its_last_busy_value(

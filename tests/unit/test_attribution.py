@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_gpu_exporter.gpu.backend import UtilSample
-from slurm_gpu_exporter.gpu.integration import integrate_samples
+from slurm_gpu_exporter.gpu.gaps import integrate_samples
 from slurm_gpu_exporter.gpu.shares import (
     UNATTRIBUTED,
     GpuTarget,

@@ -109,13 +109,73 @@ def test_process_samples_of_different_ages_each_count_once_against_their_own_cur
         (1, 101_000_000), (2, 97_000_000)]
 
 
-def test_process_samples_above_100_percent_are_clamped_and_counted() -> None:
+def test_garbage_process_samples_are_dropped_and_counted() -> None:
+    dev = DeviceIntegrator()
+    # As reported (nvtop #110): a garbage smUtil comes with a garbage timestamp.
+    got = dev.integrate(reading(None, process_samples=(
+        ProcessUtilSample(1, 217_144_956_601_725, 37100.0),
+        ProcessUtilSample(2, 100_000_000, 50.0)), pids=(1, 2)), AT)
+    assert [(s.pid, s.sm_percent) for s in got.process_samples] == [(2, 50.0)]
+    assert dev.events.counts["GPU-a"] == {"out_of_range": 1}
+    assert dev.cursors["GPU-a"].process_high_us == 100_000_000  # not moved by it
+
+
+def test_garbage_device_samples_are_dropped_and_counted() -> None:
+    dev = DeviceIntegrator()
+    dev.integrate(reading(grid(100.0, 5, 50.0)), at(100.5))
+    samples = (*grid(100.5, 5, 50.0), UtilSample(101_000_000, 37100.0))
+    got = dev.integrate(reading(samples), at(101.5))
+    assert got.busy == pytest.approx(0.5 * 0.5)
+    assert dev.events.counts["GPU-a"] == {"out_of_range": 1}
+
+
+def test_a_driver_overshoot_to_130_percent_is_clamped_and_counted() -> None:
     dev = DeviceIntegrator()
     got = dev.integrate(reading(None, process_samples=(
         ProcessUtilSample(1, 100_000_000, 130.0), ProcessUtilSample(2, 100_000_000, 50.0)),
         pids=(1, 2)), AT)
     assert [s.sm_percent for s in got.process_samples] == [100.0, 50.0]
-    assert dev.clamped["GPU-a"] == 1
+    assert dev.events.counts["GPU-a"] == {"clamped": 1}
+
+
+def test_a_sample_of_a_pid_no_longer_on_the_gpu_moves_no_cursor() -> None:
+    dev = DeviceIntegrator()
+    got = dev.integrate(reading(None, process_samples=(
+        ProcessUtilSample(1, 100_000_000, 30.0), ProcessUtilSample(7, 900_000_000, 30.0)),
+        pids=(1,)), AT)
+    assert [s.pid for s in got.process_samples] == [1]
+    assert dev.cursors["GPU-a"].process_high_us == 100_000_000
+
+
+def test_a_dry_reread_a_microsecond_older_is_not_a_clock_step_and_idle_time_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # What failed the bursty test on fresh machines: the buffer ran dry after a burst
+    # and its re-read newest sample came back 1 µs older than the cursor.
+    dev = DeviceIntegrator()
+    dev.integrate(reading(grid(100.0, 5, 100.0)), at(100.5))
+    dev.integrate(reading(grid(100.5, 5, 100.0)), at(101.0))  # cursor at 100.9 s
+    with caplog.at_level(logging.WARNING):
+        idle = [dev.integrate(reading((), util_newest=100_899_999), at(101.0 + 2 * i))
+                for i in range(1, 6)]
+    assert not caplog.records
+    assert dev.cursors["GPU-a"].continuous
+    assert sum(f.window or 0.0 for f in idle) == pytest.approx(9.75)  # idle, counted
+    after = dev.integrate(reading(grid(120.0, 3, 100.0)), at(120.5))
+    assert after.unknown == 0.0
+    assert dev.events.counts["GPU-a"] == {"stamp_jitter": 5}
+
+
+def test_every_rebase_is_counted_and_the_gap_after_it_is_unknown_time() -> None:
+    dev = DeviceIntegrator()
+    dev.integrate(reading(grid(100.0, 5, 100.0)), at(100.5))
+    dev.integrate(reading(grid(100.5, 5, 100.0)), at(101.0))
+    for newest in (90_000_000, 80_000_000):  # the clock went back 10 s, twice
+        dev.integrate(reading((), util_newest=newest), at(102.0))
+    got = dev.integrate(reading(grid(110.0, 3, 100.0)), at(110.5))
+    assert got.unknown == pytest.approx(30.0)  # from 80 s to the first new sample
+    assert dev.events.counts["GPU-a"] == {"device_rebase": 2}
+    assert dev.device_unknown["GPU-a"] == pytest.approx(30.0)
 
 
 def test_a_process_cursor_ahead_of_the_drivers_samples_is_rebased() -> None:
@@ -159,5 +219,13 @@ def test_a_gpu_dry_from_its_first_read_counts_the_time_between_reads_as_idle() -
     assert dev.integrate(reading(()), at(100.0)).window == 0.0
     idle = dev.integrate(reading(()), at(102.0))
     assert idle.window == pytest.approx(2.0) and idle.busy == 0.0
+
+
+def test_the_first_samples_of_a_gpu_idle_since_the_agent_started_are_counted() -> None:
+    dev = DeviceIntegrator()
+    dev.integrate(reading(()), at(100.0))
+    dev.integrate(reading(()), at(102.0))
     first = dev.integrate(reading(grid(102.5, 5, 100.0)), at(103.0))
-    assert first.window == 0.0  # the first samples only start the window
+    # Every sample is new since the dry read at 102 s: 0.5 s busy, and 0.5 s idle before.
+    assert first.busy == pytest.approx(0.5) and first.window == pytest.approx(1.0)
+    assert dev.device_busy["GPU-a"] == pytest.approx(0.5)

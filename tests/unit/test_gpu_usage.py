@@ -8,7 +8,7 @@ from pathlib import Path
 
 from slurm_gpu_exporter.gpu.backend import GpuProcess, ProcessUtilSample
 from slurm_gpu_exporter.gpu.shares import UNATTRIBUTED, GpuTarget
-from slurm_gpu_exporter.gpu.usage import UsageReader
+from slurm_gpu_exporter.gpu.usage import UNKNOWN_USER, UsageReader
 from slurm_gpu_exporter.jobs.job import Job
 from tests.unit.fake_gpu import StubMapper
 
@@ -19,7 +19,9 @@ def reader(tmp_path: Path, jobs: dict[int, str]) -> UsageReader:
     return users
 
 
-def test_processes_go_to_their_jobs_and_the_others_to_their_users(tmp_path: Path) -> None:
+def test_processes_go_to_their_jobs_and_the_others_to_their_users_unresolved_too(
+    tmp_path: Path,
+) -> None:
     uid = os.getuid()
     (tmp_path / "30").mkdir()
     (tmp_path / "30" / "status").write_text(f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
@@ -32,11 +34,13 @@ def test_processes_go_to_their_jobs_and_the_others_to_their_users(tmp_path: Path
         [ProcessUtilSample(10, 1, 20.0), ProcessUtilSample(11, 1, 30.0),
          ProcessUtilSample(30, 1, 5.0)],
         jobs, seen)
-    assert usage.processes == {"7": 2, "8": 1, UNATTRIBUTED: 1}
-    assert usage.memory == {"7": 150, "8": 0, UNATTRIBUTED: 7}
+    # 40 still counts: its memory was on the GPU when NVML listed it.
+    assert usage.processes == {"7": 2, "8": 1, UNATTRIBUTED: 2}
+    assert usage.memory == {"7": 150, "8": 0, UNATTRIBUTED: 16}
     assert usage.weight == {"7": 50.0, "8": 0.0, UNATTRIBUTED: 5.0}
     me = pwd.getpwuid(uid).pw_name
-    assert usage.unattributed == {me: (1, 7)} and usage.unattributed_weight == {me: 5.0}
+    assert usage.unattributed == {me: (1, 7), UNKNOWN_USER: (1, 9)}
+    assert usage.unattributed_weight == {me: 5.0, UNKNOWN_USER: 0.0}
     assert seen == {10, 11, 20, 30, 40}
 
 
