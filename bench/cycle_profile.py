@@ -77,9 +77,11 @@ def child(args: argparse.Namespace, tmp: Path) -> None:
     thread_ms, process_ms, steps = [], [], {}
     for _ in range(args.samples):
         t0, p0 = time.thread_time(), time.process_time()
-        profile.enable()
+        if args.profile:
+            profile.enable()
         snapshot = sampler.sample_once()
-        profile.disable()
+        if args.profile:
+            profile.disable()
         thread_ms.append((time.thread_time() - t0) * 1000)
         process_ms.append((time.process_time() - p0) * 1000)
         for step in snapshot.steps:
@@ -88,7 +90,7 @@ def child(args: argparse.Namespace, tmp: Path) -> None:
     training.stop()
     gpu.close()
     out = io.StringIO()
-    stats = pstats.Stats(profile, stream=out)
+    stats = pstats.Stats(profile, stream=out) if args.profile else None
     figures = {
         "jobs": len(snapshot.jobs),
         "gpus": len(snapshot.gpus),
@@ -97,13 +99,15 @@ def child(args: argparse.Namespace, tmp: Path) -> None:
         "sampler_thread_cpu_ms_min_max": [round(min(thread_ms), 2), round(max(thread_ms), 2)],
         "process_cpu_ms_p50": round(percentile(process_ms, 50), 2),
         "step_wall_ms_p50": {k: round(percentile(v, 50), 3) for k, v in steps.items()},
-        "top_own_time": _top(stats, "tottime", out),
-        "top_inclusive": _top(stats, "cumulative", out),
     }
+    if args.profile:
+        figures["top_own_time"] = _top(stats, "tottime", out)
+        figures["top_inclusive"] = _top(stats, "cumulative", out)
     print(json.dumps(figures))
 
 
-def _top(stats: pstats.Stats, key: str, out: io.StringIO) -> list[str]:
+def _top(stats: pstats.Stats | None, key: str, out: io.StringIO) -> list[str]:
+    assert stats is not None
     out.seek(0)
     out.truncate()
     stats.sort_stats(key).print_stats(TOP)
@@ -122,6 +126,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=12)
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--no-profile", dest="profile", action="store_false",
+                        help="time the samples without cProfile (whose hooks inflate them)")
     parser.add_argument("--tag", default="")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

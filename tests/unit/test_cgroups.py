@@ -791,3 +791,22 @@ def test_v1_a_new_step_a_vanished_leaf_and_a_late_task_cgroup_are_all_seen(
     (freezer / "step_batch" / "cgroup.procs").write_text("")
     clock.now += 61
     assert 7002 in fs.read_stats(job).pids
+
+
+def test_an_unchanged_job_keeps_its_job_cgroup_and_one_in_a_new_tree_gets_a_new_one(
+        tmp_path: Path) -> None:
+    root = layout_copy(tmp_path, "v1-slurm")
+    fs = CgroupFS(root)
+    first = fs.find_jobs()["101"]
+    assert fs.find_jobs()["101"] is first
+    assert "blkio" not in first.dirs
+    job_dir = root / "blkio" / "slurm" / "uid_1000" / "job_101"
+    job_dir.mkdir(parents=True)
+    fs = CgroupFS(root)  # blkio's Slurm tree is one of its roots now
+    fs.find_jobs()
+    shutil.rmtree(job_dir)
+    before = fs.find_jobs()["101"]
+    job_dir.mkdir(parents=True)  # the job appears in one more controller's tree
+    after = fs.find_jobs()["101"]
+    assert after is not before and after.dirs["blkio"] == job_dir
+    assert fs.find_jobs()["101"] is after
