@@ -44,7 +44,7 @@ from agentproc import (  # noqa: E402
     series_count,
     thread_cpu,
 )
-from common import record  # noqa: E402
+from common import record, yardstick  # noqa: E402
 
 from tests.agent import Agent  # noqa: E402
 from tests.conftest import SLURM_LOCK as LOCK  # noqa: E402  (tests and bench take turns)
@@ -208,7 +208,8 @@ def run(levels: list[int], window: float,
                 scrapes = scrape_cpu(pid, agent.url, INTERVAL, snapshots=4, repeat=20)
                 results[str(n)] = {**idle, **scrapes, "rss_mib": round(rss_mib(pid), 1),
                                    "series": series_count(agent.url),
-                                   "jobs_start_s": round(started, 1)}
+                                   "jobs_start_s": round(started, 1),
+                                   "yardstick": yardstick()}
                 if n == share[0] and share[1] > 0:
                     results[str(n)]["share_scraped_every_"
                                     f"{share[2]:g}s"] = cpu_share(pid, agent.url, share[1],

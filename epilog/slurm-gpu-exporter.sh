@@ -28,6 +28,24 @@ if [ -r "$defaults" ]; then
         prefix=$value
     done < "$defaults"
 fi
-"$prefix/bin/slurm-gpu-exporter-epilog" ||
+# The venv's interpreter runs the entry point itself, started with -I -S: no PYTHON*
+# variables, no current directory on sys.path and no site (site-packages is added by
+# hand; a layout where that finds nothing, such as an editable install, runs site after
+# all). A prefix without bin/python runs the console script.
+run='import sys
+prefix, kind = sys.argv.pop(1), sys.argv.pop(1)
+sys.path.append("%s/%s/python%d.%d/site-packages" % (prefix, sys.platlibdir, *sys.version_info[:2]))
+try:
+    from slurm_gpu_exporter.hooks import jobhooks
+except ImportError:
+    import site
+    site.main()
+    from slurm_gpu_exporter.hooks import jobhooks
+sys.exit(getattr(jobhooks, kind + "_main")())'
+if [ -x "$prefix/bin/python" ]; then
+    "$prefix/bin/python" -I -S -c "$run" "$prefix" epilog
+else
+    "$prefix/bin/slurm-gpu-exporter-epilog"
+fi ||
     echo "slurm-gpu-exporter: epilog helper $prefix/bin/slurm-gpu-exporter-epilog failed (exit $?); job ${SLURM_JOB_ID:-?} is not marked ended" >&2
 exit 0

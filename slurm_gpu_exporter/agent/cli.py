@@ -187,11 +187,12 @@ def _start_training_relay(spool_dir: str, proc_root: Path, cgroups: CgroupFS,
 
 async def _watch_web_config(web_config: LiveWebConfig, interval: float,
                             wake: asyncio.Event) -> None:
-    """Re-read the web config every ``interval`` seconds, or at once when woken (SIGHUP)."""
+    """Re-read the web config every ``interval`` seconds, or at once when woken (SIGHUP).
+    Without a web config file there is nothing to re-read: only SIGHUP wakes it."""
     loop = asyncio.get_running_loop()
     while True:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), interval)
+            await asyncio.wait_for(wake.wait(), interval if web_config.path else None)
         wake.clear()
         # Off the event loop: loading certificates reads files.
         await loop.run_in_executor(None, web_config.check)

@@ -6,7 +6,9 @@ finish fast and exit 0 whatever happens, because a failing prolog drains the
 node: every problem becomes one line on stderr, which slurmd logs. They never
 talk to the agent, so a down or hung agent cannot delay a job.
 
-Standard library only.
+Standard library only, and as little of it as the job needs: the modules below, which
+import no ``re``, ``json`` or ``dataclasses`` (tests/unit/test_jobhooks.py holds the
+list). prolog/ and epilog/slurm-gpu-exporter.sh start the interpreter with ``-I -S``.
 """
 
 from __future__ import annotations
@@ -14,10 +16,15 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
 
 from slurm_gpu_exporter.hooks import spool
 from slurm_gpu_exporter.hooks.ids import user_name
+
+# Names for annotations only: importing collections.abc would cost the prolog
+# ``collections`` at every start.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
 
 DEFAULTS_FILE = "/etc/default/slurm-gpu-exporter"
 SPOOL_DIR_KEY = "SLURM_GPU_EXPORTER_SPOOL_DIR"

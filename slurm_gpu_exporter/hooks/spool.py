@@ -13,14 +13,12 @@ checked, and a record that fails any check is refused with a reason.
 from __future__ import annotations
 
 import errno
-import json
 import os
-import re
 import stat
-from dataclasses import asdict, dataclass, replace
-from dataclasses import fields as dataclass_fields
+from operator import attrgetter
 
-from slurm_gpu_exporter.hooks.ids import JOB_ID_RE, SLURM_ID
+from slurm_gpu_exporter.hooks.ids import is_slurm_id
+from slurm_gpu_exporter.hooks.recordjson import dumps_object, loads_object
 
 SCHEMA_VERSION = 1
 # A record is a few hundred bytes; anything much larger is not ours.
@@ -34,8 +32,6 @@ TRAINING_SOCKET = "training.sock"
 
 # Slurm job ids are unsigned 32-bit numbers and never 0 (NO_VAL is 0xfffffffe).
 _MAX_JOBID = 0xFFFFFFFD
-_RECORD_NAME_RE = re.compile(rf"({SLURM_ID})\.json")
-
 
 
 class SpoolError(Exception):
@@ -44,50 +40,105 @@ class SpoolError(Exception):
 
 def is_job_id(value: str) -> bool:
     """True when value is a plain Slurm job id (digits, no sign, no padding)."""
-    return bool(JOB_ID_RE.fullmatch(value)) and int(value) <= _MAX_JOBID
+    return is_slurm_id(value) and int(value) <= _MAX_JOBID
 
 
 def job_id_of_record_name(name: str) -> str | None:
     """The job id a spool file name stands for, or None for any other name."""
-    match = _RECORD_NAME_RE.fullmatch(name)
-    if match and is_job_id(match.group(1)):
-        return match.group(1)
+    jobid = name[: -len(RECORD_SUFFIX)]
+    if name.endswith(RECORD_SUFFIX) and is_job_id(jobid):
+        return jobid
     return None
 
 
-@dataclass(frozen=True)
+# The record's text fields, in the order of JobRecord's parameters: "" means "not given".
+_STR_FIELDS = ("user", "account", "partition", "qos", "cluster", "node", "job_gpus",
+               "cuda_visible_devices", "gpu_device_ordinal", "array_job_id",
+               "array_task_id", "sluid")
+_FIELDS = ("jobid", "uid", *_STR_FIELDS, "start_time", "end_time")
+
+
 class JobRecord:
     """What the prolog knows about a job, as stored in the spool.
 
     GPU fields are kept exactly as slurmd gave them; the agent interprets them.
     Empty strings mean "not given". ``start_time`` is None only for a record the
-    epilog had to write because the prolog left none.
+    epilog had to write because the prolog left none. ``sluid`` (Slurm 26.05+) names
+    the job's cgroup v2 directory.
+
+    Immutable and compared by value, as a frozen dataclass would be; written out by
+    hand because the prolog imports this module, and ``dataclasses`` (``inspect``,
+    ``ast``) costs the prolog more than all its own work.
     """
+
+    __slots__ = _FIELDS
 
     jobid: str
     uid: int
-    user: str = ""
-    account: str = ""
-    partition: str = ""
-    qos: str = ""
-    cluster: str = ""
-    node: str = ""
-    job_gpus: str = ""
-    cuda_visible_devices: str = ""
-    gpu_device_ordinal: str = ""
-    array_job_id: str = ""
-    array_task_id: str = ""
-    sluid: str = ""  # Slurm 26.05+: names the job's cgroup v2 directory
-    start_time: float | None = None
-    end_time: float | None = None
+    user: str
+    account: str
+    partition: str
+    qos: str
+    cluster: str
+    node: str
+    job_gpus: str
+    cuda_visible_devices: str
+    gpu_device_ordinal: str
+    array_job_id: str
+    array_task_id: str
+    sluid: str
+    start_time: float | None
+    end_time: float | None
+
+    def __init__(self, jobid: str, uid: int, user: str = "", account: str = "",
+                 partition: str = "", qos: str = "", cluster: str = "", node: str = "",
+                 job_gpus: str = "", cuda_visible_devices: str = "",
+                 gpu_device_ordinal: str = "", array_job_id: str = "",
+                 array_task_id: str = "", sluid: str = "", start_time: float | None = None,
+                 end_time: float | None = None) -> None:
+        values = (jobid, uid, user, account, partition, qos, cluster, node, job_gpus,
+                  cuda_visible_devices, gpu_device_ordinal, array_job_id, array_task_id,
+                  sluid, start_time, end_time)
+        for name, value in zip(_FIELDS, values, strict=True):
+            object.__setattr__(self, name, value)
+
+    def _values(self) -> tuple[object, ...]:
+        return _field_values(self)  # type: ignore[no-any-return]
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}: a JobRecord is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}: a JobRecord is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:  # the spool reader hands out an unchanged file's same record
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELDS)
+        return f"{self.__class__.__qualname__}({shown})"
 
     def ended(self, when: float) -> JobRecord:
         """This record, marked as ended at ``when`` (an existing end time is kept)."""
-        return self if self.end_time is not None else replace(self, end_time=when)
+        if self.end_time is not None:
+            return self
+        return JobRecord(*self._values()[:-1], end_time=when)  # type: ignore[arg-type]
 
     def to_json(self) -> bytes:
-        data = {"version": SCHEMA_VERSION, **asdict(self)}
-        return (json.dumps(data, sort_keys=True) + "\n").encode()
+        data: dict[str, object] = {"version": SCHEMA_VERSION}
+        data.update(zip(_FIELDS, self._values(), strict=True))
+        return dumps_object(data)
+
+
+# Every field's value, in order, in one C call: the tracker compares records each sample.
+_field_values = attrgetter(*_FIELDS)
 
 
 def parse_record(raw: bytes, expected_jobid: str) -> JobRecord:
@@ -95,7 +146,7 @@ def parse_record(raw: bytes, expected_jobid: str) -> JobRecord:
     if len(raw) > MAX_RECORD_BYTES:
         raise SpoolError(f"record is larger than {MAX_RECORD_BYTES} bytes")
     try:
-        data = json.loads(raw)
+        data = loads_object(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise SpoolError(f"record is not JSON ({exc})") from None
     if not isinstance(data, dict):
@@ -126,10 +177,6 @@ def parse_record(raw: bytes, expected_jobid: str) -> JobRecord:
             raise SpoolError(f"record field {name!r} is not a time in seconds")
         fields[name] = None if value is None else float(value)
     return JobRecord(**fields)  # type: ignore[arg-type]
-
-
-# The record's text fields: every field whose default is "" (all but jobid and the times).
-_STR_FIELDS = tuple(f.name for f in dataclass_fields(JobRecord) if f.default == "")
 
 
 def open_spool_dir(path: str, create: bool = False) -> int:

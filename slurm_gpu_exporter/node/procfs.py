@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_gpu_exporter.hooks.ids import JOB_ID_RE, STEP_ID_RE
+from slurm_gpu_exporter.hooks.ids import is_slurm_id, is_slurm_num
 from slurm_gpu_exporter.node.cgroup.paths import SlurmRoot, job_under_roots
 from slurm_gpu_exporter.node.kernelfile import read_kernel_file
 
@@ -272,11 +272,11 @@ class PidJobMapper:
             return None
         env = read_environ_values(self.proc_root, pid, ("SLURM_JOB_ID", "SLURM_STEP_ID"))
         job_id = env.get("SLURM_JOB_ID")
-        if job_id is None or not JOB_ID_RE.fullmatch(job_id):
+        if job_id is None or not is_slurm_id(job_id):
             return None
         # Tasks of srun steps carry SLURM_STEP_ID; a batch script does not.
         step = env.get("SLURM_STEP_ID")
-        if step is not None and not STEP_ID_RE.fullmatch(step):
+        if step is not None and not is_slurm_num(step):
             step = None
         return PidJob(job_id, step, False, "environ")
 

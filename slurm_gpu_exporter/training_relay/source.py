@@ -41,9 +41,10 @@ class RelayJobs:
         if cgroups is not None:
             self._mapper.slurm_roots = cgroups.proc_roots()
 
-    def update(self, jobs: Iterable[Job]) -> None:
+    def update(self, jobs: Iterable[Job]) -> bool:
         """The running jobs a sender may belong to, by job id and by cgroup key, and
-        where Slurm's cgroup roots are now (only a process below them is in a job)."""
+        where Slurm's cgroup roots are now (only a process below them is in a job);
+        True when the jobs differ from the last update's."""
         if self._cgroups is not None:
             self._mapper.slurm_roots = self._cgroups.proc_roots()
         by_key: dict[str, tuple[str, str]] = {}
@@ -54,7 +55,9 @@ class RelayJobs:
             by_key[job.jobid] = identity
             if job.cgroup is not None:  # a SLUID on Slurm 26.05 cgroup v2
                 by_key[job.cgroup.job_key] = identity
+        changed = by_key != self._by_key
         self._by_key = by_key
+        return changed
 
     def job_of_pid(self, pid: int) -> tuple[str, str] | PendingJob | None:
         """(jobid, user) of the job whose cgroup holds ``pid``; pending while the
@@ -82,8 +85,10 @@ class TrainingSource:
         """Sync with the registry's ``jobs`` (None: the registry failed this sample, so
         nothing is forgotten) and return the relay's current families."""
         if jobs is not None:
-            self.jobs.update(jobs)
-            self.relay.jobs_changed()
+            # Pending connections wait for their job: only new jobs can settle them, so
+            # the relay's thread is woken only then, not on every sample.
+            if self.jobs.update(jobs):
+                self.relay.jobs_changed()
             reported = {job.jobid for job in jobs}
             for jobid in sorted(self.relay.jobs() - reported):
                 self.relay.forget(jobid)

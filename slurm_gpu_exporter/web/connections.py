@@ -126,7 +126,9 @@ class _Connection(asyncio.Protocol):
 class ConnectionGuard:
     """Counts the listener's connections, closes idle ones, and caps them.
 
-    Runs on the event loop only (not thread-safe); ``sweep`` runs every second.
+    Runs on the event loop only (not thread-safe); ``sweep`` runs every second while a
+    connection is open or closes are left to log (an agent nobody scrapes does not
+    wake for it).
     """
 
     def __init__(self, limits: ConnectionLimits,
@@ -137,6 +139,7 @@ class ConnectionGuard:
         self._closed: dict[str, int] = {}  # why -> connections closed since the last log
         self._logged_at = -float("inf")
         self._sweeper: asyncio.Task[None] | None = None
+        self._work: asyncio.Event | None = None  # set when a connection is admitted
 
     def __len__(self) -> int:
         """Connections open now."""
@@ -146,6 +149,7 @@ class ConnectionGuard:
         """A protocol factory for ``loop.create_server`` that puts ``factory``'s
         protocols under this guard."""
         if self._sweeper is None:
+            self._work = asyncio.Event()
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
         return lambda: _Connection(self, factory)
 
@@ -193,6 +197,8 @@ class ConnectionGuard:
                 return False
         assert conn.transport is not None
         self._open[conn.transport] = conn
+        if self._work is not None:
+            self._work.set()
         return True
 
     def release(self, conn: _Connection) -> None:
@@ -234,6 +240,10 @@ class ConnectionGuard:
                     self.limits.header_timeout)
 
     async def _sweep_forever(self) -> None:
+        assert self._work is not None
         while True:
+            if not self._open and not self._closed:  # nothing to time out or to log
+                self._work.clear()
+                await self._work.wait()
             await asyncio.sleep(1.0)
             self.sweep()

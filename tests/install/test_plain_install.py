@@ -146,6 +146,35 @@ def test_bench_extra_brings_its_profiler(installs) -> None:
     _run([installs("bench").bin("py-spy"), "--version"], check=True)
 
 
+def test_the_shipped_hooks_run_the_installed_entry_points_without_site(
+        installs, tmp_path: Path) -> None:
+    """prolog/ and epilog/slurm-gpu-exporter.sh start the venv's interpreter with -I -S
+    and find the package in its site-packages by hand: a .pth file there, which site
+    would run, is not run, and the job is recorded and marked ended."""
+    install = installs("")
+    (site_packages,) = install.prefix.glob("lib/python3*/site-packages")
+    marker = tmp_path / "site-ran"
+    pth = site_packages / "zz-test-site-marker.pth"
+    pth.write_text(f"import pathlib; pathlib.Path({str(marker)!r}).touch()\n")
+    try:
+        defaults = tmp_path / "defaults"
+        defaults.write_text(f"SLURM_GPU_EXPORTER_PREFIX={install.prefix}\n")
+        env = {"SLURM_JOB_ID": "77", "SLURM_JOB_UID": "1001", "SLURM_JOB_USER": "alice",
+               "SLURM_GPU_EXPORTER_SPOOL_DIR": str(tmp_path / "spool")}
+        for kind in ("prolog", "epilog"):
+            script = tmp_path / f"{kind}.sh"
+            text = (REPO / kind / "slurm-gpu-exporter.sh").read_text()
+            script.write_text(text.replace("/etc/default/slurm-gpu-exporter", str(defaults)))
+            run = subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True,
+                                 text=True, timeout=30, check=False)
+            assert run.returncode == 0 and run.stderr == "", run.stderr
+        data = json.loads((tmp_path / "spool" / "77.json").read_text())
+        assert data["user"] == "alice" and data["start_time"] and data["end_time"]
+        assert not marker.exists(), "the hooks ran site"
+    finally:
+        pth.unlink()
+
+
 @pytest.mark.parametrize("extra", ("", "bench"), ids=lambda e: e or "no-extra")
 def test_archive_commands_without_the_archive_say_which_extra_to_install(
         installs, tmp_path: Path, extra: str) -> None:

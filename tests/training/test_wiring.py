@@ -250,3 +250,19 @@ def test_a_sender_in_another_pid_namespace_is_refused(spool):
     peer = _PeerInAnotherPidNamespace()
     assert relay._admission.admit(peer, set(), 0.0) is None  # type: ignore[arg-type]
     assert peer.closed and asked == [] and relay.error_counts()["refused"] == 1
+
+
+def test_the_relay_thread_is_woken_only_when_the_registrys_jobs_change(rig, monkeypatch):
+    """Pending connections wait for their job, so a sample with the same jobs as the
+    last has nothing to tell the relay; a new job wakes it in the sample that finds it."""
+    woken: list[int] = []
+    real = rig.relay.jobs_changed
+    monkeypatch.setattr(rig.relay, "jobs_changed", lambda: (woken.append(1), real())[1])
+    rig.sample()
+    rig.sample()
+    assert woken == []
+    rig.node.add_job(4105, [os.getpid()], user="carol")
+    rig.sample()
+    assert len(woken) == 1
+    rig.sample()
+    assert len(woken) == 1

@@ -703,7 +703,61 @@ def test_v1_steps_are_not_walked_again_once_they_are_no_longer_young(
     scanned.clear()
     clock.now += 10
     assert fs.read_stats(job).pids == first
-    assert scanned == ["job_101"]  # the steps listed, none of them walked
+    # Neither listed (the job directory's link count is as it was) nor walked.
+    assert scanned == []
+
+
+def test_v1_a_step_that_came_as_another_went_is_seen_in_the_same_sample(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job directory's link count stays the same when one step goes and another
+    comes between two samples; the gone step's failed read has the steps listed again."""
+    clock = _Clock()
+    fs = CgroupFS(layout_copy(tmp_path, "v1-slurm"), clock=clock)
+    job = fs.find_jobs()["101"]
+    freezer = job.dirs["freezer"]
+    before = set(fs.read_stats(job).pids)
+    clock.now += 40
+    assert set(fs.read_stats(job).pids) == before
+    links = os.stat(freezer).st_nlink
+    step0 = {int(p) for p in (freezer / "step_0" / "cgroup.procs").read_text().split()}
+    shutil.rmtree(freezer / "step_0")
+    (freezer / "step_1").mkdir()
+    (freezer / "step_1" / "cgroup.procs").write_text("7001\n")
+    assert os.stat(freezer).st_nlink == links
+    scanned = _scanned_dirs(monkeypatch)
+    clock.now += 1
+    assert set(fs.read_stats(job).pids) == (before - step0) | {7001}
+    assert scanned.count("job_101") == 1
+    scanned.clear()
+    clock.now += 1
+    assert set(fs.read_stats(job).pids) == (before - step0) | {7001}
+    assert "job_101" not in scanned
+
+
+def test_v1_steps_are_listed_every_sample_where_link_counts_do_not_count_subdirs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filesystem whose directories keep one link whatever they hold (btrfs): the link
+    count says nothing, so the steps are listed each time and a new step is seen."""
+    clock = _Clock()
+    fs = CgroupFS(layout_copy(tmp_path, "v1-slurm"), clock=clock)
+    job = fs.find_jobs()["101"]
+    freezer = job.dirs["freezer"]
+    real_stat = os.stat
+
+    def one_link(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        st = real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+        return os.stat_result((st.st_mode, st.st_ino, st.st_dev, 1, *tuple(st)[4:]))
+
+    monkeypatch.setattr(os, "stat", one_link)
+    before = set(fs.read_stats(job).pids)
+    clock.now += 40
+    scanned = _scanned_dirs(monkeypatch)
+    assert set(fs.read_stats(job).pids) == before
+    assert scanned == ["job_101"]
+    (freezer / "step_1").mkdir()
+    (freezer / "step_1" / "cgroup.procs").write_text("7001\n")
+    clock.now += 1
+    assert set(fs.read_stats(job).pids) == before | {7001}
 
 
 def test_v1_a_new_step_a_vanished_leaf_and_a_late_task_cgroup_are_all_seen(
@@ -737,3 +791,22 @@ def test_v1_a_new_step_a_vanished_leaf_and_a_late_task_cgroup_are_all_seen(
     (freezer / "step_batch" / "cgroup.procs").write_text("")
     clock.now += 61
     assert 7002 in fs.read_stats(job).pids
+
+
+def test_an_unchanged_job_keeps_its_job_cgroup_and_one_in_a_new_tree_gets_a_new_one(
+        tmp_path: Path) -> None:
+    root = layout_copy(tmp_path, "v1-slurm")
+    fs = CgroupFS(root)
+    first = fs.find_jobs()["101"]
+    assert fs.find_jobs()["101"] is first
+    assert "blkio" not in first.dirs
+    job_dir = root / "blkio" / "slurm" / "uid_1000" / "job_101"
+    job_dir.mkdir(parents=True)
+    fs = CgroupFS(root)  # blkio's Slurm tree is one of its roots now
+    fs.find_jobs()
+    shutil.rmtree(job_dir)
+    before = fs.find_jobs()["101"]
+    job_dir.mkdir(parents=True)  # the job appears in one more controller's tree
+    after = fs.find_jobs()["101"]
+    assert after is not before and after.dirs["blkio"] == job_dir
+    assert fs.find_jobs()["101"] is after

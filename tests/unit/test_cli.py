@@ -78,3 +78,26 @@ def test_zero_seconds_is_refused_where_it_makes_no_sense() -> None:
     assert (args.cgroup_grace, args.job_linger) == (0.0, 0.0)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--sample-interval=0"])
+
+
+def test_without_a_web_config_file_the_watcher_wakes_only_on_sighup() -> None:
+    import asyncio
+
+    from slurm_gpu_exporter.agent.cli import _watch_web_config
+    from slurm_gpu_exporter.web.reload import LiveWebConfig
+
+    config = LiveWebConfig(None)
+    checks: list[int] = []
+    config.check = lambda: bool(checks.append(1))  # type: ignore[method-assign]
+
+    async def run() -> None:
+        wake = asyncio.Event()
+        watcher = asyncio.create_task(_watch_web_config(config, 0.05, wake))
+        await asyncio.sleep(0.4)
+        assert checks == []  # eight intervals: no executor thread started for nothing
+        wake.set()
+        await asyncio.sleep(0.2)
+        assert checks == [1]
+        watcher.cancel()
+
+    asyncio.run(run())

@@ -142,3 +142,28 @@ def test_repeated_log_lines_are_let_through_once_a_minute_with_a_count() -> None
     now[0] = 61.0
     later = record("accept failed")
     assert flt.filter(later) and "1000 more like this" in later.getMessage()
+
+
+def test_the_sweeper_sleeps_while_no_connection_is_open_and_sweeps_once_one_is() -> None:
+    now = [0.0]
+    guard = _guard(8, now)
+    sweeps: list[float] = []
+    real_sweep = guard.sweep
+    guard.sweep = lambda: (sweeps.append(now[0]), real_sweep())[1]  # type: ignore[method-assign]
+
+    async def run() -> None:
+        guard.wrap(Inner)  # starts the sweeper
+        await asyncio.sleep(1.3)
+        assert sweeps == []  # nothing open: the event loop is not woken every second
+        _, transport = _connect(guard)
+        await asyncio.sleep(1.3)
+        assert len(sweeps) == 1
+        now[0] += 11  # past the header timeout: the sweep closes it
+        await asyncio.sleep(1.0)
+        assert transport.aborted
+        count = len(sweeps)
+        await asyncio.sleep(1.2)
+        assert len(sweeps) == count  # closed and logged: asleep again
+        guard.stop()
+
+    asyncio.run(run())

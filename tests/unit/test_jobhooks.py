@@ -217,6 +217,47 @@ def test_prolog_and_epilog_never_wait_on_anything(tmp_path: Path,
     assert record["end_time"] is not None
 
 
+@pytest.mark.process
+def test_shell_wrapper_falls_back_to_site_where_site_packages_lacks_the_package(
+        tmp_path: Path) -> None:
+    """The development venv (an editable install: the package is found through a .pth
+    file, not in site-packages) as the prefix: the scripts' -I -S start finds nothing
+    there, runs site after all, and the job is still recorded and marked ended."""
+    prefix = Path(sys.prefix)
+    assert (prefix / "bin" / "python").exists()
+    defaults = tmp_path / "defaults"
+    defaults.write_text(f"SLURM_GPU_EXPORTER_PREFIX={prefix}\n")
+    env = {"SLURM_JOB_ID": "88", "SLURM_JOB_UID": "0",
+           "SLURM_GPU_EXPORTER_SPOOL_DIR": str(tmp_path / "spool")}
+    for kind in ("prolog", "epilog"):
+        wrapper = tmp_path / f"{kind}.sh"
+        text = (REPO / kind / "slurm-gpu-exporter.sh").read_text()
+        wrapper.write_text(text.replace("/etc/default/slurm-gpu-exporter", str(defaults)))
+        result = subprocess.run(["/bin/sh", str(wrapper)], env=env, capture_output=True,
+                                text=True, timeout=30, check=False)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+    data = json.loads((tmp_path / "spool" / "88.json").read_text())
+    assert data["uid"] == 0 and data["start_time"] and data["end_time"]
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("script", ["prolog", "epilog"])
+def test_shell_wrapper_exits_0_when_the_prefix_python_cannot_import_the_package(
+        tmp_path: Path, script: str) -> None:
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "python").symlink_to(Path(sys.base_prefix) / "bin" / "python3")
+    defaults = tmp_path / "defaults"
+    defaults.write_text(f"SLURM_GPU_EXPORTER_PREFIX={prefix}\n")
+    wrapper = tmp_path / f"{script}.sh"
+    text = (REPO / script / "slurm-gpu-exporter.sh").read_text()
+    wrapper.write_text(text.replace("/etc/default/slurm-gpu-exporter", str(defaults)))
+    result = subprocess.run(["/bin/sh", str(wrapper)], env={"SLURM_JOB_ID": "1"},
+                            capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 0
+    assert f"{script} helper {prefix}/bin/slurm-gpu-exporter-{script} failed" in result.stderr
+
+
 def test_spool_dir_comes_from_the_defaults_file(tmp_path: Path) -> None:
     defaults = tmp_path / "defaults"
     defaults.write_text('# comment\nSLURM_GPU_EXPORTER_SPOOL_DIR="/srv/spool"\nOTHER=1\n')

@@ -360,15 +360,22 @@ def test_job_hooks_import_only_the_standard_library_and_their_own_modules() -> N
         "import sys, slurm_gpu_exporter.hooks.jobhooks\n"
         "known = set(sys.stdlib_module_names) | {'__main__'}\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} - known))\n"
-        "print(sorted(m for m in sys.modules if m.startswith('slurm_gpu_exporter.')))"
+        "print(sorted(m for m in sys.modules if m.startswith('slurm_gpu_exporter.')))\n"
+        "print(sorted(sys.modules))"
     )
     # -S: without site-packages, anything beyond the stdlib fails to import.
     out = subprocess.run([sys.executable, "-S", "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True)
-    third_party, ours = out.stdout.splitlines()
+    third_party, ours, every = out.stdout.splitlines()
     assert third_party == "['slurm_gpu_exporter']"
     assert ours == ("['slurm_gpu_exporter.hooks', 'slurm_gpu_exporter.hooks.ids', "
-                    "'slurm_gpu_exporter.hooks.jobhooks', 'slurm_gpu_exporter.hooks.spool']")
+                    "'slurm_gpu_exporter.hooks.jobhooks', 'slurm_gpu_exporter.hooks.recordjson', "
+                    "'slurm_gpu_exporter.hooks.spool']")
+    # What a prolog's start would pay for (issue 37): json pulls in re, enum, functools
+    # and collections; dataclasses pulls in inspect and ast.
+    costly = {"re", "json", "dataclasses", "inspect", "ast", "enum", "functools",
+              "collections", "typing"}
+    assert costly & set(ast.literal_eval(every)) == set()
 
 
 def test_cgroups_keeps_its_public_names() -> None:

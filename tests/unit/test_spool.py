@@ -133,3 +133,32 @@ def test_write_replaces_a_symlink_instead_of_following_it(tmp_path: Path) -> Non
     _write(spool_dir, spool.JobRecord(jobid="12", uid=0))
     assert victim.read_text() == "keep me"
     assert not (spool_dir / "12.json").is_symlink()
+
+
+def test_a_record_is_an_immutable_value() -> None:
+    record = spool.JobRecord("7", 1001, user="alice", start_time=2.0)
+    same = spool.JobRecord(jobid="7", uid=1001, user="alice", start_time=2.0)
+    assert record == same and hash(record) == hash(same) and len({record, same}) == 1
+    assert record != spool.JobRecord(jobid="7", uid=1001, user="bob", start_time=2.0)
+    assert record != ("7", 1001)
+    assert repr(record).startswith("JobRecord(jobid='7', uid=1001, user='alice', account=''")
+    assert repr(record).endswith("start_time=2.0, end_time=None)")
+    with pytest.raises(AttributeError):
+        record.user = "mallory"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        del record.user  # type: ignore[misc]
+    ended = record.ended(5.0)
+    assert ended.end_time == 5.0 and ended.user == "alice" and record.end_time is None
+    assert ended == spool.JobRecord(jobid="7", uid=1001, user="alice", start_time=2.0,
+                                    end_time=5.0)
+
+
+@pytest.mark.parametrize("name", ["1.json", "4294967293.json", "0.json", "01.json",
+                                  "4294967294.json", "1.json.tmp", ".1.json", "1.JSON",
+                                  "1json", ".json", "\u0661.json", "training.sock"])
+def test_record_names_are_job_ids_with_the_suffix(name: str) -> None:
+    import re
+
+    match = re.fullmatch(r"([1-9][0-9]{0,9})\.json", name)
+    expected = match.group(1) if match and int(match.group(1)) <= 0xFFFFFFFD else None
+    assert spool.job_id_of_record_name(name) == expected

@@ -95,3 +95,25 @@ def test_after_a_failed_save_the_same_state_is_tried_again(tmp_path: Path) -> No
     blocker.unlink()
     assert store.save({"jobs": {}}) is True
     assert store.load()["jobs"] == {}
+
+
+def test_every_changed_state_is_renamed_into_place_and_fsynced_at_most_once_a_minute(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    now = [100.0]
+    store = StateStore(tmp_path / "state", clock=lambda: now[0])
+    assert store.save({"jobs": {"1": {"n": 0}}})
+    assert len(synced) == 2  # the first save: the file, then the directory
+    for n in range(1, 12):  # a sample every 5 s for 55 s
+        now[0] += 5
+        assert store.save({"jobs": {"1": {"n": n}}})
+        assert StateStore(tmp_path / "state").load()["jobs"] == {"1": {"n": n}}
+    assert len(synced) == 2
+    now[0] += 5  # 60 s after the last fsync
+    assert store.save({"jobs": {"1": {"n": 12}}})
+    assert len(synced) == 4
+    assert not [p for p in (tmp_path / "state").iterdir() if p.name != STATE_FILE]

@@ -232,14 +232,23 @@ def leaves_of_step(step_dir: str, skip_stepd_leaf: bool) -> list[str]:
     return leaves
 
 
+# v1 interface files whose names have no dot (every other interface file's has one).
+_V1_DOTLESS_FILES = frozenset({"tasks", "notify_on_release"})
+
+
 class StepLeaves:
     """A job's processes through its steps' leaf cgroups, the leaves remembered between
     samples (cgroup v1, which has no cgroup.stat to say that a subtree changed).
 
-    Listing the job's steps is one directory read per sample. A step's subtree is
-    walked again while the step is young (its task cgroups appear a moment after it),
-    when one of its remembered leaves is gone, and at least every ``rewalk`` seconds.
-    Not thread-safe: the sampler thread owns it (through CgroupFS).
+    A job's steps are listed when its directory's link count changed: on cgroupfs (as on
+    most filesystems) a directory has 2 links plus one per subdirectory, so a ``stat``
+    tells that a step came or went. A step that went while another came leaves the
+    count as it was, but a remembered leaf of the gone step fails its read, and the job
+    is listed again in the same sample. Where the count does not match the listing
+    (a filesystem that does not count subdirectories), the steps are listed every time.
+    A step's subtree is walked again while the step is young (its task cgroups appear a
+    moment after it), when one of its remembered leaves is gone, and at least every
+    ``rewalk`` seconds. Not thread-safe: the sampler thread owns it (through CgroupFS).
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, young: float = 10.0,
@@ -249,15 +258,43 @@ class StepLeaves:
         self._rewalk = rewalk
         # step dir -> (first seen, last walked, its leaves then)
         self._steps: dict[str, tuple[float, float, tuple[str, ...]]] = {}
+        # job dir -> (its link count, its step names) when the count matched the listing
+        self._listed: dict[str, tuple[int, tuple[str, ...]]] = {}
 
     def pids(self, job_dir: str) -> frozenset[int]:
         """Pids in the leaves of every step of the job (empty when it is gone)."""
+        try:
+            links = os.stat(job_dir).st_nlink
+        except OSError:
+            self._listed.pop(job_dir, None)
+            return frozenset()
+        listed = self._listed.get(job_dir)
+        if listed is not None and listed[0] == links:
+            pids, complete = self._pids_of_steps(job_dir, listed[1])
+            if complete:
+                return pids
+        pids, _ = self._pids_of_steps(job_dir, self._list_steps(job_dir, links))
+        return pids
+
+    def _list_steps(self, job_dir: str, links: int) -> tuple[str, ...]:
+        entries = names(job_dir)
+        # A step's name has no dot, so it is a directory, never an interface file.
+        steps = tuple(name for name in entries if STEP_RE.fullmatch(name))
+        subdirs = sum(1 for name in entries if "." not in name and name not in _V1_DOTLESS_FILES)
+        if links == 2 + subdirs:
+            self._listed[job_dir] = (links, steps)
+        else:
+            self._listed.pop(job_dir, None)
+        return steps
+
+    def _pids_of_steps(self, job_dir: str, steps: tuple[str, ...]
+                       ) -> tuple[frozenset[int], bool]:
+        """(pids of the steps' leaves, whether every step could be read: False when one
+        is gone, so the listing may be stale)."""
         now = self._clock()
         pids: set[int] = set()
-        for name in names(job_dir):
-            # A step's name has no dot, so it is a directory, never an interface file.
-            if not STEP_RE.fullmatch(name):
-                continue
+        complete = True
+        for name in steps:
             step = f"{job_dir}/{name}"
             first, walked, leaves = self._steps.get(step, (now, now, ()))
             known = step in self._steps and now - first >= self._young \
@@ -267,13 +304,16 @@ class StepLeaves:
                 leaves, walked = tuple(leaves_of_step(step, False)), now
                 got = pids_of(leaves)
             self._steps[step] = (first, walked, leaves)
+            if got is None:  # the step is gone (or its cgroup.procs unreadable)
+                complete = False
             pids.update(got or ())
-        return frozenset(pids)
+        return frozenset(pids), complete
 
     def keep_only(self, live_dirs: set[str]) -> None:
         """Forget the steps of job directories not in ``live_dirs``."""
         self._steps = {s: v for s, v in self._steps.items()
                        if os.path.dirname(s) in live_dirs}
+        self._listed = {d: v for d, v in self._listed.items() if d in live_dirs}
 
 
 def pids_of(leaves: Iterable[str]) -> frozenset[int] | None:

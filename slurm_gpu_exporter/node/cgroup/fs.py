@@ -210,13 +210,15 @@ class CgroupFS:
         version = self._roots.version
         jobs: dict[str, JobCgroup] = {}
         for job_key, (uid, is_sluid, instances) in found.items():
-            ordered = tuple(tuple(sorted(instances[name].items())) for name in sorted(instances))
-            signature = (uid, is_sluid, version, ordered)
+            # Compared as found: dicts are equal whatever their order, so nothing is
+            # sorted for a job that did not change.
+            signature = (uid, is_sluid, version, instances)
             known = self._jobs.get(job_key)
             # Unchanged jobs keep their JobCgroup: no new objects on every sample.
             if known is not None and known[0] == signature:
                 jobs[job_key] = known[1]
                 continue
+            ordered = tuple(tuple(sorted(instances[name].items())) for name in sorted(instances))
             dirs = [MappingProxyType({c: Path(d) for c, d in inst}) for inst in ordered]
             jobs[job_key] = JobCgroup(
                 job_key=job_key,
