@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import percentile, record
 
-from slurm_gpu_exporter.exposition.metrics import render
+from slurm_gpu_exporter.exposition.rendered import render
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.gpu.simulated import SimulatedBackend
 from slurm_gpu_exporter.jobs.stats import JobStatsCollector

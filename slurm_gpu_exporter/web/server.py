@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from slurm_gpu_exporter import __version__
-from slurm_gpu_exporter.exposition.metrics import Exposition, render
+from slurm_gpu_exporter.exposition.rendered import Exposition, render
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.web.config import AuthBusy, WebConfig
 from slurm_gpu_exporter.web.connections import ACCEPT_BATCH, ConnectionGuard, ConnectionLimits

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter import __version__
-from slurm_gpu_exporter.exposition.metrics import render
+from slurm_gpu_exporter.exposition.rendered import render
 from slurm_gpu_exporter.exposition.snapshot import (
     GpuSample,
     JobGpuSample,

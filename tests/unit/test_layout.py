@@ -67,7 +67,8 @@ MAY_IMPORT: dict[str, set[str]] = {
 # snapshots through a callback and renders nothing (the web holder does); check takes
 # the agent's flags, never its wiring.
 MAY_NOT_IMPORT: dict[str, set[str]] = {
-    "sampling": {"slurm_gpu_exporter.exposition.metrics"},
+    "sampling": {"slurm_gpu_exporter.exposition.metrics",
+                 "slurm_gpu_exporter.exposition.rendered"},
     "check": {"slurm_gpu_exporter.agent.cli"},
 }
 # Layers that read files, list directories, run commands or load NVML.
@@ -346,6 +347,7 @@ def test_report_commands_outside_the_archive_load_no_database_library() -> None:
 
 @pytest.mark.parametrize("module", ["slurm_gpu_exporter.exposition.snapshot",
                                     "slurm_gpu_exporter.exposition.metrics",
+                                    "slurm_gpu_exporter.exposition.rendered",
                                     "slurm_gpu_exporter.web.server"])
 @pytest.mark.process
 def test_exposition_side_loads_no_module_that_does_io(module: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_gpu_exporter.exposition.metrics import render
+from slurm_gpu_exporter.exposition.rendered import render
 from slurm_gpu_exporter.exposition.snapshot import (
     GpuSample,
     JobGpuSample,
@@ -137,7 +137,7 @@ def test_documented_source_values_are_exactly_the_ones_the_agent_counts() -> Non
 def test_serving_an_exposition_reads_no_file(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # The agent's own process figures come from /proc/self: read with the sample, so
     # that a scrape touches nothing on the node.
-    import slurm_gpu_exporter.exposition.metrics as metrics
+    import slurm_gpu_exporter.exposition.rendered as metrics
 
     exposition = render(_snapshot())
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from slurm_gpu_exporter.exposition.metrics import Exposition, render
+from slurm_gpu_exporter.exposition.rendered import Exposition, render
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, XidEvent
 from slurm_gpu_exporter.gpu.sampler import GpuSampler

@@ -18,7 +18,7 @@ import bcrypt
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from slurm_gpu_exporter.exposition.metrics import render
+from slurm_gpu_exporter.exposition.rendered import render
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.web.config import WebConfig, parse_web_config
 from slurm_gpu_exporter.web.server import ExpositionHolder, make_app, parse_listen_address
