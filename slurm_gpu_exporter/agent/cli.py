@@ -29,9 +29,11 @@ from slurm_gpu_exporter.agent.trust import (
 from slurm_gpu_exporter.gpu.backend import GpuBackend
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.hooks import spool
+from slurm_gpu_exporter.jobs.cpu_energy import CpuEnergySource
 from slurm_gpu_exporter.jobs.stats import JobStatsCollector
 from slurm_gpu_exporter.jobs.tracker import JobTracker
 from slurm_gpu_exporter.node.cgroup import CgroupFS
+from slurm_gpu_exporter.node.powercap import PowercapReader
 from slurm_gpu_exporter.node.slurm.lookup import SlurmMetadata, make_lookup
 from slurm_gpu_exporter.node.source_health import SourceErrors
 from slurm_gpu_exporter.node.state_dir import StateStore
@@ -104,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(simulation.stop)
             args.cgroup_root, args.proc_root = simulation.cgroup_root, simulation.proc_root
             args.spool_dir, args.state_dir = str(simulation.spool_dir), simulation.state_dir
+            args.powercap_root = ""  # a synthetic node has no RAPL
             log.info("simulating a node with %d GPUs under %s", simulation.gpu_count, base)
 
         trusted_uids = frozenset({0, os.geteuid()})
@@ -144,11 +147,15 @@ def main(argv: list[str] | None = None) -> int:
                                              args.sample_interval, errors)
         if training is not None:
             stack.callback(training.stop)
+        cpu_energy = None
+        if args.powercap_root:
+            cpu_energy = CpuEnergySource(PowercapReader(Path(args.powercap_root)),
+                                         args.proc_root, errors)
         holder = ExpositionHolder(stale_after=max(120.0, 10 * args.sample_interval))
         sampler = Sampler(
             registry, jobstats, errors, args.sample_interval,
             state=StateStore(args.state_dir), gpu=gpu, training=training,
-            publish=holder.show,
+            cpu_energy=cpu_energy, publish=holder.show,
         )
         try:
             asyncio.run(_serve(make_app(holder, web_config, limits), listen, web_config, sampler,

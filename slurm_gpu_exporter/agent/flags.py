@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cgroup filesystem root")
     p.add_argument("--proc-root", type=Path, metavar="DIR", default=Path("/proc"),
                    help="procfs root")
+    p.add_argument("--powercap-root", metavar="DIR", default="/sys/class/powercap",
+                   help="powercap root, where the CPU package and DRAM energy (RAPL) is read; "
+                        "'' switches CPU energy off")
     p.add_argument("--sample-interval", type=_seconds(positive=True), metavar="SECONDS",
                    default=5.0,
                    help="seconds between samples")

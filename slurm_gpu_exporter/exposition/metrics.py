@@ -209,6 +209,26 @@ def gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
                 unattr_procs, unattr_mem, unattr_busy)
 
 
+def cpu_energy_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """CPU package and DRAM energy (RAPL): measured per socket, shared among the jobs by
+    their CPU time, the rest outside jobs; absent where RAPL is switched off."""
+    job = _counter("slurm_job_cpu_energy_joules", "The job's share of the node's CPU "
+                   "package or DRAM energy (RAPL), by its CPU time out of the node's busy CPU "
+                   "time: an estimate.", [*JOB_LABELS, "domain"])
+    node = _counter("slurm_cpu_energy_joules", "CPU package or DRAM energy the socket's RAPL "
+                    "counter measured since the agent started.", ["socket", "domain"])
+    outside = _counter("slurm_cpu_outside_jobs_energy_joules", "CPU package or DRAM energy "
+                       "of no job (idle power, processes outside jobs): the measured total "
+                       "less the jobs' shares.", ["domain"])
+    for s in snapshot.job_cpu_energy:
+        job.add_metric([s.job.jobid, s.job.user, s.domain], s.joules)
+    for c in snapshot.cpu_energy:
+        node.add_metric([c.socket, c.domain], c.joules)
+    for domain, joules in snapshot.cpu_energy_outside_jobs:
+        outside.add_metric([domain], joules)
+    yield from (job, node, outside)
+
+
 def sample_gap_families(snapshot: Snapshot) -> Iterator[Metric]:
     """Time the driver's samples did not cover, and what its samples did."""
     lost = "the driver's samples may have been lost (agent stalled, machine suspended)"
@@ -253,7 +273,7 @@ def self_families(snapshot: Snapshot) -> Iterator[Metric]:
     errors = _counter("slurm_gpu_exporter_sample_errors",
                       "Problems met while sampling, by source (bad spool files, unreadable "
                       "cgroups, failed Slurm look-ups, NVML errors, state dir writes, refused "
-                      "training pushes).",
+                      "training pushes, unreadable RAPL counters).",
                       ["source"])
     for source, count in sorted(snapshot.errors.items()):
         errors.add_metric([source], count)
@@ -289,6 +309,8 @@ class SnapshotCollector(Collector):
             yield from gpu_families(self.snapshot)
             yield from sample_gap_families(self.snapshot)
         yield from gpm_families(self.snapshot)
+        if self.snapshot.powercap_up is not None:
+            yield from cpu_energy_families(self.snapshot)
         yield from self_families(self.snapshot)
         yield from self.snapshot.training  # relayed from inside jobs (training_relay)
         for collector in self.extra:

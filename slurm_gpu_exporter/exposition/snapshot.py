@@ -115,6 +115,24 @@ class UnattributedSample:
 
 
 @dataclass(frozen=True)
+class JobCpuEnergySample:
+    """A job's share of the node's CPU package or DRAM energy (RAPL), by its CPU time."""
+
+    job: JobInfo
+    domain: str  # "package" or "dram"
+    joules: float
+
+
+@dataclass(frozen=True)
+class CpuEnergySample:
+    """What one socket's RAPL counter measured since the agent started."""
+
+    socket: str
+    domain: str
+    joules: float
+
+
+@dataclass(frozen=True)
 class SourceStatus:
     """Whether one data source (a name in node/source_health.SOURCES) worked in the last sample."""
 
@@ -145,3 +163,8 @@ class Snapshot:
     # slurm_job_training_* families the relay held at the sample, labelled with jobid
     # and user by the relay; built afresh each sample and never changed afterwards.
     training: tuple[Metric, ...] = ()
+    # CPU energy (RAPL): None when switched off (--powercap-root '').
+    powercap_up: bool | None = None
+    job_cpu_energy: tuple[JobCpuEnergySample, ...] = ()
+    cpu_energy: tuple[CpuEnergySample, ...] = ()
+    cpu_energy_outside_jobs: tuple[tuple[str, float], ...] = ()  # (domain, joules)

@@ -27,6 +27,7 @@ from slurm_gpu_exporter.exposition.snapshot import (
     StepTiming,
     UnattributedSample,
 )
+from slurm_gpu_exporter.jobs.cpu_energy import CpuEnergyPart, CpuEnergySource
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.jobs.stats import JobStatsCollector
 from slurm_gpu_exporter.jobs.tracker import JobTracker
@@ -68,6 +69,7 @@ class Sampler:
         state: StateStore | None = None,
         gpu: GpuSource | None = None,
         training: TrainingSource | None = None,
+        cpu_energy: CpuEnergySource | None = None,
         publish: Callable[[Snapshot], None] = lambda snapshot: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -80,6 +82,7 @@ class Sampler:
         self.state = state
         self.gpu = gpu
         self.training = training
+        self.cpu_energy = cpu_energy
         self.publish = publish
         self.clock = clock
         self._stop = threading.Event()
@@ -90,6 +93,8 @@ class Sampler:
                 jobstats.import_state(saved.get("jobs", {}))
                 if gpu is not None:
                     gpu.import_state(saved.get("gpu", {}))
+                if cpu_energy is not None:
+                    cpu_energy.import_state(saved.get("cpu_energy", {}))
             except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
                 # Of the wrong shape deeper down: never a reason not to start.
                 state.move_aside(f"{type(exc).__name__}: {exc}")
@@ -149,6 +154,11 @@ class Sampler:
         jobs = refreshed if refreshed is not None else []
         job_samples: list[JobSample] = self._timed(
             "cgroup", steps, lambda: self.jobstats.collect(jobs), [])
+        energy: CpuEnergyPart | None = None
+        if self.cpu_energy is not None:
+            energy = self._timed("powercap", steps,
+                                 lambda: self.cpu_energy.sample(job_samples),  # type: ignore[union-attr]
+                                 CpuEnergyPart(up=False))
         gpu_part: GpuPart | None = None
         if self.gpu is not None:
             gpu_part = self._timed("nvml", steps, lambda: self.gpu.sample(jobs, now), None)  # type: ignore[union-attr]
@@ -169,28 +179,37 @@ class Sampler:
             gpus=gpu_part.gpus if gpu_part else (),
             unattributed=gpu_part.unattributed if gpu_part else (),
             nvml_up=nvml_up,
-            sources=self._source_statuses(failed, nvml_up),
+            sources=self._source_statuses(failed, nvml_up,
+                                          energy.up if energy is not None else None),
             steps=tuple(steps),
             errors=self.errors.snapshot(),
             sample_duration_seconds=time.monotonic() - started,
             training=training,
+            powercap_up=energy.up if energy is not None else None,
+            job_cpu_energy=energy.jobs if energy is not None else (),
+            cpu_energy=energy.sockets if energy is not None else (),
+            cpu_energy_outside_jobs=energy.outside_jobs if energy is not None else (),
         )
         self.publish(snapshot)
         return snapshot
 
-    def _source_statuses(self, failed: frozenset[str],
-                         nvml_up: bool | None) -> tuple[SourceStatus, ...]:
+    def _source_statuses(self, failed: frozenset[str], nvml_up: bool | None,
+                         powercap_up: bool | None = None) -> tuple[SourceStatus, ...]:
         """A source is up when it counted no error of its own in this sample; NVML also
-        needs nvml_up (a missing library is counted only when a re-initialisation is tried)."""
+        needs nvml_up (a missing library is counted only when a re-initialisation is tried),
+        powercap its zones found and read."""
         statuses = []
         for source in SOURCES:
             if ((source == "nvml" and nvml_up is None)
                     or (source == "state" and self.state is None)
-                    or (source == "training" and self.training is None)):
+                    or (source == "training" and self.training is None)
+                    or (source == "powercap" and powercap_up is None)):
                 continue  # not collected at all
             ok = source not in failed
             if source == "nvml":
                 ok = ok and bool(nvml_up)
+            if source == "powercap":
+                ok = ok and bool(powercap_up)
             statuses.append(SourceStatus(source, ok))
         return tuple(statuses)
 
@@ -211,6 +230,8 @@ class Sampler:
         data: dict[str, Any] = {"jobs": self.jobstats.export_state()}
         if self.gpu is not None:
             data["gpu"] = self.gpu.export_state()
+        if self.cpu_energy is not None:
+            data["cpu_energy"] = self.cpu_energy.export_state()
         try:
             self.state.save(data)
         except OSError as exc:
@@ -221,4 +242,4 @@ class Sampler:
 # The error source a step's own crash is counted under: the registry's first job is
 # the spool, so a crash there shows as a spool problem.
 _STEP_SOURCE = {"registry": "spool", "cgroup": "cgroup", "nvml": "nvml", "state": "state",
-                "training": "training"}
+                "training": "training", "powercap": "powercap"}

@@ -17,7 +17,9 @@ import pytest
 from slurm_gpu_exporter import __version__
 from slurm_gpu_exporter.exposition.rendered import render
 from slurm_gpu_exporter.exposition.snapshot import (
+    CpuEnergySample,
     GpuSample,
+    JobCpuEnergySample,
     JobGpuSample,
     JobInfo,
     JobSample,
@@ -93,6 +95,16 @@ def fixed_snapshot() -> Snapshot:
                StepTiming("nvml", 0.0101), StepTiming("state", 0.0005)),
         errors=dict.fromkeys(SOURCES, 0) | {"slurm": 3, "spool": 1},
         sample_duration_seconds=0.0152,
+        powercap_up=True,
+        job_cpu_energy=(
+            JobCpuEnergySample(job=JobInfo(jobid="4101", user="alice"), domain="package",
+                               joules=5400.5),
+            JobCpuEnergySample(job=JobInfo(jobid="4101", user="alice"), domain="dram",
+                               joules=610.25),
+        ),
+        cpu_energy=(CpuEnergySample("0", "package", 90_000.0), CpuEnergySample("0", "dram", 9000.0),
+                    CpuEnergySample("1", "package", 70_000.5)),
+        cpu_energy_outside_jobs=(("dram", 8389.75), ("package", 154_600.0)),
     )
 
 

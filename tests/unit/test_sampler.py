@@ -12,9 +12,11 @@ from slurm_gpu_exporter.exposition.rendered import Exposition, render
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, XidEvent
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
+from slurm_gpu_exporter.jobs.cpu_energy import CpuEnergySource
 from slurm_gpu_exporter.jobs.stats import JobStatsCollector
 from slurm_gpu_exporter.jobs.tracker import JobTracker
 from slurm_gpu_exporter.node.cgroup import CgroupFS
+from slurm_gpu_exporter.node.powercap import PowercapReader
 from slurm_gpu_exporter.node.slurm.lookup import SlurmMetadata
 from slurm_gpu_exporter.node.source_health import SOURCES, SourceErrors
 from slurm_gpu_exporter.node.state_dir import StateStore
@@ -23,6 +25,7 @@ from slurm_gpu_exporter.sim.synthnode import SynthNode
 from slurm_gpu_exporter.training_relay import TrainingRelay
 from slurm_gpu_exporter.training_relay.source import RelayJobs, TrainingSource
 from tests.agent import series
+from tests.powercap import PowercapTree
 
 
 class NoLibrary:
@@ -48,6 +51,7 @@ class NoLibrary:
 def _sampler(node: SynthNode, errors: SourceErrors, *, state_dir: Path | None = None,
              gpu: Any = None, metadata: SlurmMetadata | None = None,
              training: TrainingSource | None = None,
+             cpu_energy: CpuEnergySource | None = None,
              ) -> tuple[Sampler, list[tuple[Snapshot, Exposition]]]:
     cgroups = CgroupFS(node.cgroup_root)
     registry = JobTracker(str(node.spool_dir), cgroups, metadata or SlurmMetadata(None), errors,
@@ -56,7 +60,8 @@ def _sampler(node: SynthNode, errors: SourceErrors, *, state_dir: Path | None = 
     sampler = Sampler(
         registry, JobStatsCollector(cgroups, node.proc_root, errors), errors, 5.0,
         state=StateStore(state_dir) if state_dir is not None else None, gpu=gpu,
-        training=training, publish=lambda s: published.append((s, render(s))),
+        training=training, cpu_energy=cpu_energy,
+        publish=lambda s: published.append((s, render(s))),
     )
     return sampler, published
 
@@ -93,7 +98,10 @@ def test_source_up_and_sample_errors_share_one_set_of_source_values(tmp_path: Pa
     try:
         sampler, published = _sampler(node, errors, state_dir=node.state_dir,
                                       gpu=GpuSampler(NoLibrary(), node.proc_root, errors),
-                                      training=TrainingSource(relay, jobs, errors))
+                                      training=TrainingSource(relay, jobs, errors),
+                                      cpu_energy=CpuEnergySource(
+                                          PowercapReader(node.base / "powercap"),
+                                          node.proc_root, errors, busy=lambda _root: 0.0))
         sampler.sample_once()
     finally:
         relay.stop()
@@ -102,7 +110,7 @@ def test_source_up_and_sample_errors_share_one_set_of_source_values(tmp_path: Pa
     assert set(_errors(exposition)) == set(SOURCES)
     duration = {labels["source"] for labels, _ in series(
         exposition.text.decode(), "slurm_gpu_exporter_sample_duration_seconds")}
-    assert duration == {"registry", "cgroup", "nvml", "training", "state", "total"}
+    assert duration == {"registry", "cgroup", "powercap", "nvml", "training", "state", "total"}
 
 
 def test_without_the_training_relay_there_is_no_training_source_up(tmp_path: Path) -> None:
@@ -130,7 +138,7 @@ def test_a_failed_slurm_lookup_is_the_slurm_sources_problem_not_the_registrys(
     assert [s.job.jobid for s in snapshot.jobs] == ["4101"]  # the job is still reported
     assert _source_up(published[-1][1]) == {"spool": 1, "cgroup": 1, "slurm": 0}
     assert _errors(published[-1][1]) == {"spool": 0, "cgroup": 0, "slurm": 1, "nvml": 0,
-                                         "state": 0, "training": 0}
+                                         "state": 0, "training": 0, "powercap": 0}
     sampler.sample_once()  # look-ups are paused after a failure: nothing failed this time
     assert _source_up(published[-1][1])["slurm"] == 1
     assert _errors(published[-1][1])["slurm"] == 1
@@ -253,3 +261,33 @@ def test_the_state_file_is_written_only_when_a_sample_changed_it(tmp_path: Path)
     sampler.sample_once()
     assert state_file.stat().st_ino != first.st_ino
     assert '"cpu_seconds":12.5' in state_file.read_text()
+
+
+def test_cpu_energy_goes_to_the_jobs_by_their_cgroup_cpu_time(tmp_path: Path) -> None:
+    node = SynthNode(tmp_path / "node")
+    node.add_job(4101, [5001])
+    node.add_job(4102, [5002])
+    node.update_job(4101, cpu_seconds=0.0)
+    node.update_job(4102, cpu_seconds=0.0)
+    tree = PowercapTree(tmp_path / "powercap", sockets=1)
+    busy = [0.0]
+    errors = SourceErrors()
+    source = CpuEnergySource(PowercapReader(tree.root), node.proc_root, errors,
+                             busy=lambda _root: busy[0])
+    sampler, published = _sampler(node, errors, cpu_energy=source)
+    sampler.sample_once()
+    node.update_job(4101, cpu_seconds=30.0)
+    node.update_job(4102, cpu_seconds=10.0)
+    busy[0] = 50.0
+    tree.set("intel-rapl:0", 1_000_000_000)
+    tree.set("intel-rapl:0:0", 100_000_000)
+    sampler.sample_once()
+    text = published[-1][1].text.decode()
+    jobs = {(labels["jobid"], labels["domain"]): value for labels, value in
+            series(text, "slurm_job_cpu_energy_joules_total")}
+    assert jobs == pytest.approx({("4101", "package"): 600.0, ("4101", "dram"): 60.0,
+                                  ("4102", "package"): 200.0, ("4102", "dram"): 20.0})
+    outside = dict((labels["domain"], value) for labels, value in
+                   series(text, "slurm_cpu_outside_jobs_energy_joules_total"))
+    assert outside == pytest.approx({"package": 200.0, "dram": 20.0})
+    assert _source_up(published[-1][1])["powercap"] == 1
