@@ -15,7 +15,7 @@ from slurm_gpu_exporter.gpu.activity import DeviceActivity, job_activity, sole_j
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpmFigures
 from slurm_gpu_exporter.gpu.clocks import HostClocks, wall_to_driver_us
 from slurm_gpu_exporter.gpu.counters import CounterStore, JobGpuCounters
-from slurm_gpu_exporter.gpu.energy import EnergyCounters
+from slurm_gpu_exporter.gpu.energy import EnergyCounters, EnergyDelta
 from slurm_gpu_exporter.gpu.integration import DeviceIntegrator, since_start
 from slurm_gpu_exporter.gpu.polling import XidCounts
 from slurm_gpu_exporter.gpu.samples import device_sample, mig_sample
@@ -23,6 +23,7 @@ from slurm_gpu_exporter.gpu.shares import (
     UNATTRIBUTED,
     GpuTarget,
     energy_shares,
+    mig_sm_fraction,
     shares,
 )
 from slurm_gpu_exporter.gpu.usage import Usage, UsageReader
@@ -52,7 +53,7 @@ class Share(NamedTuple):
     unknown: float = 0.0  # seconds the driver's samples may have been lost in
 
 
-_NO_SHARE = Share(0.0, None, None)  # MIG: NVML measures no per-instance busy time or energy
+_NO_SHARE = Share(0.0, None, None)  # MIG: NVML measures no per-instance busy time
 
 
 def _to_users(target: GpuTarget, usage: Usage, poll: Poll,
@@ -86,7 +87,7 @@ class GpuAttributor:
                                  poll.key_to_job, poll.seen_pids)
         energy = self.energy.delta(reading, poll.now)
         if reading.mig:
-            self._attribute_mig(reading, poll)
+            self._attribute_mig(reading, poll, energy)
             # The parent keeps its device series (power, energy, temperature, ECC, Xid);
             # its processes are the instances' and are counted there.
             poll.devices.append(self.device_sample(
@@ -153,12 +154,15 @@ class GpuAttributor:
                 self.hold(c, job, poll.now, 0.0)
                 c.utilization, c.memory, c.processes = None, 0, 0
 
-    def _attribute_mig(self, reading: DeviceReading, poll: Poll) -> None:
+    def _attribute_mig(self, reading: DeviceReading, poll: Poll, energy: EnergyDelta) -> None:
         """MIG instances: allocation by MIG UUID, processes by GPU and compute instance id;
-        NVML gives no per-instance utilization, so busy time and energy are not attributed.
-        GPM measures a whole GPU instance: where it has several compute instances, their
-        jobs get none of it (it would count once per compute instance)."""
+        NVML gives no per-instance utilization, so busy time is not attributed. The GPU's
+        energy goes to each instance by its share of the SMs (its compute slices), evenly
+        among the jobs holding it. GPM measures a whole GPU instance: where it has several
+        compute instances, their jobs get none of it (it would count once per compute
+        instance)."""
         per_gi = Counter(inst.gpu_instance_id for inst in reading.mig)
+        held_any = False
         for inst in reading.mig:
             target = GpuTarget(f"{reading.index}.{inst.gpu_instance_id}", inst.uuid,
                                None, is_mig=True, parent_uuid=reading.uuid)
@@ -167,13 +171,29 @@ class GpuAttributor:
                           and p.compute_instance_id in (None, inst.compute_instance_id))
             usage = self.users.usage(procs, (), poll.key_to_job, poll.seen_pids)
             holders = self.users.holders(target, poll.running)
-            jobids = self._to_jobs(target, usage, holders, poll, lambda key, job, c: _NO_SHARE)
+            held_any = held_any or bool(holders)
+            fraction = mig_sm_fraction(inst.name, reading.name)
+            joules = (None if energy.joules is None or fraction is None
+                      else energy.joules * fraction)
+            across = None if energy.gap_from is None else self.counters.held_across(
+                [poll.key_to_job[j] for j in holders], target.uuid, energy.gap_from)
+            e_shares = energy_shares({}, 0.0, holders, only=across)
+
+            def figures_of(key: str, job: Job, c: JobGpuCounters,
+                           joules: float | None = joules,
+                           e_shares: dict[str, float] = e_shares) -> Share:
+                if joules is None:
+                    return _NO_SHARE
+                return Share(0.0, None, joules * e_shares.get(key, 0.0))
+
+            jobids = self._to_jobs(target, usage, holders, poll, figures_of)
             alone = per_gi[inst.gpu_instance_id] == 1
             self._count_activity(target, inst.gpm, jobids if alone else set(),
                                  bool(usage.unattributed), poll)
             _to_users(target, usage, poll)
             poll.devices.append(mig_sample(reading.uuid, target.gpu, inst, usage.unattributed,
                                            self.activity))
+        self.energy.hold(reading.uuid, held_any)
 
     def _to_jobs(self, target: GpuTarget, usage: Usage, holders: Iterable[str], poll: Poll,
                  figures_of: Callable[[str, Job, JobGpuCounters], Share]) -> set[str]:

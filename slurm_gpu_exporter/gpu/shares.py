@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -82,6 +83,23 @@ def energy_shares(busy_shares: Mapping[str, float], busy_seconds: float,
                 if k != UNATTRIBUTED and (only is None or k in only)}
     holders = [h for h in holders if only is None or h in only]
     return {key: 1.0 / len(holders) for key in holders} if holders else {}
+
+
+# A MIG profile in an instance's name: "1g.10gb" (a GPU instance of 1 compute slice) or
+# "1c.3g.40gb" (a compute instance of 1 slice inside a 3-slice GPU instance).
+_MIG_PROFILE = re.compile(r"(?:(\d+)c\.)?(\d+)g\.\d+gb")
+
+
+def mig_sm_fraction(instance_name: str, parent_name: str) -> float | None:
+    """The share of a MIG-enabled GPU's SMs one instance has: its compute slices out of
+    the GPU's (4 on an A30, 7 on every other MIG GPU so far); None where the name shows
+    no profile. Slices without an instance leave their part of the energy to no job."""
+    m = _MIG_PROFILE.search(instance_name)
+    if m is None:
+        return None
+    slices = int(m.group(1) or m.group(2))
+    total = 4 if "A30" in parent_name else 7
+    return min(1.0, slices / total)
 
 
 def user_shares(weights: Mapping[str, float], users: Iterable[str]) -> dict[str, float]:

@@ -275,7 +275,8 @@ def test_garbage_process_samples_are_dropped_counted_and_move_no_cursor(rig: Rig
 # ----------------------------------------------------------------- 3. MIG
 
 
-def test_mig_instances_are_attributed_by_mig_uuid_without_busy_series(rig: Rig) -> None:
+def test_mig_instances_are_attributed_by_mig_uuid_without_busy_series_with_sm_energy(
+        rig: Rig) -> None:
     uuids = {gi: f"MIG-{gi:08x}-7e57-4a11-8c1d-0000000000{gi:02x}" for gi in (1, 2, 3)}
     mem = {1: 1 * GIB, 2: 2 * GIB, 3: 3 * GIB}
     pids = {1: 6001, 2: 6002, 3: 6003}
@@ -316,6 +317,14 @@ def test_mig_instances_are_attributed_by_mig_uuid_without_busy_series(rig: Rig) 
         [lab] = [x for x in labelsets(text_b, "slurm_gpu_info") if x["gpu"] == gpu]
         assert lab["uuid"] == uuids[gi] and lab["parent_uuid"].startswith("GPU-")
         assert value(text_b, "slurm_gpu_memory_used_bytes", gpu=gpu) == mem[gi] + 100
+    # The GPU's energy goes to each instance by its SMs: 1 compute slice of 7 each
+    # ("1g.10gb"), the four unused slices' part to no job.
+    parent_energy = value(text_b, "slurm_gpu_energy_joules_total", gpu="0")
+    energies = [job_gpu(text_b, "slurm_job_gpu_energy_joules_total", 30 + gi, f"0.{gi}")
+                for gi in (1, 2, 3)]
+    assert all(e is not None and e > 0 for e in energies), energies
+    assert parent_energy is not None and sum(energies) <= parent_energy * 3 / 7 + 1e-6
+    assert max(energies) - min(energies) <= 0.1 * max(energies)  # equal slices, ~equal
     assert value(text_b, "slurm_gpu_busy_seconds_total", gpu="0") is None
     assert value(text_b, "slurm_gpu_utilization_ratio", gpu="0") is None
     # The MIG parent keeps its device series: what the whole board draws and suffers.

@@ -125,3 +125,14 @@ def test_time_before_a_jobs_start_is_not_its() -> None:
 def test_out_of_range_percentages_are_clamped() -> None:
     _, busy = integrate_samples(_grid(0.0, [150, -5]), cursor_us=0)
     assert busy == pytest.approx(0.2)
+
+
+def test_a_mig_instance_has_its_compute_slices_share_of_the_gpu() -> None:
+    from slurm_gpu_exporter.gpu.shares import mig_sm_fraction
+
+    a100 = "NVIDIA A100-SXM4-80GB"
+    assert mig_sm_fraction("NVIDIA A100-SXM4-80GB MIG 1g.10gb", a100) == 1 / 7
+    assert mig_sm_fraction("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "NVIDIA H100") == 3 / 7
+    assert mig_sm_fraction("NVIDIA A100-SXM4-80GB MIG 1c.3g.40gb", a100) == 1 / 7
+    assert mig_sm_fraction("NVIDIA A30 MIG 2g.12gb", "NVIDIA A30") == 2 / 4
+    assert mig_sm_fraction("some MIG device", a100) is None
