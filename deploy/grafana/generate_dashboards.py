@@ -145,9 +145,13 @@ def job_dashboard() -> dict:
             target(f"sum(slurm_job_gpus{{{JOB}}})", "held", instant=True),
             target(f"count(rate({busy}[5m]) == 0 and rate({held}[5m]) > 0) or vector(0)",
                    "held idle", instant=True)], 6, 5),
-        panel("stat", "GPU energy", [target(
-            f"sum(last_over_time(slurm_job_gpu_energy_joules_total{{{JOB}}}[$__range]))"
-            " / 3.6e6", instant=True)], 6, 5, "kwatth"),
+        panel("stat", "Energy: GPU / CPU and DRAM", [
+            target(f"sum(last_over_time(slurm_job_gpu_energy_joules_total{{{JOB}}}[$__range]))"
+                   " / 3.6e6", "GPU", instant=True),
+            target(f"sum(last_over_time(slurm_job_cpu_energy_joules_total{{{JOB}}}[$__range]))"
+                   " / 3.6e6", "CPU and DRAM", instant=True, ref="B")], 6, 5, "kwatth",
+            "GPU: measured by the driver, split by busy share on a shared GPU (by SM share on "
+            "MIG). CPU and DRAM: the node's RAPL energy shared by CPU time, an estimate."),
         panel("stat", "Peak memory / GPU memory", [
             target(f"max(max_over_time(slurm_job_memory_peak_bytes{{{JOB}}}[$__range]))",
                    "host memory peak", instant=True),
@@ -185,6 +189,11 @@ def job_dashboard() -> dict:
             target(f"sum(rate(slurm_job_cpu_seconds_total{{{JOB}}}[$__rate_interval]))",
                    "cores used"),
             target(f"sum(slurm_job_cpus{{{JOB}}})", "cores allocated")], 12, 8, "short"),
+        panel("timeseries", "CPU and DRAM power (the job's share)", [target(
+            f"sum by (instance, domain) "
+            f"(rate(slurm_job_cpu_energy_joules_total{{{JOB}}}[$__rate_interval]))",
+            "{{instance}} {{domain}}")], 12, 8, "watt",
+            "The node's RAPL energy times the job's share of the node's busy CPU time."),
         panel("timeseries", "Memory used against limit", [
             target(f"sum(slurm_job_memory_used_bytes{{{JOB}}})", "used"),
             target(f"sum(slurm_job_memory_limit_bytes{{{JOB}}})", "limit")], 12, 8, "bytes"),
@@ -243,9 +252,11 @@ def user_dashboard() -> dict:
             f"avg_over_time(user:slurm_job_gpu_idle_seconds:rate5m{{{USER}}}[$__range])"
             f" * $__range_s {hours}", instant=True)], 6, 5, "short",
             "Held and not busy, from the recorded 5-minute rates."),
-        panel("stat", "GPU energy", [target(
-            f"sum(increase(slurm_job_gpu_energy_joules_total{{{USER}}}[$__range])) / 3.6e6",
-            instant=True)], 6, 5, "kwatth"),
+        panel("stat", "Energy: GPU / CPU and DRAM", [
+            target(f"sum(increase(slurm_job_gpu_energy_joules_total{{{USER}}}[$__range]))"
+                   " / 3.6e6", "GPU", instant=True),
+            target(f"sum(increase(slurm_job_cpu_energy_joules_total{{{USER}}}[$__range]))"
+                   " / 3.6e6", "CPU and DRAM", instant=True, ref="B")], 6, 5, "kwatth"),
         with_ratio_colours(panel("timeseries", "GPU busy share", [target(
             f"user:slurm_job_gpu_busy:ratio_rate5m{{{USER}}}", "{{cluster}}")],
             12, 8, "percentunit")),
@@ -390,6 +401,15 @@ def node_dashboard() -> dict:
             f"slurm_gpu_temperature_celsius{{{NODE}}}", "GPU {{gpu}}")], 12, 8, "celsius"),
         panel("timeseries", "GPU power", [target(
             f"slurm_gpu_power_watts{{{NODE}}}", "GPU {{gpu}}")], 12, 8, "watt"),
+        panel("timeseries", "CPU and DRAM power: jobs and outside jobs", [
+            target(f"sum by (jobid) (rate(slurm_job_cpu_energy_joules_total{{{NODE}}}"
+                   "[$__rate_interval]))", "job {{jobid}}"),
+            target(f"sum(rate(slurm_cpu_outside_jobs_energy_joules_total{{{NODE}}}"
+                   "[$__rate_interval]))", "outside jobs", ref="B"),
+            target(f"sum(rate(slurm_cpu_energy_joules_total{{{NODE}}}[$__rate_interval]))",
+                   "measured (RAPL)", ref="C")], 12, 8, "watt",
+            "Measured: the sockets' RAPL counters. Each job's share is by its CPU time; the "
+            "rest (idle power, processes outside jobs) is outside jobs."),
         panel("timeseries", "CPU cores used per job", [target(
             f"sum by (jobid) (rate(slurm_job_cpu_seconds_total{{{NODE}}}[$__rate_interval]))",
             "job {{jobid}}")], 12, 8, "short"),

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.callback(simulation.stop)
             args.cgroup_root, args.proc_root = simulation.cgroup_root, simulation.proc_root
             args.spool_dir, args.state_dir = str(simulation.spool_dir), simulation.state_dir
-            args.powercap_root = ""  # a synthetic node has no RAPL
+            args.powercap_root = str(simulation.powercap_root)
             log.info("simulating a node with %d GPUs under %s", simulation.gpu_count, base)
 
         trusted_uids = frozenset({0, os.geteuid()})

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from slurm_gpu_exporter.hooks.jobhooks import run_epilog, run_prolog
 from slurm_gpu_exporter.node.slurm.lookup import SlurmJobInfo
+from slurm_gpu_exporter.sim.rapl import SimulatedRapl
 from slurm_gpu_exporter.sim.synthnode import SynthNode
 
 NODE = "simnode"
@@ -108,6 +109,8 @@ class SimulatedNode:
         self.spool_dir = self.files.spool_dir
         self.state_dir = self.files.state_dir
         self.gpu_count = GPUS
+        self.powercap_root = base / "powercap"
+        self.rapl = SimulatedRapl(self.powercap_root, self.proc_root, CPUS)
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._jobs: dict[int, SimJob] = {}
@@ -180,6 +183,9 @@ class SimulatedNode:
                     else:
                         self._advance(job, now)
                 self._fill_node(now)
+                # the jobs' cores and a little system time outside them
+                busy = sum(job.profile.cpu_cores for job in self._jobs.values()) + 0.5
+                self.rapl.advance(TICK_S, busy)
 
     def _free_gpus(self) -> list[int]:
         used = {g for job in self._jobs.values() for g in job.gpus}
