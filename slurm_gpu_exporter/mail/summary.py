@@ -106,6 +106,9 @@ def summary_text(job: Mapping[str, Any]) -> str:
         energy = job.get("energy_kwh")
         lines.append(("GPU energy", f"{energy:.3f} kWh"
                       if isinstance(energy, int | float) else None))
+        emissions = job.get("emissions_gco2e")
+        lines.append(("GPU emissions", f"{emissions:.0f} gCO2e"
+                      if isinstance(emissions, int | float) else None))
         power = job.get("gpu_power_mean_w")
         lines.append(("GPU power", f"{power:.0f} W mean per GPU"
                       if isinstance(power, int | float) else None))

@@ -64,3 +64,9 @@ def test_config_defaults_and_refusals(tmp_path: Path) -> None:
         good.write_text(text)
         with pytest.raises(MailConfigError):
             load_mail_config(good)
+
+
+def test_summary_shows_the_emissions_the_report_computed() -> None:
+    text = summary_text({**JOB, "emissions_gco2e": 308.4})
+    assert "GPU emissions:   308 gCO2e" in text
+    assert "emissions" not in summary_text(JOB).lower()  # no factor configured: no line

@@ -23,6 +23,7 @@ def details():  # type: ignore[no-untyped-def]
     config = load_config(None)
     found = job_details()
     for detail in found:
+        detail.gco2e_per_kwh = 250.0  # a site's configured grid intensity
         detail.notes = notes_for(job_facts(detail, config), config.notes)
     return found
 

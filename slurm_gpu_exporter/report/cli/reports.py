@@ -60,7 +60,8 @@ async def job_report(prom: PrometheusClient, window: Window, jobids: list[str],
         if jobid not in found:
             continue
         usage, nodes = found[jobid]
-        detail = JobDetail(usage=usage, nodes=nodes, accounting=acct.get(jobid), now=now)
+        detail = JobDetail(usage=usage, nodes=nodes, accounting=acct.get(jobid), now=now,
+                           gco2e_per_kwh=config.emissions_gco2e_per_kwh)
         detail.notes = notes_for(job_facts(detail, config), config.notes)
         details.append(detail)
     unknown = [j for j in jobids if j not in found]

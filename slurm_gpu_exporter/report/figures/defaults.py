@@ -20,6 +20,12 @@ chart_jobs = 10         # flagged jobs charted over time in the HTML report
 memory_headroom = 0.2   # --mem suggestions: the peak plus this share
 time_headroom = 0.2     # --time suggestions: the run time plus this share
 
+[energy]
+# Grid carbon intensity in gCO2e per kWh (your grid operator's or your supplier's
+# figure): the job report and the job-end summary show each job's energy times it.
+# 0 shows no emissions. Nothing is fetched from anywhere.
+emissions_gco2e_per_kwh = 0
+
 [notify]
 repeat_after_days = 7   # a job is not reported to its user again within this
 subject = "GPU jobs flagged for low utilization ({count})"

@@ -200,6 +200,7 @@ class JobDetail:
     accounting: Accounting | None
     now: float
     notes: list[str] = field(default_factory=list)
+    gco2e_per_kwh: float | None = None  # the configured emissions factor, if any
 
     @property
     def running(self) -> bool:
@@ -257,6 +258,16 @@ class JobDetail:
     def energy_j(self) -> float | None:
         known = [g.energy_j for n in self.nodes for g in n.gpus if g.energy_j is not None]
         return sum(known) if known else None
+
+    @property
+    def energy_kwh(self) -> float | None:
+        return self.energy_j / 3.6e6 if self.energy_j is not None else None
+
+    @property
+    def emissions_gco2e(self) -> float | None:
+        """The energy times the configured factor (gCO2e/kWh); None without either."""
+        kwh = self.energy_kwh
+        return kwh * self.gco2e_per_kwh if kwh is not None and self.gco2e_per_kwh else None
 
 
 @dataclass

@@ -65,6 +65,7 @@ class Config:
     template: str
     job_line: str
     notes: tuple[Rule, ...]
+    emissions_gco2e_per_kwh: float | None = None  # None: no emissions shown
 
 
 class _FactFormatter(string.Formatter):
@@ -129,6 +130,7 @@ def job_facts(detail: JobDetail, config: Config) -> dict[str, Any]:
         "finished": 0 if detail.running else 1,
         "runtime_s": detail.elapsed_s,
         "runtime": hms(detail.elapsed_s) if detail.elapsed_s is not None else "?",
+        "energy_kwh": detail.energy_kwh, "emissions_gco2e": detail.emissions_gco2e,
     }
     if detail.memory_peak is not None and detail.memory_request:
         facts["memory_used_ratio"] = detail.memory_peak / detail.memory_request
@@ -170,7 +172,7 @@ def load_config(path: str | None) -> Config:
 
 def _merge(base: dict[str, Any], site: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
-    for section in ("low_util", "facts", "notify"):
+    for section in ("low_util", "facts", "notify", "energy"):
         merged[section] = {**base.get(section, {}), **site.get(section, {})}
     notes = {n["name"]: n for n in base["notes"]}
     for note in site.get("notes", []):
@@ -208,4 +210,12 @@ def _config(data: dict[str, Any]) -> Config:
         subject=str(notify["subject"]), template=str(notify["template"]),
         job_line=str(notify["job_line"]),
         notes=tuple(_rule(n) for n in data["notes"] if n.get("enabled", True)),
+        emissions_gco2e_per_kwh=_emissions_factor(data.get("energy", {})),
     )
+
+
+def _emissions_factor(energy: dict[str, Any]) -> float | None:
+    factor = float(energy.get("emissions_gco2e_per_kwh", 0))
+    if not 0 <= factor < 10_000:
+        raise ValueError("energy.emissions_gco2e_per_kwh must be in 0..10000 gCO2e/kWh")
+    return factor or None

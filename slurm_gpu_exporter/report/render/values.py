@@ -126,6 +126,9 @@ def job_summary(detail: JobDetail) -> list[tuple[str, str]]:
          + (f" of {detail.cpus} CPUs" if detail.cpus else "")),
         ("CPU memory peak", mem),
         ("GPU energy", f"{energy / 3.6e6:.3f} kWh" if energy is not None else "-"),
+        *([("GPU emissions", f"{detail.emissions_gco2e:.0f} gCO2e at "
+                             f"{detail.gco2e_per_kwh:g} gCO2e/kWh")]
+          if detail.emissions_gco2e is not None else []),
     ]
 
 

@@ -1,0 +1,46 @@
+"""Emissions: a job's energy from its counters times the configured gCO2e/kWh."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.figures.rules import job_facts, load_config
+from slurm_gpu_exporter.report.render import text
+from tests.report.sample_data import job_details
+
+
+def test_no_factor_by_default_shows_no_emissions() -> None:
+    config = load_config(None)
+    assert config.emissions_gco2e_per_kwh is None
+    [idle, _] = job_details()
+    assert idle.emissions_gco2e is None
+    assert json.loads(text.job_json([idle], 1))["jobs"][0]["emissions_gco2e"] is None
+
+
+def test_job_kwh_and_gco2e_are_the_counters_integral_times_the_factor(tmp_path: Path) -> None:
+    path = tmp_path / "report.toml"
+    path.write_text("[energy]\nemissions_gco2e_per_kwh = 412.5\n")
+    config = load_config(str(path))
+    assert config.emissions_gco2e_per_kwh == 412.5
+    for detail in job_details():
+        detail.gco2e_per_kwh = config.emissions_gco2e_per_kwh
+        # the integral of the job's energy counters: the sum of its GPUs' increases (J)
+        joules = sum(g.energy_j for n in detail.nodes for g in n.gpus)
+        row = json.loads(text.job_json([detail], 1))["jobs"][0]
+        assert row["energy_kwh"] == pytest.approx(joules / 3.6e6)
+        assert row["emissions_gco2e"] == pytest.approx(joules / 3.6e6 * 412.5)
+        facts = job_facts(detail, config)
+        assert facts["emissions_gco2e"] == pytest.approx(joules / 3.6e6 * 412.5)
+        assert "GPU emissions" in text.job_table([detail])
+
+
+@pytest.mark.parametrize("value", ["-1", "20000", '"much"'])
+def test_a_bad_factor_is_refused(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "report.toml"
+    path.write_text(f"[energy]\nemissions_gco2e_per_kwh = {value}\n")
+    with pytest.raises(ReportError, match=r"emissions|could not convert"):
+        load_config(str(path))
