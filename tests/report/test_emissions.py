@@ -44,3 +44,27 @@ def test_a_bad_factor_is_refused(tmp_path: Path, value: str) -> None:
     path.write_text(f"[energy]\nemissions_gco2e_per_kwh = {value}\n")
     with pytest.raises(ReportError, match=r"emissions|could not convert"):
         load_config(str(path))
+
+
+def test_usage_emissions_are_the_archived_energy_times_the_factor(tmp_path: Path) -> None:
+    from slurm_gpu_exporter.report.archive.store import ArchiveStore
+    from slurm_gpu_exporter.report.archive.usage import month_window, usage_report
+    from slurm_gpu_exporter.report.render.usage import render_usage
+    from tests.report.archive_data import DEC_1, record
+
+    url = f"sqlite:///{tmp_path / 'a.sqlite'}"
+    with ArchiveStore(url, write=True) as store:
+        store.store([record("1", user="alice", hours=1.0), record("2", user="bob", hours=2.0)],
+                    archived_at=DEC_1)
+    with ArchiveStore(url, write=False) as store:
+        report = usage_report(store, month_window("2026-11", DEC_1 + 86400), ["user"])
+    assert "emissions_kg" not in render_usage(report, "csv")  # no factor: no column
+    report.gco2e_per_kwh = 300.0
+    rows = {g["user"]: g for g in json.loads(render_usage(report, "json"))["groups"]}
+    for group in report.groups:
+        row = rows[group.key[0]]
+        assert row["energy_kwh"] == pytest.approx(group.energy_j / 3.6e6)
+        assert row["emissions_kg"] == pytest.approx(group.energy_j / 3.6e6 * 300.0 / 1000)
+    assert render_usage(report, "csv").splitlines()[0].endswith(",emissions_kg")
+    for fmt in ("table", "markdown", "html"):
+        assert "kgCO2e" in render_usage(report, fmt)

@@ -27,7 +27,7 @@ from slurm_gpu_exporter.report.enforce.policy import load_policy
 from slurm_gpu_exporter.report.enforce.run import EXIT_DOUBTFUL, EnforceOptions, run_enforce
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.model import JobDetail, LowUtilReport
-from slurm_gpu_exporter.report.figures.rules import Config
+from slurm_gpu_exporter.report.figures.rules import Config, load_config
 from slurm_gpu_exporter.report.figures.window import Window, make_window
 from slurm_gpu_exporter.report.notify.notices import NotifyState, messages
 from slurm_gpu_exporter.report.notify.send import dry_run_text, send
@@ -261,7 +261,9 @@ def run_usage(args: argparse.Namespace) -> int:
         raise ReportError("give either --month or --since/--start/--end, not both")
     window = (month_window(args.month, now) if args.month
               else make_window(args.since, args.start, args.end, now, default_since="30d"))
+    factor = load_config(args.config).emissions_gco2e_per_kwh
     with _open_archive(args, False, "usage") as store:
         report = usage_report(store, window, args.by, args.cluster)
+    report.gco2e_per_kwh = factor
     _write(args, render_usage(report, args.format, color=_color()))
     return 0

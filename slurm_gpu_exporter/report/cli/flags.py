@@ -136,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="one or more of account, user, partition, cluster")
     use.add_argument("--month", metavar="YYYY-MM", help="the jobs that ended in this month")
     use.add_argument("--cluster", help="only jobs of this cluster")
+    use.add_argument("--config", help="TOML file of the report; its [energy] factor adds "
+                                      "emissions")
     _window_options(use)
     _output_options(use)
     _db(use, DEFAULT_DB)

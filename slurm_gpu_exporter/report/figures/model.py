@@ -323,3 +323,4 @@ class UsageReport:
     groups: list[UsageGroup]
     months: list[UsageGroup] = field(default_factory=list)  # key () per month, in order
     source: str = ""  # the archive, without its password
+    gco2e_per_kwh: float | None = None  # the configured emissions factor, if any

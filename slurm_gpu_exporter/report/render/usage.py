@@ -21,7 +21,7 @@ USAGE_HEADINGS = {
     "cluster": "Cluster", "month": "Month", "gpu_hours": "GPU-h held",
     "busy_gpu_hours": "Busy GPU-h", "sm_active_gpu_hours": "SM-active GPU-h",
     "wasted_gpu_hours": "Wasted GPU-h", "busy_ratio": "Busy", "energy_kwh": "Energy kWh",
-    "cpu_hours": "CPU-h",
+    "cpu_hours": "CPU-h", "emissions_kg": "GPU kgCO2e",
 }
 CHART_GROUPS = 30
 
@@ -36,6 +36,8 @@ def usage_row(report: UsageReport, group: UsageGroup) -> dict[str, Any]:
                 "sm_active_gpu_hours": group.sm_active_gpu_hours,
                 "wasted_gpu_hours": group.wasted_gpu_hours, "busy_ratio": group.busy_ratio,
                 "energy_kwh": group.energy_kwh, "cpu_hours": group.cpu_hours})
+    if report.gco2e_per_kwh:  # the archived energy times the configured factor
+        row["emissions_kg"] = group.energy_kwh * report.gco2e_per_kwh / 1000
     return row
 
 
@@ -52,12 +54,16 @@ def usage_summary(report: UsageReport) -> str:
             f"{report.source}")
 
 
+def _figures(report: UsageReport) -> tuple[str, ...]:
+    return (*FIGURES, "emissions_kg") if report.gco2e_per_kwh else FIGURES
+
+
 def _columns(report: UsageReport) -> tuple[str, ...]:
-    return (*report.by, *FIGURES)
+    return (*report.by, *_figures(report))
 
 
-def _month_columns() -> tuple[str, ...]:
-    return ("month", *FIGURES)
+def _month_columns(report: UsageReport) -> tuple[str, ...]:
+    return ("month", *_figures(report))
 
 
 def usage_table(report: UsageReport, width: int = 140, color: bool = False) -> str:
@@ -69,7 +75,7 @@ def usage_table(report: UsageReport, width: int = 140, color: bool = False) -> s
     console.print(text._table(None, _columns(report), USAGE_HEADINGS,
                               [usage_row(report, g) for g in report.groups]))
     if report.months:
-        console.print(text._table("By month", _month_columns(), USAGE_HEADINGS,
+        console.print(text._table("By month", _month_columns(report), USAGE_HEADINGS,
                                   [usage_row(report, m) for m in report.months]))
     console.print(usage_summary(report), markup=False)
     return out.getvalue()
@@ -103,7 +109,7 @@ def usage_markdown(report: UsageReport) -> str:
                                 [usage_row(report, g) for g in report.groups]))
     if report.months:
         parts.append("## By month\n")
-        parts.append(text._md_table(_month_columns(), USAGE_HEADINGS,
+        parts.append(text._md_table(_month_columns(report), USAGE_HEADINGS,
                                     [usage_row(report, m) for m in report.months]))
     parts.append(usage_summary(report) + "\n")
     return "\n".join(parts)
@@ -134,7 +140,7 @@ def usage_html(report: UsageReport) -> str:
         parts.append("<h2>By month</h2>")
         parts.append('<div class="chart" id="trend-by-month"><h3>GPU-hours held per month'
                      "</h3>" + hbar_chart(trend, "GPU-hours held per month", " h") + "</div>")
-        parts.append(html._table(_month_columns(), USAGE_HEADINGS,
+        parts.append(html._table(_month_columns(report), USAGE_HEADINGS,
                                  [usage_row(report, m) for m in report.months]))
     return html._page(title, "".join(parts))
 
