@@ -106,8 +106,11 @@ def summary_text(job: Mapping[str, Any]) -> str:
         energy = job.get("energy_kwh")
         lines.append(("GPU energy", f"{energy:.3f} kWh"
                       if isinstance(energy, int | float) else None))
+        cpu_energy = job.get("cpu_energy_kwh")
+        lines.append(("CPU+DRAM energy", f"{cpu_energy:.3f} kWh (estimate)"
+                      if isinstance(cpu_energy, int | float) else None))
         emissions = job.get("emissions_gco2e")
-        lines.append(("GPU emissions", f"{emissions:.0f} gCO2e"
+        lines.append(("Emissions", f"{emissions:.0f} gCO2e"
                       if isinstance(emissions, int | float) else None))
         power = job.get("gpu_power_mean_w")
         lines.append(("GPU power", f"{power:.0f} W mean per GPU"

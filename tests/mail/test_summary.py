@@ -68,5 +68,5 @@ def test_config_defaults_and_refusals(tmp_path: Path) -> None:
 
 def test_summary_shows_the_emissions_the_report_computed() -> None:
     text = summary_text({**JOB, "emissions_gco2e": 308.4})
-    assert "GPU emissions:   308 gCO2e" in text
+    assert "Emissions:       308 gCO2e" in text
     assert "emissions" not in summary_text(JOB).lower()  # no factor configured: no line

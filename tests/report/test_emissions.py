@@ -28,14 +28,16 @@ def test_job_kwh_and_gco2e_are_the_counters_integral_times_the_factor(tmp_path: 
     assert config.emissions_gco2e_per_kwh == 412.5
     for detail in job_details():
         detail.gco2e_per_kwh = config.emissions_gco2e_per_kwh
-        # the integral of the job's energy counters: the sum of its GPUs' increases (J)
-        joules = sum(g.energy_j for n in detail.nodes for g in n.gpus)
+        detail.nodes[0].cpu_energy_j = 1.8e6  # the job's CPU and DRAM share: 0.5 kWh
+        # the integral of the job's energy counters: the sum of their increases (J)
+        joules = sum(g.energy_j for n in detail.nodes for g in n.gpus) + 1.8e6
         row = json.loads(text.job_json([detail], 1))["jobs"][0]
-        assert row["energy_kwh"] == pytest.approx(joules / 3.6e6)
+        assert row["energy_kwh"] + row["cpu_energy_kwh"] == pytest.approx(joules / 3.6e6)
+        assert row["cpu_energy_kwh"] == pytest.approx(0.5)
         assert row["emissions_gco2e"] == pytest.approx(joules / 3.6e6 * 412.5)
         facts = job_facts(detail, config)
         assert facts["emissions_gco2e"] == pytest.approx(joules / 3.6e6 * 412.5)
-        assert "GPU emissions" in text.job_table([detail])
+        assert "Emissions" in text.job_table([detail])
 
 
 @pytest.mark.parametrize("value", ["-1", "20000", '"much"'])
@@ -68,3 +70,19 @@ def test_usage_emissions_are_the_archived_energy_times_the_factor(tmp_path: Path
     assert render_usage(report, "csv").splitlines()[0].endswith(",emissions_kg")
     for fmt in ("table", "markdown", "html"):
         assert "kgCO2e" in render_usage(report, fmt)
+
+
+def test_the_cpu_energy_of_a_node_is_its_domains_increases_in_the_window() -> None:
+    from slurm_gpu_exporter.report.prometheus.client import Sample
+    from slurm_gpu_exporter.report.prometheus.queries import Filters, jobs_from_answers
+
+    def sample(value: float, **labels: str) -> Sample:
+        return Sample({"jobid": "9", "instance": "gpu01:9400", **labels}, value)
+
+    got = {
+        "info": [sample(1.0, user="alice")],
+        "cpu_energy": [sample(7.2e6, domain="package"), sample(0.9e6, domain="dram")],
+        "cpu_energy_base": [sample(3.6e6, domain="package")],  # before the window
+    }
+    [(_usage, [node])] = jobs_from_answers(got, Filters()).values()
+    assert node.cpu_energy_j == pytest.approx(3.6e6 + 0.9e6)

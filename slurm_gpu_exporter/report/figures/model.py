@@ -172,6 +172,7 @@ class NodeDetail:
     memory_peak: float | None = None
     memory_limit: float | None = None
     gpus: list[GpuDetail] = field(default_factory=list)
+    cpu_energy_j: float | None = None  # CPU package and DRAM (RAPL), the job's share
 
 
 @dataclass
@@ -264,9 +265,21 @@ class JobDetail:
         return self.energy_j / 3.6e6 if self.energy_j is not None else None
 
     @property
+    def cpu_energy_j(self) -> float | None:
+        known = [n.cpu_energy_j for n in self.nodes if n.cpu_energy_j is not None]
+        return sum(known) if known else None
+
+    @property
+    def total_energy_kwh(self) -> float | None:
+        """GPU energy plus the job's share of CPU and DRAM energy, where either is known."""
+        known = [e for e in (self.energy_j, self.cpu_energy_j) if e is not None]
+        return sum(known) / 3.6e6 if known else None
+
+    @property
     def emissions_gco2e(self) -> float | None:
-        """The energy times the configured factor (gCO2e/kWh); None without either."""
-        kwh = self.energy_kwh
+        """The whole energy (GPU, CPU and DRAM) times the configured factor (gCO2e/kWh);
+        None without either."""
+        kwh = self.total_energy_kwh
         return kwh * self.gco2e_per_kwh if kwh is not None and self.gco2e_per_kwh else None
 
 

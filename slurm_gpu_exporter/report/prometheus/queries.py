@@ -24,6 +24,7 @@ from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample
 ALLOCATED = "slurm_job_gpu_allocated_seconds_total"
 BUSY = "slurm_job_gpu_busy_seconds_total"
 ENERGY = "slurm_job_gpu_energy_joules_total"
+CPU_ENERGY = "slurm_job_cpu_energy_joules_total"  # by domain: package, dram
 SM_ACTIVE = "slurm_job_gpu_sm_active_seconds_total"
 TENSOR_ACTIVE = "slurm_job_gpu_tensor_active_seconds_total"
 DRAM_ACTIVE = "slurm_job_gpu_dram_active_seconds_total"
@@ -215,6 +216,8 @@ def job_queries(window: Window, jobids: list[str], filters: Filters) -> dict[str
         "busy_base": base(BUSY),
         "energy": f"max_over_time({s(ENERGY)}[{d}])",
         "energy_base": base(ENERGY),
+        "cpu_energy": f"max_over_time({s(CPU_ENERGY)}[{d}])",
+        "cpu_energy_base": base(CPU_ENERGY),
         "sm_active": f"max_over_time({s(SM_ACTIVE)}[{d}])",
         "sm_active_base": base(SM_ACTIVE),
         "tensor_active": f"max_over_time({s(TENSOR_ACTIVE)}[{d}])",
@@ -226,6 +229,15 @@ def job_queries(window: Window, jobids: list[str], filters: Filters) -> dict[str
                             f"{selector('slurm_gpu_memory_total_bytes', equal)}[{d}])) "
                             f"and on (instance, uuid) last_over_time({s(ALLOCATED)}[{d}])",
     }
+
+
+def _cpu_energy(now: dict[tuple[str, ...], float], before: dict[tuple[str, ...], float]
+                ) -> dict[tuple[str, ...], float]:
+    """CPU package and DRAM energy per (jobid, instance), summed over the domains."""
+    total: dict[tuple[str, ...], float] = {}
+    for key, value in now.items():
+        total[key[:2]] = total.get(key[:2], 0.0) + max(0.0, value - before.get(key, 0.0))
+    return total
 
 
 def node_name(instance: str) -> str:
@@ -260,6 +272,8 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
     alloc, alloc_base = per("allocated", *gpu_keys), per("allocated_base", *gpu_keys)
     busy, busy_base = per("busy", *gpu_keys), per("busy_base", *gpu_keys)
     energy, energy_base = per("energy", *gpu_keys), per("energy_base", *gpu_keys)
+    cpu_energy = _cpu_energy(per("cpu_energy", *node_keys, "domain"),
+                             per("cpu_energy_base", *node_keys, "domain"))
     sm, sm_base = per("sm_active", *gpu_keys), per("sm_active_base", *gpu_keys)
     activity = {name: (per(name, *gpu_keys), per(f"{name}_base", *gpu_keys))
                 for name in ("tensor_active", "dram_active")}
@@ -296,6 +310,7 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
             cpus=int(cpus[key]) if key in cpus else None,
             cpu_s=cpu[key] - cpu_base.get(key, 0.0) if key in cpu else None,
             memory_peak=mem_peak.get(key), memory_limit=mem_limit.get(key),
+            cpu_energy_j=cpu_energy.get(key),
         )
         for gkey in sorted(gpus_of.get(key, []), key=_gpu_order):
             gpu = GpuDetail(

@@ -187,7 +187,10 @@ def _job_values(detail: JobDetail) -> dict[str, Any]:
         "dram_active_ratio": usage.dram_active_ratio,
         "gpu_memory_peak_gib": usage.gpu_memory_peak / gib
         if usage.gpu_memory_peak is not None else None,
-        "energy_kwh": detail.energy_kwh, "emissions_gco2e": detail.emissions_gco2e,
+        "energy_kwh": detail.energy_kwh,
+        "cpu_energy_kwh": detail.cpu_energy_j / 3.6e6 if detail.cpu_energy_j is not None
+        else None,
+        "emissions_gco2e": detail.emissions_gco2e,
         # mean power per GPU held: the energy over the GPU-seconds held
         "gpu_power_mean_w": detail.energy_j / usage.allocated_s
         if detail.energy_j is not None and usage.allocated_s > 0 else None,

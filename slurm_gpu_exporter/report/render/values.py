@@ -126,8 +126,11 @@ def job_summary(detail: JobDetail) -> list[tuple[str, str]]:
          + (f" of {detail.cpus} CPUs" if detail.cpus else "")),
         ("CPU memory peak", mem),
         ("GPU energy", f"{energy / 3.6e6:.3f} kWh" if energy is not None else "-"),
-        *([("GPU emissions", f"{detail.emissions_gco2e:.0f} gCO2e at "
-                             f"{detail.gco2e_per_kwh:g} gCO2e/kWh")]
+        *([("CPU and DRAM energy", f"{detail.cpu_energy_j / 3.6e6:.3f} kWh (share by CPU "
+                                   "time, an estimate)")]
+          if detail.cpu_energy_j is not None else []),
+        *([("Emissions", f"{detail.emissions_gco2e:.0f} gCO2e at "
+                         f"{detail.gco2e_per_kwh:g} gCO2e/kWh")]
           if detail.emissions_gco2e is not None else []),
     ]
 
