@@ -94,13 +94,17 @@ class CpuEnergySource:
         self._busy_last: float | None = None
         self._totals: dict[tuple[str, str], float] = {}  # (socket, domain) -> joules
         self._until_rediscover = 0
+        self._problems: list[str] = []  # what the last look for zones met
 
     def sample(self, jobs: list[JobSample]) -> CpuEnergyPart:
         if not self.reader.zones:
             if self._until_rediscover <= 0:
                 self._until_rediscover = REDISCOVER_SAMPLES
-                for problem in self.reader.rediscover():
-                    self.errors.count("powercap", problem)
+                problems = self.reader.rediscover()
+                if problems != self._problems:  # the same absence is counted once
+                    for problem in problems:
+                        self.errors.count("powercap", problem)
+                self._problems = problems
             self._until_rediscover -= 1
             if not self.reader.zones:
                 return CpuEnergyPart(up=False)

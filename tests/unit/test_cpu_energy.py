@@ -119,14 +119,14 @@ def test_an_unreadable_counter_reports_the_source_down_not_zero(tmp_path: Path) 
                                                             ("1", "dram")}
 
 
-def test_no_zones_is_down_and_counted_once_per_look(tmp_path: Path) -> None:
+def test_no_zones_is_down_and_counted_once(tmp_path: Path) -> None:
     errors = SourceErrors()
     source = CpuEnergySource(PowercapReader(tmp_path / "absent"), tmp_path, errors,
                              busy=Clock())
-    parts = [source.sample([]) for _ in range(5)]
-    assert [p.up for p in parts] == [False] * 5
+    parts = [source.sample([]) for _ in range(150)]  # looks again every 60 samples
+    assert not any(p.up for p in parts)
     assert parts[0].sockets == () and parts[0].jobs == ()
-    assert errors.snapshot()["powercap"] == 1
+    assert errors.snapshot()["powercap"] == 1  # the same absence is counted once
 
 
 def test_jobs_using_more_than_the_node_counted_busy_share_all_of_it() -> None:
