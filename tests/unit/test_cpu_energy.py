@@ -129,6 +129,17 @@ def test_no_zones_is_down_and_counted_once(tmp_path: Path) -> None:
     assert errors.snapshot()["powercap"] == 1  # the same absence is counted once
 
 
+def test_zones_that_appear_later_are_found_at_the_next_look(tmp_path: Path) -> None:
+    errors = SourceErrors()
+    source = CpuEnergySource(PowercapReader(tmp_path / "pc"), tmp_path, errors, busy=Clock())
+    assert not source.sample([]).up
+    Tree(tmp_path / "pc")  # the module was loaded since
+    parts = [source.sample([]) for _ in range(60)]
+    assert not parts[0].up and parts[-1].up and len(parts[-1].sockets) == 0  # first read
+    assert source.sample([]).sockets  # then counted from the second
+    assert errors.snapshot()["powercap"] == 1
+
+
 def test_jobs_using_more_than_the_node_counted_busy_share_all_of_it() -> None:
     sharer = EnergySharer()
     sharer.share({"package": 100.0}, {("1", 0.0): 30.0, ("2", 0.0): 10.0}, busy_seconds=20.0)
