@@ -45,11 +45,6 @@ class VictoriaMetrics(Daemon):
     def wait_ready(self, path: str = "/health", timeout: float = 30) -> None:
         super().wait_ready(path, timeout)
 
-    def version(self) -> str:
-        run = subprocess.run([tool("victoria-metrics", package="victoria-metrics"), "-version"],
-                             capture_output=True, text=True, timeout=30, check=False)
-        return (run.stdout + run.stderr).strip()
-
     def vector(self, expr: str, at: float | None = None) -> list[dict]:
         args = {"query": expr} | ({} if at is None else {"time": f"{at:.3f}"})
         answer = http_json(self.url + "/api/v1/query", args)
@@ -119,6 +114,7 @@ class Topologies:
     one: Prometheus
     shards: list[Prometheus]
     store: VictoriaMetrics
+    ended: float = 0.0  # when the fleet's jobs ended, where they do
 
 
 @contextmanager
