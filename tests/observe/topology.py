@@ -52,8 +52,8 @@ class VictoriaMetrics(Daemon):
         return answer["data"]["result"]
 
 
-def shard_config(targets: Path, shard: int | None, shards: int, write_url: str | None,
-                 interval: str = "1s") -> dict:
+def shard_config(targets: Path | list[Path], shard: int | None, shards: int,
+                 write_url: str | None, interval: str = "1s") -> dict:
     """The shipped shard config for ``shard`` of ``shards``; ``shard=None``: one Prometheus
     with every node (no relabelling, no shard label, no remote write)."""
     config = copy.deepcopy(yaml.safe_load(SHARD_EXAMPLE.read_text()))
@@ -62,7 +62,8 @@ def shard_config(targets: Path, shard: int | None, shards: int, write_url: str |
     del config["alerting"]
     (scrape,) = config["scrape_configs"]
     scrape["scrape_timeout"] = interval
-    scrape["file_sd_configs"] = [{"files": [str(targets)], "refresh_interval": "1s"}]
+    files = [str(t) for t in (targets if isinstance(targets, list) else [targets])]
+    scrape["file_sd_configs"] = [{"files": files, "refresh_interval": "1s"}]
     labels = config["global"]["external_labels"]
     if shard is None:
         del scrape["relabel_configs"], config["remote_write"], labels["prometheus_shard"]
