@@ -79,7 +79,8 @@ def proc(pid: int) -> tuple[float, int]:
 
 
 def scrape(url: str) -> dict[str, float]:
-    """A daemon's own /metrics, summed by family name (labels dropped)."""
+    """A daemon's own /metrics, summed by family name (labels dropped); ``max:<name>``
+    holds the largest single series of each name."""
     with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
         text = resp.read().decode()
     out: dict[str, float] = {}
@@ -87,7 +88,9 @@ def scrape(url: str) -> dict[str, float]:
         if line and not line.startswith("#"):
             name = line.split("{", 1)[0].split(" ", 1)[0]
             try:
-                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+                value = float(line.rsplit(" ", 1)[1])
+                out[name] = out.get(name, 0.0) + value
+                out[f"max:{name}"] = max(out.get(f"max:{name}", value), value)
             except ValueError:
                 pass
     return out
@@ -95,6 +98,12 @@ def scrape(url: str) -> dict[str, float]:
 
 def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def flush(url: str) -> None:
+    """Make VictoriaMetrics write what it holds in memory to disk."""
+    urllib.request.urlopen(f"{url}/internal/force_flush", timeout=120).read()
+    time.sleep(2)
 
 
 def timed(url: str, *args: str) -> dict[str, object]:
@@ -112,6 +121,8 @@ def live(nodes: int, interval: int, window: int) -> dict[str, object]:
         daemons = {"one": tops.one, "shard0": tops.shards[0], "shard1": tops.shards[1],
                    "store": tops.store, "fleet": tops.fleet}
         time.sleep(3 * interval + 10)  # every target scraped, every rule evaluated
+        flush(tops.store.url)
+        disk0 = du(base / "vm" / "data")
         before = {n: proc(d.proc.pid) for n, d in daemons.items()}
         metrics0 = {n: scrape(d.url) for n, d in daemons.items() if n != "fleet"}
         load0 = os.getloadavg()
@@ -134,13 +145,20 @@ def live(nodes: int, interval: int, window: int) -> dict[str, object]:
                 "rss_mib_per_100k_series": round(after[name][1] / 2**20 / series * 1e5, 1),
                 "rule_eval_s_per_interval": round(m1.get(
                     "prometheus_rule_group_last_duration_seconds", 0.0), 4),
+                "slowest_rule_group_s": round(m1.get(
+                    "max:prometheus_rule_group_last_duration_seconds", 0.0), 4),
+                "rule_iterations_missed": m1.get(
+                    "prometheus_rule_group_iterations_missed_total", 0.0) - m0.get(
+                    "prometheus_rule_group_iterations_missed_total", 0.0),
                 "remote_write_samples_failed": m1.get(
                     "prometheus_remote_storage_samples_failed_total", 0.0)}
         m0, m1 = metrics0["store"], metrics1["store"]
         rows = m1.get("vm_rows_inserted_total", 0.0) - m0.get("vm_rows_inserted_total", 0.0)
         cpu = after["store"][0] - before["store"][0]
+        flush(tops.store.url)
         disk = du(base / "vm" / "data")
         out["store"] = {
+            "bytes_per_sample_in_window": round((disk - disk0) / rows, 2) if rows else None,
             "rows_per_s": round(rows / window, 1), "cpu_cores": round(cpu / window, 4),
             "rows_per_s_per_core": round(rows / cpu, 0) if cpu else None,
             "rss_mib": round(after["store"][1] / 2**20, 1), "disk_bytes": disk,
@@ -163,6 +181,7 @@ def main() -> None:
     p.add_argument("--nodes", default="250,1000")
     p.add_argument("--interval", type=int, default=30)
     p.add_argument("--window", type=int, default=150)
+    p.add_argument("--tag", default="", help="write results/scale_out_<tag>.json")
     a = p.parse_args()
     figures: dict[str, object] = {"yardstick_s_before": yardstick(),
                                   "load_start": [round(x, 2) for x in os.getloadavg()],
@@ -171,7 +190,7 @@ def main() -> None:
         figures[f"live_{n}"] = live(n, a.interval, a.window)
         print(n, figures[f"live_{n}"], flush=True)
     figures["yardstick_s_after"] = yardstick()
-    record("scale_out", figures)
+    record("scale_out" + (f"_{a.tag}" if a.tag else ""), figures)
 
 
 if __name__ == "__main__":
