@@ -91,6 +91,9 @@ def scrape(url: str) -> dict[str, float]:
                 value = float(line.rsplit(" ", 1)[1])
                 out[name] = out.get(name, 0.0) + value
                 out[f"max:{name}"] = max(out.get(f"max:{name}", value), value)
+                if name == "prometheus_rule_group_last_duration_seconds":
+                    group = line.split('rule_group="', 1)[1].split('"', 1)[0].rsplit(";", 1)[-1]
+                    out[f"group:{group}"] = value
             except ValueError:
                 pass
     return out
@@ -147,6 +150,8 @@ def live(nodes: int, interval: int, window: int) -> dict[str, object]:
                     "prometheus_rule_group_last_duration_seconds", 0.0), 4),
                 "slowest_rule_group_s": round(m1.get(
                     "max:prometheus_rule_group_last_duration_seconds", 0.0), 4),
+                "rule_group_s": {k.removeprefix("group:"): round(v, 3)
+                                 for k, v in m1.items() if k.startswith("group:")},
                 "rule_iterations_missed": m1.get(
                     "prometheus_rule_group_iterations_missed_total", 0.0) - m0.get(
                     "prometheus_rule_group_iterations_missed_total", 0.0),

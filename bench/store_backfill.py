@@ -31,7 +31,7 @@ from bench.common import record
 from bench.scale_out import du, yardstick
 from slurm_gpu_exporter.exposition.metrics import Exposition
 from slurm_gpu_exporter.sim.fleet import FleetMix, snapshot
-from tests.observe.topology import VictoriaMetrics
+from tests.observe.topology import VM_FLAGS, VictoriaMetrics
 
 REPORT = Path(sys.executable).parent / "slurm-gpu-report"
 JOBS_PER_NODE = 32
@@ -105,17 +105,21 @@ def timed_queries(url: str, queries: dict[str, str]) -> dict[str, object]:
             "series_returned": series}
 
 
-def run(jobs: int) -> dict[str, object]:
+def run(jobs: int, reuse: Path | None = None, flags: tuple[str, ...] = ()) -> dict[str, object]:
+    """Import ``jobs`` jobs into a new store (or start one on the data of an earlier run,
+    ``reuse``, with more ``flags``) and time the commands on it."""
     nodes = jobs // JOBS_PER_NODE
-    base = Path(tempfile.mkdtemp(prefix="store-backfill-"))
-    store = VictoriaMetrics(base / "vm")
+    base = reuse or Path(tempfile.mkdtemp(prefix="store-backfill-"))
+    store = VictoriaMetrics(base / "vm", VM_FLAGS + flags)
     try:
         store.wait_ready()
-        now = time.time() - 60  # past the store's latency offset
         out: dict[str, object] = {"jobs": jobs, "load_before": list(os.getloadavg()),
-                                  "backfill": backfill(store, nodes, now)}
-        urllib.request.urlopen(f"{store.url}/internal/force_flush", timeout=120).read()
-        time.sleep(5)
+                                  "data": str(base), "store_flags": list(VM_FLAGS + flags)}
+        if reuse is None:
+            now = time.time() - 60  # past the store's latency offset
+            out["backfill"] = backfill(store, nodes, now)
+            urllib.request.urlopen(f"{store.url}/internal/force_flush", timeout=120).read()
+            time.sleep(5)
         out["disk_bytes"] = du(base / "vm" / "data")
         ids = [str(1_000_000 + (n * JOBS_PER_NODE) * 10_000) for n in range(0, nodes,
                                                                               max(1, nodes // 20))]
@@ -124,6 +128,9 @@ def run(jobs: int) -> dict[str, object]:
                                       "--no-sacct")
         out["enforce_queries"] = timed_queries(store.url, _enforce_queries())
         out["load_after"] = list(os.getloadavg())
+        if any(isinstance(v, dict) and v.get("rc") for v in out.values()):
+            out["store_log"] = [line[-400:] for line in store.log().splitlines()
+                                if "concurrent" in line or "error" in line][-3:]
         return out
     finally:
         store.stop()
@@ -132,13 +139,16 @@ def run(jobs: int) -> dict[str, object]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--jobs", default="10000,100000")
+    p.add_argument("--reuse", type=Path, help="the data of an earlier run (one --jobs)")
+    p.add_argument("--vm-flag", action="append", default=[], help="more store flags")
+    p.add_argument("--tag", default="", help="write results/store_backfill_<tag>.json")
     a = p.parse_args()
     figures: dict[str, object] = {"yardstick_s_before": yardstick()}
     for jobs in (int(x) for x in a.jobs.split(",")):
-        figures[f"jobs_{jobs}"] = run(jobs)
+        figures[f"jobs_{jobs}"] = run(jobs, a.reuse, tuple(a.vm_flag))
         print(jobs, figures[f"jobs_{jobs}"], flush=True)
     figures["yardstick_s_after"] = yardstick()
-    record("store_backfill", figures)
+    record("store_backfill" + (f"_{a.tag}" if a.tag else ""), figures)
 
 
 if __name__ == "__main__":
