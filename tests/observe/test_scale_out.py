@@ -33,7 +33,7 @@ JOBS_END_AFTER = 20
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Topologies, float]]:
+def tops_at(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Topologies, float]]:
     base = tmp_path_factory.mktemp("scale-out")
     fleet = ["--nodes", str(NODES), "--mig-share", "0.25", "--sample-interval", "1",
              "--linger", "100000", "--jobs-end-after", str(JOBS_END_AFTER)]
@@ -81,8 +81,8 @@ def _rounded(value: object) -> object:
 
 
 def test_the_shards_split_the_fleet_and_the_store_holds_all_of_it(
-        stack: tuple[Topologies, float]) -> None:
-    tops, _ = stack
+        tops_at: tuple[Topologies, float]) -> None:
+    tops, _ = tops_at
     per_shard = [{s["metric"]["instance"] for s in shard.vector('up == 1')}
                  for shard in tops.shards]
     assert per_shard[0] & per_shard[1] == set()
@@ -93,8 +93,8 @@ def test_the_shards_split_the_fleet_and_the_store_holds_all_of_it(
 
 
 def test_low_util_report_is_the_same_on_one_prometheus_and_on_the_store(
-        stack: tuple[Topologies, float]) -> None:
-    tops, at = stack
+        tops_at: tuple[Topologies, float]) -> None:
+    tops, at = tops_at
     window = ("--since", "10m", "--end", f"{at:.0f}")
     one = _json(tops.one.url, "low-util", *window)
     store = _json(tops.store.url, "low-util", *window)
@@ -102,8 +102,8 @@ def test_low_util_report_is_the_same_on_one_prometheus_and_on_the_store(
     assert one["jobs_seen"] == NODES * 8 and one["flagged"], one  # the idle quarter
 
 
-def test_job_reports_are_the_same(stack: tuple[Topologies, float]) -> None:
-    tops, at = stack
+def test_job_reports_are_the_same(tops_at: tuple[Topologies, float]) -> None:
+    tops, at = tops_at
     ids = sorted(s["metric"]["jobid"] for s in tops.one.vector("slurm_job_info"))[::9]
     window = ("--since", "10m", "--end", f"{at:.0f}", "--no-sacct")
     assert _json(tops.one.url, "job", *ids, *window) == _json(tops.store.url, "job", *ids,
@@ -126,8 +126,8 @@ def _rows(db: Path) -> dict[str, list]:
     return out
 
 
-def test_archive_writes_the_same_rows(stack: tuple[Topologies, float], tmp_path: Path) -> None:
-    tops, at = stack
+def test_archive_writes_the_same_rows(tops_at: tuple[Topologies, float], tmp_path: Path) -> None:
+    tops, at = tops_at
     dbs = {}
     for name, url in (("one", tops.one.url), ("store", tops.store.url)):
         dbs[name] = tmp_path / f"{name}.sqlite"
@@ -160,10 +160,10 @@ def _by_series(samples: list[dict]) -> dict[str, float]:
                        sort_keys=True): float(s["value"][1]) for s in samples}
 
 
-def test_enforces_queries_answer_the_same(stack: tuple[Topologies, float]) -> None:
+def test_enforces_queries_answer_the_same(tops_at: tuple[Topologies, float]) -> None:
     """enforce's decisions need Slurm's running jobs (the fleet's are not Slurm's), so its
     queries are compared instead, at a time when both windows hold only ended jobs."""
-    tops, _ = stack
+    tops, _ = tops_at
     at = tops.ended + 14
     wait_until(lambda: time.time() > at + 2, 30, "the windows to pass the jobs' end")
     for name, query in _idle_queries().items():
