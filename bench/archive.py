@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import RESULTS, record
 from bench.report import Job, build_tsdb, start_prometheus
-from slurm_gpu_exporter.report.archive_rows import ArchiveRecord
-from slurm_gpu_exporter.report.archive_store import ArchiveStore
-from slurm_gpu_exporter.report.model import (
+from slurm_gpu_exporter.report.archive.rows import ArchiveRecord
+from slurm_gpu_exporter.report.archive.store import ArchiveStore
+from slurm_gpu_exporter.report.figures.model import (
     Accounting,
     GpuDetail,
     JobDetail,

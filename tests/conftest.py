@@ -24,7 +24,6 @@ PROCESS_FIXTURES = frozenset({"slurm_cluster", "stack", "senders"})
 # what the Ansible role writes (/opt, /etc). Each has its group, which runs on one
 # worker when the suite runs in parallel (pytest-xdist); the two groups overlap.
 SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm_lock"})
-ETC_MODULES = ("tests/deploy/",)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -40,7 +39,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         path = item.nodeid.split("::")[0]
         if item.get_closest_marker("slurm") or fixtures & SLURM_FIXTURES:
             group = "slurm"
-        elif path.startswith(ETC_MODULES) or "etc_lock" in fixtures:
+        elif "etc_lock" in fixtures:
             group = "etc"
         elif "stack" in fixtures:
             group = "observe-stack"  # one Prometheus/Alertmanager stack per session

@@ -136,7 +136,7 @@ class Prometheus(Daemon):
 
 
 class Alertmanager(Daemon):
-    def __init__(self, config: dict, workdir: Path) -> None:
+    def __init__(self, config: dict, workdir: Path, extra_args: tuple[str, ...] = ()) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         config_path = workdir / "alertmanager.yml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -146,7 +146,7 @@ class Alertmanager(Daemon):
         super().__init__("alertmanager", [
             binary, f"--config.file={config_path}", f"--storage.path={workdir / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-            "--log.level=warn",
+            "--log.level=warn", *extra_args,
         ], port, workdir)
 
 

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from slurm_gpu_exporter.agent.flags import build_parser as agent_parser
 from slurm_gpu_exporter.check.findings import Finding, exit_code, render_json, render_text
 from slurm_gpu_exporter.check.gpus import check_gpus
 from slurm_gpu_exporter.check.node import check_cgroups, check_jobs, check_trust, read_spool
@@ -20,8 +21,6 @@ from slurm_gpu_exporter.node.cgroup import CgroupFS
 
 def build_parser() -> argparse.ArgumentParser:
     """The agent's parser (so ``check`` looks where the agent would) plus the check's flags."""
-    from slurm_gpu_exporter.agent.cli import build_parser as agent_parser
-
     p = agent_parser()
     p.prog = "slurm-gpu-exporter check"
     p.description = ("Print what the agent sees on this node and what stands between it and "

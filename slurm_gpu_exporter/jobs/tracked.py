@@ -1,14 +1,17 @@
-"""The job tracker's bookkeeping behind each job, and the checks it makes with Slurm."""
+"""The job tracker's bookkeeping behind each job, the ``Job`` made from it (``job_of``), and
+the checks it makes with Slurm."""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurm_gpu_exporter.hooks import spool
-from slurm_gpu_exporter.jobs.job import Job, job_of
+from slurm_gpu_exporter.hooks.ids import user_name
+from slurm_gpu_exporter.jobs.job import Job
+from slurm_gpu_exporter.model.job import GPU_FIELDS, JobDescription, describe
 from slurm_gpu_exporter.node.cgroup import JobCgroup
 from slurm_gpu_exporter.node.slurm.lookup import SlurmJobInfo
 
@@ -119,3 +122,38 @@ def is_other_cgroup(cgroup: JobCgroup, known_ino: int | None) -> bool:
         return False
     ino = cgroup_ino(cgroup)
     return ino is not None and ino != known_ino
+
+
+def job_of(tracked: TrackedJob, info: SlurmJobInfo | None) -> Job:
+    """The job as reported: the spool record first, Slurm's answers for the gaps."""
+    slurm = None
+    if info is not None:
+        slurm = describe(info)
+        if not slurm.start_time:  # Slurm prints 0 for a start it does not know
+            slurm = replace(slurm, start_time=None)
+    record = tracked.record
+    if record is not None:
+        job = describe(record)
+        if slurm is not None:
+            # slurmd's GPU fields are the allocation as given; Slurm's answer never
+            # stands in for them.
+            job = job.filled_from(slurm, keep=GPU_FIELDS)
+        source = "cgroup" if tracked.discovered else "spool"
+    else:
+        job = describe(slurm) if slurm is not None else JobDescription(jobid=tracked.jobid)
+        job = replace(job, jobid=tracked.jobid)
+        if job.uid is None:
+            job = replace(job, uid=tracked.uid_from_process)
+        source = "cgroup"
+    # A record the epilog wrote for a job it found no record of has no start.
+    if job.start_time is None:
+        job = replace(job, start_time=tracked.first_seen)
+    if not job.user:
+        job = replace(job, user=_user_name(job.uid))
+    return describe(job, Job, end_time=tracked.end_time, source=source, cgroup=tracked.cgroup)
+
+
+def _user_name(uid: int | None) -> str:
+    if uid is None:
+        return ""
+    return user_name(uid) or str(uid)

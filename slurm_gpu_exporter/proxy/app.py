@@ -13,7 +13,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -22,15 +21,12 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from slurm_gpu_exporter.proxy.check_pool import CheckBusy, CheckPool
 from slurm_gpu_exporter.proxy.config import ProxyConfig
-from slurm_gpu_exporter.proxy.enforce import (
-    QueryRefused,
-    Scope,
-    default_series_selectors,
-    enforce_query,
-    enforce_series_selector,
-)
+from slurm_gpu_exporter.proxy.enforce import QueryRefused, Scope, default_series_selectors
 from slurm_gpu_exporter.proxy.identity import Caller, Refusal, identify
+from slurm_gpu_exporter.proxy.limits import LimitExceeded, check_query_text
+from slurm_gpu_exporter.proxy.munge import MungeDecoder
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
 from slurm_gpu_exporter.proxy.params import FORM, BadRequest, pick, read_params, single
 from slurm_gpu_exporter.proxy.printer import LABEL_NAME
@@ -40,10 +36,6 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1024 * 1024
 REQUEST_READ_TIMEOUT_S = 30.0
-# A query this short is parsed on the event loop: it cannot nest deep enough to strain
-# the main thread's stack, and it parses in well under a millisecond. Longer ones go
-# to the parser threads.
-INLINE_QUERY_BYTES = 2048
 # Upstream requests go as GET (one write on the socket, where a POST takes two) while
 # the URL stays short enough for any proxy on the way; longer ones as a POST form.
 UPSTREAM_GET_BYTES = 4096
@@ -88,6 +80,13 @@ LABEL_VALUES = Endpoint("label_values", matches=True, others=("start", "end", "l
                         post=False)
 
 
+# What a 503 (too busy: password checks or query checks) tells the client to wait.
+RETRY_AFTER_S = 1
+# Admins are few, and their queries (Grafana's admin views, enforce, the reports)
+# must not wait behind users' slow ones: one worker of their own.
+ADMIN_CHECK_WORKERS = 1
+
+
 class Refused(Exception):
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(message)
@@ -96,25 +95,33 @@ class Refused(Exception):
 
 def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
              metrics: ProxyMetrics | None = None,
-             read_timeout: float = REQUEST_READ_TIMEOUT_S) -> web.Application:
+             read_timeout: float = REQUEST_READ_TIMEOUT_S,
+             checks: CheckPool | None = None,
+             admin_checks: CheckPool | None = None,
+             munge: MungeDecoder | None = None) -> web.Application:
     """The proxy application (tests start it on a random port). A request body must
-    arrive within ``read_timeout`` seconds."""
+    arrive within ``read_timeout`` seconds. Queries are checked in the worker processes
+    of ``checks``, admins' in those of ``admin_checks``, so that no flood of slow
+    queries from users makes an admin wait (both started and stopped with the app);
+    ``munge`` decodes munge credentials."""
     web_config = web_config or WebConfig()
     metrics = metrics or ProxyMetrics()
     upstream = URL(config.prometheus_url)
-    # Parsing runs in these threads: off the event loop, and on the large stacks the
-    # command line gives new threads (the parser recurses).
-    parsers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promql")
+    checks = checks or CheckPool()
+    admin_checks = admin_checks or CheckPool(workers=ADMIN_CHECK_WORKERS)
     state: dict[str, aiohttp.ClientSession] = {}
 
     async def session_context(app: web.Application):  # type: ignore[no-untyped-def]
+        await checks.start()
+        await admin_checks.start()
         state["session"] = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=64),
             timeout=aiohttp.ClientTimeout(total=config.upstream_timeout),
             auto_decompress=True)
         yield
         await state["session"].close()
-        parsers.shutdown(wait=False, cancel_futures=True)
+        await checks.close()
+        await admin_checks.close()
 
     def refuse(request: web.Request, status: int, reason: str, message: str,
                user: str, endpoint: str) -> web.Response:
@@ -123,6 +130,8 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
         log.warning("refused %s %r for user %r: %s (%s)", request.method, request.path,
                     user or "-", reason, message)
         headers = {"WWW-Authenticate": 'Basic realm="slurm-gpu-proxy"'} if status == 401 else {}
+        if status == 503:
+            headers["Retry-After"] = str(RETRY_AFTER_S)
         return web.json_response({"status": "error", "errorType": reason, "error": message},
                                  status=status, headers=headers)
 
@@ -133,7 +142,7 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
         if request.path in OPEN_PATHS:
             response = await handler(request)
         else:
-            who = await identify(request, web_config, config.user_header)
+            who = await identify(request, web_config, config.user_header, munge)
             if isinstance(who, Refusal):
                 return refuse(request, who.status, who.reason, who.message, who.claimed,
                               "auth")
@@ -168,13 +177,18 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
         metrics.requests.labels(endpoint, str(status)).inc()
         return web.Response(status=status, body=body, content_type=content_type)
 
-    async def restricted(run: Callable[[str, Scope], str], text: str, scope: Scope) -> str:
+    async def restricted(kind: str, text: str, scope: Scope) -> str:
         try:
-            if len(text) <= INLINE_QUERY_BYTES:
-                return run(text, scope)
-            return await asyncio.get_running_loop().run_in_executor(parsers, run, text, scope)
+            check_query_text(text)  # at once: what is past the limits never waits
+            pool = admin_checks if scope.admin else checks
+            return await pool.check(kind, text, scope)
+        except LimitExceeded as exc:
+            raise Refused(400, "limit", str(exc)) from None
         except QueryRefused as exc:
             raise Refused(400, exc.reason, str(exc)) from None
+        except CheckBusy as exc:
+            raise Refused(503, "busy", f"the proxy is checking too many queries ({exc}); "
+                          f"retry in {RETRY_AFTER_S} s") from None
 
     async def read_endpoint(request: web.Request, path: str, endpoint: Endpoint
                             ) -> web.Response:
@@ -190,15 +204,14 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
             if endpoint.query is not None:
                 query = single(params, endpoint.query, endpoint.query_required)
                 if query is not None:
-                    form.append((endpoint.query, await restricted(enforce_query, query,
-                                                                  scope)))
+                    form.append((endpoint.query, await restricted("query", query, scope)))
             if endpoint.matches:
                 selectors = params.getall("match[]", [])
                 if endpoint.matches_required and not selectors:
                     raise BadRequest("at least one match[] series selector is needed")
                 for selector in selectors:
-                    form.append(("match[]", await restricted(enforce_series_selector,
-                                                             selector, scope)))
+                    form.append(("match[]", await restricted("selector", selector,
+                                                             scope)))
                 if not selectors and not scope.admin:
                     # Without match[], label names and values would come from every series.
                     form += [("match[]", s) for s in default_series_selectors(scope)]

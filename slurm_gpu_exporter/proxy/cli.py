@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shutil
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from aiohttp import web
@@ -16,15 +16,13 @@ from slurm_gpu_exporter import __version__
 from slurm_gpu_exporter.proxy.app import make_app
 from slurm_gpu_exporter.proxy.config import ConfigError, ProxyConfig, load_config
 from slurm_gpu_exporter.proxy.listener import ListenError, listen, parse_listen_address
+from slurm_gpu_exporter.proxy.munge import DEFAULT_SOCKET, MungeDecoder
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
 from slurm_gpu_exporter.web.config import WebConfig, WebConfigError, load_web_config
 
 log = logging.getLogger("slurm_gpu_exporter.proxy")
 
 DEFAULT_LISTEN = ":9818"
-# The PromQL parser recurses per level of a query; the largest query it is given
-# (enforce.MAX_QUERY_BYTES) needs well under this.
-PARSER_STACK_BYTES = 64 * 1024 * 1024
 KEEPALIVE_TIMEOUT_S = 75.0
 # How long the rest of a refused request's body is read so the client sees the answer.
 LINGERING_TIME_S = 2.0
@@ -49,18 +47,32 @@ def build_parser() -> argparse.ArgumentParser:
                    "(cluster-wide aggregates)")
     p.add_argument("--config", type=Path, help="YAML file with the same settings, plus "
                    "coordinators and the trusted user header")
+    p.add_argument("--munge", action="store_true",
+                   help="accept 'Authorization: Munge <credential>' (munge -n), decoded by "
+                        "the site's munged")
+    p.add_argument("--munge.socket", dest="munge_socket", type=Path, default=DEFAULT_SOCKET,
+                   help=f"munged's socket (default {DEFAULT_SOCKET})")
     p.add_argument("--log.level", dest="log_level", default="info",
                    choices=["debug", "info", "warn", "error"])
     p.add_argument("--version", action="version", version=f"slurm-gpu-proxy {__version__}")
     return p
 
 
-async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str]) -> int:
+async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str],
+                munge_socket: Path | None = None) -> int:
     metrics = ProxyMetrics()
-    runner = web.AppRunner(make_app(config, web_config, metrics), access_log=None,
+    munge = MungeDecoder(munge_socket) if munge_socket else None
+    runner = web.AppRunner(make_app(config, web_config, metrics, munge=munge),
+                           access_log=None,
                            handle_signals=False, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
                            lingering_time=LINGERING_TIME_S)
-    await runner.setup()
+    try:
+        await runner.setup()  # starts the query checkers (check_pool.py)
+    except OSError as exc:
+        log.error("%s; check that slurm-gpu-exporter is installed for %s", exc,
+                  sys.executable)
+        await runner.cleanup()
+        return 1
     ssl_context = web_config.ssl_context()
     try:
         servers = await listen(runner, addresses, ssl_context,
@@ -99,12 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, WebConfigError, ValueError) as exc:
         print(f"slurm-gpu-proxy: {exc}", file=sys.stderr)
         return 2
-    if not web_config.users and config.user_header is None:
+    if not web_config.users and config.user_header is None and not args.munge:
         print("slurm-gpu-proxy: nobody could sign in: add basic_auth_users to "
-              "--web.config.file or a user_header to --config", file=sys.stderr)
+              "--web.config.file, a user_header to --config, or --munge", file=sys.stderr)
         return 2
-    threading.stack_size(PARSER_STACK_BYTES)
-    return asyncio.run(serve(config, web_config, addresses))
+    if args.munge and shutil.which("unmunge") is None:
+        print("slurm-gpu-proxy: --munge needs unmunge; install munge (Debian: apt-get "
+              "install munge)", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(config, web_config, addresses,
+                             args.munge_socket if args.munge else None))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 Enforcement works on promql-parser's AST, never on the query's text:
 
-1. parse the query (a query that does not parse is refused with the parser's message);
+1. bound its raw text (limits.py), then parse it (a query that does not parse is
+   refused with the parser's message). The proxy runs all of this in worker processes
+   with a time limit (check_pool.py);
 2. add ``user="<caller>"`` (a coordinator: ``user=~"a|b"``, an exact list) to every
    vector and matrix selector, wherever it sits (function arguments, aggregation
    parameters, subqueries, both sides of every binary operator), unless the selector
@@ -17,25 +19,21 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import promql_parser as pp
 
-from slurm_gpu_exporter.proxy.printer import Unprintable, quote, to_promql
+from slurm_gpu_exporter.proxy.limits import MAX_DEPTH, LimitExceeded, check_query_text
+from slurm_gpu_exporter.proxy.printer import Extra, Unprintable, quote, to_promql
 
 USER_LABEL = "user"
-# Bounds on what the parser is given: its cost grows with the square of the nesting
-# depth, and it recurses (a deep enough query would overflow the thread's stack).
-MAX_QUERY_BYTES = 16 * 1024
-MAX_OPERATORS = 1000
-MAX_DEPTH = 200
 # Functions that select series the query does not name (Prometheus 3's info() reads
 # target_info by itself): no matcher could be added to what they read.
 IMPLICIT_SELECTION = frozenset({"info"})
 
-_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', re.S)
-_OPERATORS = re.compile(r"\b(?:and|or|unless|atan2)\b|[-+*/%^([{]|[=!<>]=?")
+# Prints a tree with matchers added to its selectors (printer.to_promql).
+Printer = Callable[[pp.Expr, Extra], str]
 _NO_UNWIND = (KeyboardInterrupt, SystemExit, asyncio.CancelledError)
 
 
@@ -67,15 +65,12 @@ class Scope:
 
 
 def parse(query: str) -> pp.Expr:
-    """The AST of ``query``, or QueryRefused with the parser's message."""
-    size = len(query.encode())
-    if size > MAX_QUERY_BYTES:
-        raise QueryRefused(f"query is {size} bytes, more than the {MAX_QUERY_BYTES} allowed; "
-                           "shorten it")
-    operators = len(_OPERATORS.findall(_STRINGS.sub('""', query)))
-    if operators > MAX_OPERATORS:
-        raise QueryRefused(f"query has {operators} operators and brackets, more than the "
-                           f"{MAX_OPERATORS} allowed; split it")
+    """The AST of ``query``, or QueryRefused with the parser's message (or the limit
+    its raw text is past: limits.py)."""
+    try:
+        check_query_text(query)
+    except LimitExceeded as exc:
+        raise QueryRefused(str(exc), reason="limit") from None
     try:
         return pp.parse(query)
     except _NO_UNWIND:
@@ -146,8 +141,11 @@ def _check_supported(root: pp.Expr) -> int:
     return selectors
 
 
-def restrict(root: pp.Expr, scope: Scope) -> str:
-    """The PromQL text of ``root`` with every non-public selector restricted to ``scope``."""
+def restrict(root: pp.Expr, scope: Scope, printer: Printer = to_promql) -> str:
+    """The PromQL text of ``root`` with every non-public selector restricted to ``scope``.
+
+    What ``printer`` wrote is parsed again and checked, so a printer that misses a
+    selector (tests hand in such printers) is refused, never forwarded."""
     selectors = _check_supported(root)
     wanted = (scope.user_matcher(),)
 
@@ -155,7 +153,7 @@ def restrict(root: pp.Expr, scope: Scope) -> str:
         return () if is_public(selector, scope) else wanted
 
     try:
-        text = to_promql(root, extra)
+        text = printer(root, extra)
         check = pp.parse(text)
     except Unprintable as exc:
         raise QueryRefused(f"query cannot be passed on: {exc}") from None

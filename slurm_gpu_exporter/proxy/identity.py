@@ -1,5 +1,6 @@
-"""Who is asking: a basic-auth user of the web config, or a user named in a header by
-a client that proved itself (Grafana's ``send_user_header``)."""
+"""Who is asking: a basic-auth user of the web config, a user named in a header by
+a client that proved itself (Grafana's ``send_user_header``), or the owner of a munge
+credential (munge.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from typing import Any
 from aiohttp import web
 
 from slurm_gpu_exporter.proxy.config import USER_NAME, UserHeader
-from slurm_gpu_exporter.web.config import WebConfig
+from slurm_gpu_exporter.proxy.munge import SCHEME, MungeDecoder, MungeRefusal
+from slurm_gpu_exporter.web.config import AuthBusy, WebConfig
 
 
 @dataclass(frozen=True)
 class Caller:
     name: str
-    via: str  # "basic" or "header"
+    via: str  # "basic", "header" or "munge"
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,10 @@ def basic_auth_user(authorization: str) -> str:
 
 
 async def identify(request: web.Request, web_config: WebConfig,
-                   user_header: UserHeader | None) -> Caller | Refusal:
-    """The caller, or why the request is refused (401; 403 for a disallowed certificate)."""
+                   user_header: UserHeader | None,
+                   munge: MungeDecoder | None = None) -> Caller | Refusal:
+    """The caller, or why the request is refused (401; 403 for a disallowed certificate;
+    503 when too many password checks wait)."""
     transport = request.transport
     if not web_config.client_cert_allowed(
             transport.get_extra_info("peercert") if transport else None):
@@ -71,16 +75,39 @@ async def identify(request: web.Request, web_config: WebConfig,
                            "name (letters, digits, ._@+-)", claimed)
         return Caller(claimed, "header")
     authorization = request.headers.get("Authorization")
+    if authorization and authorization.startswith(SCHEME):
+        return await _munge_caller(authorization[len(SCHEME):].strip(), munge)
     if not web_config.users or not authorization:
-        return Refusal(401, "unauthenticated", "authentication required: basic auth with a "
-                       "user of the web config")
+        ways = ["basic auth with a user of the web config"] if web_config.users else []
+        if munge is not None:
+            ways.append("'Authorization: Munge <credential>' (munge -n)")
+        how = " or ".join(ways) or "the user header from a client that proves itself"
+        return Refusal(401, "unauthenticated", f"authentication required: {how}")
     try:
         name = basic_auth_user(authorization) if authorization.startswith("Basic ") else ""
     except (binascii.Error, UnicodeDecodeError):
         name = ""
-    if not await web_config.check_basic_auth_async(authorization):
+    try:
+        verified = await web_config.check_basic_auth_async(authorization)
+    except AuthBusy as exc:  # a wrong-password flood: a retry soon gets its turn
+        return Refusal(503, "auth_busy", f"too many password checks at once ({exc}); "
+                       "retry in a second", name)
+    if not verified:
         return Refusal(401, "bad_credentials", "wrong user name or password", name)
     if not USER_NAME.fullmatch(name):
         return Refusal(401, "bad_credentials", "basic-auth user names must be letters, "
                        "digits and ._@+-", name)
     return Caller(name, "basic")
+
+
+async def _munge_caller(credential: str, munge: MungeDecoder | None) -> Caller | Refusal:
+    if munge is None:
+        return Refusal(401, "munge_off", "this proxy does not take munge credentials "
+                       "(start it with --munge); use basic auth")
+    who = await munge.decode(credential)
+    if isinstance(who, MungeRefusal):
+        return Refusal(who.status, who.reason, who.message)
+    if not USER_NAME.fullmatch(who.name):
+        return Refusal(401, "bad_credentials", "user names must be letters, digits and "
+                       "._@+-", who.name)
+    return Caller(who.name, "munge")

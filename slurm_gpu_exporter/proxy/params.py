@@ -12,6 +12,7 @@ from aiohttp import web
 from multidict import MultiDict
 
 FORM = "application/x-www-form-urlencoded"
+_NOT_UTF8 = "the {where} is not UTF-8 text; percent-encode every parameter's UTF-8 bytes"
 
 
 class BadRequest(ValueError):
@@ -20,11 +21,18 @@ class BadRequest(ValueError):
 
 async def read_params(request: web.Request) -> MultiDict[str]:
     """Every parameter of the URL and, for a POST, of its form body, in that order."""
-    merged: MultiDict[str] = MultiDict(request.query)
+    try:
+        merged: MultiDict[str] = MultiDict(request.query)
+    except UnicodeDecodeError:
+        raise BadRequest(_NOT_UTF8.format(where="URL")) from None
     if request.method == "POST" and request.can_read_body:
         if request.content_type != FORM:
             raise BadRequest(f"a POST body must be {FORM}, not {request.content_type!r}")
-        for name, value in (await request.post()).items():
+        try:
+            form = await request.post()
+        except UnicodeDecodeError:  # a raw byte such as \xff: the client's error
+            raise BadRequest(_NOT_UTF8.format(where="form body")) from None
+        for name, value in form.items():
             if not isinstance(value, str):
                 raise BadRequest(f"parameter {name} is not text")
             merged.add(name, value)

@@ -1,10 +1,4 @@
-"""The role's tests write /opt and /etc: one test run at a time on a machine."""
-
-from __future__ import annotations
-
-import pytest
-
-
-@pytest.fixture(autouse=True)
-def _node_wide(etc_lock: None) -> None:
-    """Every test here waits for the lock on /opt and /etc (see tests/conftest.py)."""
+"""The role tests. Those that write the machine's /opt and /etc (the node role's, and
+the monitoring role applied with its default paths) take the ``etc_lock`` fixture, which
+also puts them in the one ``etc`` group that runs on one worker (tests/conftest.py); the
+rest write only under their temporary directories and run beside them."""

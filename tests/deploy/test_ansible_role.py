@@ -34,6 +34,11 @@ from tests.support import free_port, move_aside, require, wait_until
 
 pytestmark = pytest.mark.process
 
+
+@pytest.fixture(autouse=True)
+def _node_wide(etc_lock: None) -> None:
+    """Every test here writes /opt and /etc, or reads what another wrote: one at a time."""
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "deploy" / "ansible"
 SHIPPED_UNIT = REPO / "deploy" / "systemd" / "slurm-gpu-exporter.service"

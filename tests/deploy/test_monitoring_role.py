@@ -235,7 +235,8 @@ def _first_missing(path: Path) -> Path | None:
     return missing
 
 
-def test_applied_with_its_default_paths_on_this_machine(tmp_path: Path) -> None:
+def test_applied_with_its_default_paths_on_this_machine(tmp_path: Path,
+                                                        etc_lock: None) -> None:
     """The role on the real /etc/prometheus, /etc/grafana, /etc/systemd: what Debian's
     packages left there is put back afterwards, and what the role made is removed."""
     require(os.geteuid() == 0, "the role writes /etc/prometheus and /etc/systemd (needs root)")

@@ -26,12 +26,6 @@ STORE = "http://127.0.0.1:8428/api/v1/write"
 EXAMPLE = REPO / "deploy" / "prometheus" / "scale-out" / "shard.yml"
 
 
-@pytest.fixture(autouse=True)
-def _node_wide() -> None:
-    """Overrides the package's lock on /opt and /etc: these runs write only below their
-    temporary directories (Prometheus part, install off), so they need not wait for it."""
-
-
 def _shard(base: Path, shard: int, **more: object) -> tuple[MonitoringHost, int, str]:
     host = MonitoringHost(base / f"shard{shard}", gpu_nodes=NODES)
     rc, out, _ = host.play("--tags", "prometheus", slurm_gpu_monitoring_shards=2,

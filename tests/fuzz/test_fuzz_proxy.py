@@ -8,7 +8,8 @@ import promql_parser as pp
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from slurm_gpu_exporter.proxy.enforce import QueryRefused, Scope, enforce_query
+from slurm_gpu_exporter.proxy.enforce import QueryRefused, Scope, children, enforce_query
+from slurm_gpu_exporter.proxy.limits import MAX_OPERATORS, LimitExceeded, check_query_text
 from slurm_gpu_exporter.proxy.printer import quote
 
 ALICE = Scope(admin=False, users=frozenset({"alice"}))
@@ -85,3 +86,38 @@ def test_every_selector_of_a_grammar_built_query_is_pinned(query: str) -> None:
     restricted = enforce_query(query, ALICE)
     count, ok = pinned(restricted)
     assert ok and count == pinned(query)[0], (query, restricted)
+
+
+# Pieces that nest, close, hide (comments, the three quotes) and chain.
+pieces = st.sampled_from(["(", ")", "[1m]", "{", "}", "1", "x", "+", " or ", "# ", "\n",
+                          '"', "'", "`", "sum(", "-"])
+
+
+def _tree_depth(root: pp.Expr) -> int:
+    deepest, stack = 0, [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children(node))
+    return deepest
+
+
+@given(st.lists(st.tuples(pieces, st.integers(1, 300)), max_size=12))
+@example([("(", 200), ("\n# ", 1), (")", 200), ("\n", 1), ("(", 200), ("1", 1),
+          (")", 400)])
+@example([("1+", 998), ("1", 1)])
+def test_what_passes_the_text_limits_parses_to_a_bounded_depth(runs: list[tuple[str, int]]
+                                                           ) -> None:
+    text = "".join(piece * count for piece, count in runs)
+    try:
+        check_query_text(text)
+    except LimitExceeded:
+        return
+    try:
+        root = pp.parse(text)
+    except BaseException:  # the parser's panics too: refused as not parsing
+        return
+    # Every level of the tree but its leaves takes a bracket or an operator of the
+    # text, and each is counted (closers hidden in comments or strings lower the raw
+    # depth, not the count): what the worker's parser stack must hold is bounded.
+    assert _tree_depth(root) <= MAX_OPERATORS + 2

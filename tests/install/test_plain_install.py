@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 # The console scripts the docs promise (DESIGN.md's contracts); the wheel may add more.
 PROMISED_SCRIPTS = {"slurm-gpu-exporter", "slurm-gpu-exporter-prolog",
-                    "slurm-gpu-exporter-epilog", "slurm-gpu-report", "slurm-gpu-proxy"}
+                    "slurm-gpu-exporter-epilog", "slurm-gpu-report", "slurm-gpu-proxy",
+                    "slurm-gpu-mail"}
 REPORT_COMMANDS = ("job", "low-util", "archive", "usage", "default-config", "enforce",
                    "default-policy", "remediate")
 EXTRAS = ("", "archive", "bench")

@@ -88,6 +88,8 @@ class SlurmCluster:
         self.spool_dir = Path(exports["SLURM_GPU_EXPORTER_SPOOL_DIR"])
         # Where the cluster's prolog/epilog helpers read the spool they write to.
         self.hook_spool_file = Path(exports["SGE_HOOK_SPOOL_FILE"])
+        # slurmctld's MailProg runs this program when it exists (a test's own).
+        self.mail_hook = Path(exports["SGE_MAIL_HOOK"])
         self.jobs_dir = self.state_dir / "jobs"
         self.log_dir = self.state_dir / "log"
         self.cgroup_root = CGROUP_ROOT

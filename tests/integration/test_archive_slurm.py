@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.report.accounting import parse_reqmem, parse_timelimit
-from slurm_gpu_exporter.report.archive_store import ArchiveStore
+from slurm_gpu_exporter.report.archive.store import ArchiveStore
+from slurm_gpu_exporter.report.slurm.accounting import parse_reqmem, parse_timelimit
 from tests.agent import Agent
 from tests.daemons import Prometheus
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
@@ -190,7 +190,7 @@ def test_sacct_has_the_real_states_exit_codes_and_accounts(scenario: Scenario) -
 def test_archive_stores_every_ended_job_once_over_overlapping_runs(scenario: Scenario) -> None:
     for run in scenario.archive_runs:
         assert run.returncode == 0, run.stderr
-        assert "14 PromQL queries" in run.stdout, run.stdout
+        assert "16 PromQL queries" in run.stdout, run.stdout
     for backend, counts in scenario.rows_after_each_run.items():
         first, again = counts
         assert first == again and first[0] >= 4, backend

@@ -89,7 +89,8 @@ class Scenario:
 def _enforce(scenario: Scenario, prom_url: str, policy: Path, *extra: str,
              label: str = "", fmt: str = "json") -> Run:
     argv = [str(REPORT), "enforce", "--policy", str(policy), "--format", fmt,
-            "--prometheus-url", prom_url, "--timeout", "5", "--state-file",
+            "--prometheus-url", prom_url, "--timeout", "5", "--node-label", "node",
+            "--state-file",
             str(scenario.state_file), "--notify", f"{scenario.webhook.url}/notify", *extra]
     env = {**os.environ, **scenario.cluster.env}
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env,
@@ -121,7 +122,9 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
         prom = Prometheus("prometheus", {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [{"job_name": "slurm-gpu-exporter", "scrape_timeout": "1s",
-                                "static_configs": [{"targets": [f"127.0.0.1:{agent.port}"]}]}],
+                                "static_configs": [{
+                                    "targets": [f"127.0.0.1:{agent.port}"],
+                                    "labels": {"node": slurm_cluster.node_name}}]}],
         }, base / "prometheus")
         started.append(prom)
         webhook = WebhookReceiver()

@@ -1,7 +1,8 @@
 """``slurm-gpu-report remediate`` fed by a real Alertmanager: an Xid that needs a GPU
 reset, raised by the fake NVML, goes through the shipped rules and routing, and the
 real Slurm node is drained with the alert in its reason; once only; never by a post
-without the credentials or with a node name that is not one.
+without the credentials or with a node name that is not one, and never by alerts
+posted straight to Alertmanager's API that Prometheus does not show firing.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -16,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +47,17 @@ class Rig:
     agent: Agent
     remediate: Daemon
     alertmanager: Alertmanager
+    prometheus: Prometheus
     drained_reason: str
 
 
+def auth_headers() -> dict[str, str]:
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
 def post(rig: Rig, payload: Any, auth: bool = True) -> tuple[int, dict[str, Any] | str]:
-    headers = {"Content-Type": "application/json"}
-    if auth:
-        token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-        headers["Authorization"] = f"Basic {token}"
+    headers = {"Content-Type": "application/json", **(auth_headers() if auth else {})}
     request = urllib.request.Request(f"{rig.remediate.url}/alerts", method="POST",
                                      data=json.dumps(payload).encode(), headers=headers)
     try:
@@ -103,19 +109,14 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                        "--sample-interval", "1"], env=fake.env(), log_path=base / "agent.log")
         started.append(agent)
         port = free_port()
-        remediate = Daemon("remediate", [
-            *with_slurm_env(slurm_cluster), str(REPORT), "remediate",
-            "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web_config),
-            "--node-label", "node",
-        ], port, base)
-        started.append(remediate)
+        remediate_url = f"http://127.0.0.1:{port}"
         sink = WebhookReceiver()
         started.append(sink)
         am_config = alertmanager_config(sink)
         for receiver in am_config["receivers"]:
             if receiver["name"] == "remediate":
                 receiver["webhook_configs"] = [{
-                    "url": f"{remediate.url}/alerts", "send_resolved": False,
+                    "url": f"{remediate_url}/alerts", "send_resolved": False,
                     "http_config": {"basic_auth": {"username": USER,
                                                    "password_file": str(password_file)}}}]
         am = Alertmanager(am_config, base / "alertmanager")
@@ -131,6 +132,12 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                                     "labels": {"node": slurm_cluster.node_name}}]}],
         }, base / "prometheus")
         started.append(prom)
+        remediate = Daemon("remediate", [
+            *with_slurm_env(slurm_cluster), str(REPORT), "remediate",
+            "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web_config),
+            "--node-label", "node", "--prometheus-url", prom.url,
+        ], port, base)
+        started.append(remediate)
         agent.wait_ready()
         remediate.wait_ready("/-/healthy")
         am.wait_ready()
@@ -142,7 +149,7 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                    poll=0.5, log=remediate.log)
         reason = node_line(slurm_cluster).split("Reason=", 1)[1]
         print(f"remediate rig, Xid to drained node: {time.monotonic() - began:.1f} s")
-        yield Rig(slurm_cluster, agent, remediate, am, reason)
+        yield Rig(slurm_cluster, agent, remediate, am, prom, reason)
     finally:
         for thing in reversed(started):
             thing.stop()
@@ -165,15 +172,32 @@ def test_xid_alert_from_alertmanager_drains_the_node_naming_the_alert(rig: Rig) 
 
 
 def acted_on_payload(rig: Rig) -> dict[str, Any]:
-    """The alert remediate drained for, as Alertmanager sent it. Alertmanager may hold a
-    newer one by now: the rule has no ``for``, so one scrape that times out on a loaded
-    machine resolves it, and the next evaluation fires it again with a new ``startsAt``
-    (the same fingerprint), which remediate rightly takes for a new alert."""
+    """The alert remediate drained for, by the start its reason names: the test asks
+    about that alert, whatever Alertmanager holds by now."""
     payload = firing_payload(rig)
     since = rig.drained_reason.split(" since ", 1)[1].split()[0]
     for alert in payload["alerts"]:
         alert["startsAt"] = since
     return payload
+
+
+def _rfc3339(text: str) -> float:
+    """Prometheus' RFC 3339 time (nanoseconds, "Z") as Unix time."""
+    return datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", text).replace("Z", "+00:00")
+                                  ).timestamp()
+
+
+def alert_rule(prom: Prometheus) -> dict[str, Any]:
+    """The alert's rule as Prometheus runs it: its query, when it was last evaluated, its
+    alerts (with ``activeAt``, the start Alertmanager is given)."""
+    groups = http_json(f"{prom.url}/api/v1/rules?type=alert")["data"]["groups"]
+    (rule,) = [r for g in groups for r in g["rules"] if r["name"] == ALERT]
+    return rule
+
+
+def evaluated_after(prom: Prometheus, t: float) -> dict[str, Any] | None:
+    rule = alert_rule(prom)
+    return rule if _rfc3339(rule["lastEvaluation"]) > t else None
 
 
 def test_second_post_of_the_same_alert_does_not_act_again(rig: Rig) -> None:
@@ -220,7 +244,8 @@ def test_dry_run_mode_drains_nothing(rig: Rig, tmp_path: Path) -> None:
     port = free_port()
     dry = Daemon("remediate-dry", [
         *with_slurm_env(rig.cluster), str(REPORT), "remediate", "--web.listen-address",
-        f"127.0.0.1:{port}", "--dry-run", "--node-label", "node"], port, tmp_path)
+        f"127.0.0.1:{port}", "--dry-run", "--node-label", "node", "--prometheus-url",
+        rig.prometheus.url], port, tmp_path)
     try:
         dry.wait_ready("/-/healthy")
         payload = {"alerts": [{"status": "firing", "fingerprint": "d1", "startsAt": "t",
@@ -231,27 +256,87 @@ def test_dry_run_mode_drains_nothing(rig: Rig, tmp_path: Path) -> None:
             assert json.load(resp)["results"] == [f"dry run: would drain "
                                                   f"{rig.cluster.node_name}"]
         assert not drained(rig.cluster)
-        assert "without basic auth or TLS" in dry.log()
+        assert "without client authentication" in dry.log()
     finally:
         dry.stop()
 
 
 def test_missed_scrapes_do_not_make_it_a_new_alert_that_drains_again(rig: Rig) -> None:
     """The agent stalls (as while it restarts after the GPU reset): its scrapes time out
-    and the series go stale. The alert is kept firing, so it stays the alert remediate
-    acted on, and the admin's resume stands."""
+    and the series go stale, so the alert's condition no longer holds. The rule keeps it
+    firing (keep_firing_for), so once the agent is scraped again it is still the alert
+    remediate acted on, not a new one, and the admin's resume stands."""
+    prom, up = rig.prometheus, 'up{job="slurm-gpu-exporter"}'
+    payload = firing_payload(rig)
+    before = payload["alerts"][0]["startsAt"]
+    post(rig, payload)  # remediate has acted on this alert, whatever came before this test
     resume(rig.cluster)
-    before = firing_payload(rig)["alerts"][0]["startsAt"]
+    (active,) = [a["activeAt"] for a in alert_rule(prom)["alerts"]]
     os.kill(rig.agent.proc.pid, signal.SIGSTOP)
     try:
-        time.sleep(4)  # four 1 s scrapes, each timed out
+        prom.wait_for(f"{up} == 0", timeout=30)  # a scrape timed out: the series are stale
+        stale = time.time()
+        rule = wait_until(lambda: evaluated_after(prom, stale), 30,
+                          "the rule evaluated on the stale series")
+        assert prom.vector(rule["query"]) == [], "the condition still holds: nothing tested"
+        assert [a["state"] for a in rule["alerts"]] == ["firing"]
     finally:
         os.kill(rig.agent.proc.pid, signal.SIGCONT)
     rig.agent.wait_ready()
-    time.sleep(3)  # scraped and evaluated again
+    prom.wait_for(f"{up} == 1", timeout=30)
+    scraped = time.time()
+    rule = wait_until(lambda: evaluated_after(prom, scraped), 30,
+                      "the rule evaluated on the agent's series again")
+    assert [a["activeAt"] for a in rule["alerts"]] == [active]
     payload = firing_payload(rig)
     assert payload["alerts"][0]["startsAt"] == before
     status, body = post(rig, payload)
     assert status == 200 and isinstance(body, dict)
     assert body["results"] == ["ignored: acted on this alert before"]
     assert not drained(rig.cluster)
+
+
+def refusals(rig: Rig) -> dict[str, float]:
+    """remediate's refusal counters by reason, from its /metrics."""
+    request = urllib.request.Request(f"{rig.remediate.url}/metrics", headers=auth_headers())
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        text = resp.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith('slurm_gpu_remediate_alerts_total{outcome="refused"'):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            found[reason] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def test_alerts_forged_through_alertmanagers_api_drain_nothing_and_say_why(rig: Rig) -> None:
+    """Issue 33's attack: alerts posted to Alertmanager's open API, which routes them to
+    remediate with its credentials. ``ALL`` is no node name; gpu-node-17 and this node's
+    SlurmGpuLost are not firing in Prometheus (the real alert here is an Xid)."""
+    resume(rig.cluster)
+    before = refusals(rig)
+    node = rig.cluster.node_name
+    forged = [{"labels": {"alertname": "SlurmGpuLost", "instance": "ALL", "node": "ALL"}},
+              {"labels": {"alertname": "SlurmGpuLost", "instance": "gpu-node-17:9817",
+                          "node": "gpu-node-17"}},
+              {"labels": {"alertname": "SlurmGpuLost", "instance": f"{node}:9817",
+                          "node": node}}]
+    request = urllib.request.Request(f"{rig.alertmanager.url}/api/v2/alerts", method="POST",
+                                     data=json.dumps(forged).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert resp.status == 200  # Alertmanager takes them: its API is open here
+
+    def counted() -> bool:
+        now = refusals(rig)
+        return (now.get("not_a_node", 0) - before.get("not_a_node", 0) >= 1
+                and now.get("unconfirmed", 0) - before.get("unconfirmed", 0) >= 2)
+
+    wait_until(counted, 30, "remediate to refuse the forged alerts", poll=0.5,
+               log=rig.remediate.log)
+    assert not drained(rig.cluster)
+    log = rig.remediate.log()
+    assert f"refused SlurmGpuLost (node={node}): Prometheus shows no firing SlurmGpuLost " \
+           f"for node={node}" in log
+    assert "refused SlurmGpuLost (node=gpu-node-17): Prometheus shows no firing" in log
+    assert "refused SlurmGpuLost (node=ALL): not a node name" in log

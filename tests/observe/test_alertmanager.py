@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
 
+import bcrypt
 import pytest
 import yaml
 
-from tests.daemons import DEPLOY, tool
+from tests.daemons import DEPLOY, Alertmanager, tool
+from tests.support import wait_until
 
 pytestmark = pytest.mark.prometheus
 
@@ -44,3 +51,45 @@ def test_a_wrong_receiver_fails_the_route_test() -> None:
 def test_every_receiver_is_reached_by_some_case() -> None:
     names = {r["name"] for r in yaml.safe_load(CONFIG.read_text())["receivers"]}
     assert names == {r for case in CASES for r in case["receivers"]}
+
+
+WEB_CONFIG = DEPLOY / "alertmanager" / "web-config.yml"
+
+
+def test_the_shipped_web_config_closes_alertmanagers_api(tmp_path: Path) -> None:
+    """deploy/alertmanager/web-config.yml with its placeholder replaced by a real hash:
+    a real Alertmanager refuses a post to /api/v2/alerts without the password (the
+    forged alert of issue 33) and takes it with the password."""
+    web = yaml.safe_load(WEB_CONFIG.read_text())
+    assert set(web) == {"basic_auth_users"}
+    password = "am-secret-for-the-test"
+    web["basic_auth_users"] = {
+        "prometheus": bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()}
+    (tmp_path / "web.yml").write_text(yaml.safe_dump(web))
+    routing = {"route": {"receiver": "none"}, "receivers": [{"name": "none"}]}
+    am = Alertmanager(routing, tmp_path / "am",
+                      extra_args=(f"--web.config.file={tmp_path / 'web.yml'}",))
+    try:
+        token = base64.b64encode(f"prometheus:{password}".encode()).decode()
+        wait_until(lambda: _status(am.url + "/-/ready", token) == 200, 30,
+                   "Alertmanager to be ready", log=am.log)
+        forged = json.dumps([{"labels": {"alertname": "SlurmGpuLost", "instance": "ALL"}}])
+        assert _status(am.url + "/api/v2/alerts", None, forged) == 401
+        assert _status(am.url + "/api/v2/alerts", token, forged) == 200
+    finally:
+        am.stop()
+
+
+def _status(url: str, token: str | None, body: str | None = None) -> int:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Basic {token}"
+    request = urllib.request.Request(url, data=body.encode() if body else None,
+                                     headers=headers, method="POST" if body else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, ConnectionError):
+        return 0

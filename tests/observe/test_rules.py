@@ -48,7 +48,7 @@ def test_committed_alert_rules_are_what_the_generator_writes(tmp_path: Path) -> 
 def test_promtool_check_rules_passes() -> None:
     result = promtool("check", "rules", *map(str, sorted((PROM / "rules").glob("*.yml"))))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 13 rules found" in result.stdout  # the alerts
+    assert "SUCCESS: 14 rules found" in result.stdout  # the alerts
 
 
 def test_promtool_check_config_passes_on_every_example() -> None:
@@ -70,6 +70,7 @@ MOVES = [
     "gpu_memory_for=11m", "gpu_errors_window=1m", "gpu_unattributed_for=11m",
     "agent_stale_intervals=4", "agent_sample_interval_seconds=6", "agent_down_for=6m",
     "agent_stale_for=3m", "agent_nvml_down_for=6m", "agent_job=other",
+    "remediate_refused_window=16m",
     "gpu_xid_reset_codes=79",
 ]
 

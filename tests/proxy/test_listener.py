@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from aiohttp import web
 
 from slurm_gpu_exporter.proxy.listener import listen
@@ -72,5 +73,6 @@ async def _slow_body_answer() -> bytes:
     return status
 
 
+@pytest.mark.process  # the app starts its query checkers
 def test_a_request_body_that_trickles_is_refused_with_408() -> None:
     assert asyncio.run(_slow_body_answer()).startswith(b"HTTP/1.1 408")

@@ -210,8 +210,7 @@ def test_absent_tells_no_more_about_another_user_than_about_nobody(
 
 
 def test_a_long_query_is_restricted_too(proxy_stack: ProxyStack) -> None:
-    # Past 2 KiB the query is parsed in the parser threads; past 4 KiB encoded it goes
-    # upstream as a POST form.
+    # Past 4 KiB encoded, the restricted query goes upstream as a POST form.
     others = "|".join(str(n) for n in range(1000, 2200))
     long = f'count by (user) (slurm_job_info{{jobid!~"{others}"}})'
     assert len(long) > 4096

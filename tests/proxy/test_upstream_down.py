@@ -6,6 +6,7 @@ import asyncio
 
 import aiohttp
 import bcrypt
+import pytest
 from aiohttp import web
 
 from slurm_gpu_exporter.proxy.app import make_app
@@ -43,6 +44,7 @@ async def _answers_with_the_store_down() -> tuple[int, str, int, float | None]:
     return ready, text, query, errors
 
 
+@pytest.mark.process  # the app starts its query checkers
 def test_with_the_store_down_the_proxy_is_not_ready_and_queries_get_502() -> None:
     ready, text, query, errors = asyncio.run(_answers_with_the_store_down())
     assert ready == 503 and "not reachable" in text and "--prometheus-url" in text

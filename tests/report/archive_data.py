@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from slurm_gpu_exporter.report.archive_rows import ArchiveRecord
-from slurm_gpu_exporter.report.model import (
+from slurm_gpu_exporter.report.archive.rows import ArchiveRecord
+from slurm_gpu_exporter.report.figures.model import (
     Accounting,
     GpuDetail,
     JobDetail,
@@ -29,7 +29,9 @@ def record(jobid: str, *, user: str = "alice", account: str = "physics",
                           memory_limit=2**34)
         node.gpus = [GpuDetail(gpu=str(g), uuid=f"GPU-{jobid}-{n}-{g}", allocated_s=held_s,
                                busy_s=held_s * busy, memory_peak=2**30, memory_total=80 * 2**30,
-                               energy_j=held_s * 300, sm_active_s=held_s * busy / 2)
+                               energy_j=held_s * 300, sm_active_s=held_s * busy / 2,
+                               tensor_active_s=held_s * busy / 4,
+                               dram_active_s=held_s * busy / 3)
                      for g in range(gpus)]
         node_details.append(node)
     total = held_s * gpus * nodes
@@ -37,7 +39,8 @@ def record(jobid: str, *, user: str = "alice", account: str = "physics",
                      name=f"train-{jobid}", cluster=cluster, gpus=gpus * nodes,
                      allocated_s=total, busy_s=total * busy, gpu_memory_peak=2**30,
                      start=end - held_s, end=end, sm_active_s=total * busy / 2,
-                     gpm_allocated_s=total)
+                     gpm_allocated_s=total, tensor_active_s=total * busy / 4,
+                     dram_active_s=total * busy / 3)
     acct = Accounting(state=state, time_limit_s=7200, requested_memory=2**34, cpus=8 * nodes,
                       nodes=nodes, start=end - held_s, end=end, exit_code=exit_code,
                       account=account, qos="normal", requested_gpus=gpus * nodes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from slurm_gpu_exporter.report.model import (
+from slurm_gpu_exporter.report.figures.model import (
     Accounting,
     GpuDetail,
     JobDetail,
@@ -12,7 +12,7 @@ from slurm_gpu_exporter.report.model import (
     LowUtilReport,
     NodeDetail,
 )
-from slurm_gpu_exporter.report.window import Window
+from slurm_gpu_exporter.report.figures.window import Window
 
 GIB = 2**30
 END = 1_796_025_600.0  # 2026-11-30 08:00 UTC

@@ -17,11 +17,11 @@ import time
 
 import pytest
 
-from slurm_gpu_exporter.report.archive_schema import gpus as gpus_table
-from slurm_gpu_exporter.report.archive_schema import jobs as jobs_table
-from slurm_gpu_exporter.report.archive_schema import usage_monthly
-from slurm_gpu_exporter.report.archive_store import ArchiveStore
-from slurm_gpu_exporter.report.window import Window
+from slurm_gpu_exporter.report.archive.schema import gpus as gpus_table
+from slurm_gpu_exporter.report.archive.schema import jobs as jobs_table
+from slurm_gpu_exporter.report.archive.schema import usage_monthly
+from slurm_gpu_exporter.report.archive.store import ArchiveStore
+from slurm_gpu_exporter.report.figures.window import Window
 from tests.report.archive_data import NOV_1, record
 
 pytestmark = pytest.mark.process

@@ -6,12 +6,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from slurm_gpu_exporter.report.archive import _ended_everywhere, archive_queries
+from slurm_gpu_exporter.report.archive.collect import _ended_everywhere, archive_queries
+from slurm_gpu_exporter.report.archive.usage import month_window, spans_months
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.promql import Sample
-from slurm_gpu_exporter.report.queries import Filters
-from slurm_gpu_exporter.report.usage import month_window, spans_months
-from slurm_gpu_exporter.report.window import Window
+from slurm_gpu_exporter.report.figures.window import Window
+from slurm_gpu_exporter.report.prometheus.client import Sample
+from slurm_gpu_exporter.report.prometheus.queries import Filters
 
 
 def _s(jobid: str, instance: str, cluster: str = "", value: float = 1.0) -> Sample:
@@ -33,7 +33,7 @@ def test_a_job_is_archived_only_once_every_node_it_ran_on_has_sampled_its_end() 
 
 def test_archive_makes_the_same_queries_whatever_the_jobs_and_needs_no_baseline() -> None:
     queries = archive_queries(Window(0, 7200), Filters(cluster="east"))
-    assert len(queries) == 14
+    assert len(queries) == 16
     assert all("offset" not in q for q in queries.values())
     assert all('cluster="east"' in q for q in queries.values())
 

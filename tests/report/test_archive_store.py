@@ -4,7 +4,9 @@ grow counters, the schema version, and the one-line failures with their exit cod
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -13,18 +15,18 @@ import psycopg
 import pytest
 from sqlalchemy import create_engine, text
 
-from slurm_gpu_exporter.report.archive_schema import SCHEMA_VERSION
-from slurm_gpu_exporter.report.archive_store import (
+from slurm_gpu_exporter.report.archive.schema import SCHEMA_VERSION
+from slurm_gpu_exporter.report.archive.store import (
     EXIT_STORE_LOCKED,
     EXIT_STORE_NEWER,
     EXIT_STORE_UNREACHABLE,
     ArchiveStore,
     parse_db_url,
 )
+from slurm_gpu_exporter.report.archive.usage import month_window, usage_report
 from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.render.usage import render_usage
-from slurm_gpu_exporter.report.usage import month_window, usage_report
-from slurm_gpu_exporter.report.window import Window
 from tests.report.archive_data import DEC_1, NOV_1, record
 from tests.support import free_port
 
@@ -255,3 +257,23 @@ def test_the_monthly_roll_up_follows_upserts_as_the_job_rows_do(archive_url: str
             pytest.approx(from_rows[key].busy_s))
     assert from_roll_up[("alice",)].allocated_s == 2 * 3 * 3600
     assert from_roll_up[("bob",)].allocated_s == 2 * 1 * 3600
+
+
+def test_a_new_sqlite_archive_and_its_wal_files_are_owner_only_under_umask_022(
+        tmp_path: Path) -> None:
+    """Issue 33: the archive made by hand under umask 022 was world-readable."""
+    path = tmp_path / "new" / "archive.sqlite"
+    old = os.umask(0o022)
+    try:
+        with ArchiveStore(f"sqlite:///{path}", write=True) as store:
+            store.store([record("1")], archived_at=NOV_1)
+        # While a writer holds it open, SQLite's -wal and -shm take the file's mode.
+        held = sqlite3.connect(path)
+        held.execute("PRAGMA journal_mode=WAL")
+        held.execute("CREATE TABLE held (x)")
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in path.parent.iterdir()}
+        held.close()
+    finally:
+        os.umask(old)
+    assert set(modes) == {"archive.sqlite", "archive.sqlite-wal", "archive.sqlite-shm"}
+    assert set(modes.values()) == {0o600}, modes

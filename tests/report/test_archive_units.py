@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.report.flags import build_parser
+from slurm_gpu_exporter.report.cli.flags import build_parser
 from tests.support import require
 
 pytestmark = pytest.mark.process

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
-from slurm_gpu_exporter.report.decisions import Decision, decide
-from slurm_gpu_exporter.report.idle_window import idle_queries, jobs_from_answers
-from slurm_gpu_exporter.report.policy import parse_policy
-from slurm_gpu_exporter.report.promql import Sample
-from slurm_gpu_exporter.report.queries import Filters
-from slurm_gpu_exporter.report.slurm_actions import SlurmJob, parse_squeue_json
+from slurm_gpu_exporter.report.enforce.decisions import Decision, decide
+from slurm_gpu_exporter.report.enforce.idle_window import idle_queries, jobs_from_answers
+from slurm_gpu_exporter.report.enforce.policy import parse_policy
+from slurm_gpu_exporter.report.prometheus.client import Sample
+from slurm_gpu_exporter.report.prometheus.queries import Filters, node_name
+from slurm_gpu_exporter.report.slurm.squeue import SlurmJob, parse_squeue_json
 
 NOW = 1_800_000_000.0
 POLICY = parse_policy('[idle]\nmax_cancels_per_run = 1\n[exempt]\njob_names = ["keep-*"]\n')
@@ -54,8 +55,13 @@ def answers(jobs: list[FakeJob], up: float = 1, nvml: float = 1,
     return got
 
 
-def slurm_of(*jobs: FakeJob, name: str = "train") -> dict[str, SlurmJob]:
-    return {j.jobid: SlurmJob(j.jobid, j.user, "lab", "gpu", "normal", name) for j in jobs}
+def slurm_of(*jobs: FakeJob, name: str = "train", state: str = "RUNNING",
+             nodes: tuple[str, ...] | None = None, gpus: int | None = None
+             ) -> dict[str, SlurmJob]:
+    """Slurm's view of the jobs: by default the nodes and GPU count the metrics show."""
+    return {j.jobid: SlurmJob(j.jobid, j.user, "lab", "gpu", "normal", name, state,
+                              nodes or (node_name(j.instance),),
+                              j.gpus if gpus is None else gpus) for j in jobs}
 
 
 def run(jobs: list[FakeJob], sent: dict[str, list[float]] | None = None,
@@ -154,9 +160,58 @@ def test_gaps_in_the_counters_are_doubtful() -> None:
 
 def test_job_slurm_does_not_run_is_skipped_and_a_user_mismatch_is_doubtful() -> None:
     job = FakeJob("21", age=3 * H)
-    assert not run([job], slurm={})["21"].doubtful
-    other = {"21": SlurmJob("21", "mallory", "lab", "gpu", "normal", "x")}
+    sent = {"21": [NOW - 2 * H, NOW - H]}
+    ended = run([job], sent=sent, slurm={}, fresh_age=600)["21"]  # gone, series lingering
+    assert (ended.action, ended.doubtful) == ("skip", False)
+    finished = run([job], sent=sent, slurm=slurm_of(job, state="COMPLETED"))["21"]
+    assert (finished.action, finished.doubtful) == ("skip", False)
+    other = {"21": SlurmJob("21", "mallory", "lab", "gpu", "normal", "x", "RUNNING",
+                            ("gpu01",), 1)}
     assert run([job], slurm=other)["21"].doubtful
+
+
+def test_job_slurm_does_not_list_as_running_while_its_series_are_fresh_is_doubtful() -> None:
+    job = FakeJob("22", age=3 * H)
+    sent = {"22": [NOW - 2 * H, NOW - H]}
+    for slurm, words in (({}, "does not list the job"),
+                         (slurm_of(job, state="PENDING"), "PENDING, not RUNNING"),
+                         (slurm_of(job, state="SUSPENDED"), "SUSPENDED, not RUNNING")):
+        decision = run([job], sent=sent, slurm=slurm)["22"]
+        assert (decision.action, decision.doubtful) == ("skip", True), words
+        assert words in decision.reason
+
+
+def test_job_with_a_node_that_has_no_series_is_doubtful_never_cancelled() -> None:
+    """Issue 33: a job on gpu01 and gpu02 whose gpu02 has no series at all (the agent not
+    deployed there yet) was judged on gpu01 alone, idle, and cancelled."""
+    job = FakeJob("23", age=3 * H)
+    sent = {"23": [NOW - 2 * H, NOW - H]}
+    assert run([job], sent=sent)["23"].action == "cancel"  # on one node: due
+    decision = run([job], sent=sent, slurm=slurm_of(job, nodes=("gpu01", "gpu02"),
+                                                    gpus=2))["23"]
+    assert (decision.action, decision.doubtful) == ("skip", True)
+    assert "Slurm runs it on gpu02 too" in decision.reason
+
+
+def test_fewer_gpus_with_fresh_series_than_slurm_allocated_is_doubtful() -> None:
+    job = FakeJob("24", age=3 * H, gpus=2)
+    sent = {"24": [NOW - 2 * H, NOW - H]}
+    decision = run([job], sent=sent, slurm=slurm_of(job, gpus=4))["24"]
+    assert (decision.action, decision.doubtful) == ("skip", True)
+    assert "Slurm allocated 4 GPU(s), fresh series show 2" in decision.reason
+    unknown = {"24": SlurmJob("24", "ann", "lab", "gpu", "normal", "x", "RUNNING")}
+    assert "does not say which nodes" in run([job], sent=sent, slurm=unknown)["24"].reason
+
+
+def test_the_node_label_names_the_slurm_node() -> None:
+    job = FakeJob("25", age=3 * H, instance="10.0.0.7:9817")
+    got = answers([job])
+    for sample in got["held"]:
+        sample.labels["node"] = "gpu07"
+    seen = jobs_from_answers(got, WINDOWS, POLICY.busy_fraction, NOW, node_label="node")
+    assert seen[0].nodes == ["gpu07"] and seen[0].fresh_nodes == {"gpu07"}
+    by_instance = jobs_from_answers(got, WINDOWS, POLICY.busy_fraction, NOW)
+    assert by_instance[0].nodes == ["10.0.0.7"]
 
 
 def test_cap_defers_the_cancels_of_the_least_idle_jobs() -> None:
@@ -174,5 +229,26 @@ def test_squeue_json_keeps_running_jobs_and_names_verbatim() -> None:
             '"partition": "gpu", "qos": "normal", "name": "a|b\\nc", "job_state": "RUNNING"},'
             '{"job_id": 6, "user_name": "bo", "job_state": ["PENDING"]}]}')
     jobs = parse_squeue_json(text)
-    assert list(jobs) == ["5"]
+    assert list(jobs) == ["5", "6"] and jobs["6"].state == "PENDING"
+    assert jobs["5"].running and not jobs["6"].running
     assert jobs["5"].name == "a|b\nc" and jobs["5"].user == "ann"
+
+
+def test_squeue_json_gives_each_jobs_nodes_and_gpu_count() -> None:
+    """22.05's shape, 23.11's, and what cannot be read (a hostlist, no TRES)."""
+    old = {"job_id": 1, "job_state": "RUNNING", "nodes": "gpu[1-2]", "start_time": 1796159018,
+           "tres_alloc_str": "cpu=4,mem=1G,node=2,billing=4,gres/gpu=3",
+           "job_resources": {"allocated_nodes": [{"nodename": "gpu2"}, {"nodename": "gpu1"}]}}
+    new = {"job_id": 2, "job_state": ["RUNNING"], "nodes": "gpu3",
+           "start_time": {"set": True, "infinite": False, "number": 1796159100},
+           "tres_alloc_str": "cpu=1,gres/gpu:a100=1,gres/gpu=1",
+           "job_resources": {"nodes": {"list": "gpu3", "allocation": [{"name": "gpu3"}]}}}
+    vague = {"job_id": 3, "job_state": "RUNNING", "nodes": "gpu[4-5]"}
+    cpu_only = {"job_id": 4, "job_state": "RUNNING", "nodes": "cpu1",
+                "tres_alloc_str": "cpu=1,mem=1G,node=1"}
+    jobs = parse_squeue_json(json.dumps({"jobs": [old, new, vague, cpu_only]}))
+    assert (jobs["1"].nodes, jobs["1"].gpus) == (("gpu1", "gpu2"), 3)
+    assert (jobs["2"].nodes, jobs["2"].gpus) == (("gpu3",), 1)
+    assert (jobs["3"].nodes, jobs["3"].gpus) == (None, None)
+    assert (jobs["4"].nodes, jobs["4"].gpus) == (("cpu1",), 0)
+    assert (jobs["1"].start, jobs["2"].start, jobs["3"].start) == (1796159018, 1796159100, None)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.report.cli import main
+from slurm_gpu_exporter.report.cli.main import main
 from tests.support import free_port, require
 
 Answer = Callable[[BaseHTTPRequestHandler], None]

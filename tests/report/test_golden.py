@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpu_exporter.report.figures.rules import job_facts, load_config, notes_for
 from slurm_gpu_exporter.report.render import html, text
-from slurm_gpu_exporter.report.rules import job_facts, load_config, notes_for
 from tests.report.sample_data import empty_low_util_report, job_details, low_util_report
 
 GOLDEN = Path(__file__).parent / "golden"

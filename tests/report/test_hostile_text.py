@@ -16,7 +16,9 @@ from pathlib import Path
 
 from markdown_it import MarkdownIt
 
-from slurm_gpu_exporter.report.notify import NotifyState, messages, send
+from slurm_gpu_exporter.report.figures.rules import load_config
+from slurm_gpu_exporter.report.notify.notices import NotifyState, messages
+from slurm_gpu_exporter.report.notify.send import send
 from slurm_gpu_exporter.report.render.text import (
     job_csv,
     job_markdown,
@@ -25,7 +27,6 @@ from slurm_gpu_exporter.report.render.text import (
     low_util_markdown,
     low_util_table,
 )
-from slurm_gpu_exporter.report.rules import load_config
 from tests.report.sample_data import END, job_details, low_util_report
 
 MARKUP = "[/oops] [link=https://evil.example]click[/link] [bold red]x"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpu_exporter.report.figures.rules import job_facts, load_config, notes_for
 from slurm_gpu_exporter.report.render.html import job_html, low_util_html
-from slurm_gpu_exporter.report.rules import job_facts, load_config, notes_for
 from tests.report.sample_data import job_details, low_util_report
 from tests.support import require
 

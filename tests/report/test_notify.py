@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.notify import NotifyState, dry_run_text, messages, send
-from slurm_gpu_exporter.report.rules import load_config
+from slurm_gpu_exporter.report.figures.rules import load_config
+from slurm_gpu_exporter.report.notify.notices import NotifyState, messages
+from slurm_gpu_exporter.report.notify.send import dry_run_text, send
 from tests.report.sample_data import END, low_util_report
 from tests.support import free_port
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_gpu_exporter.report.cli import main
+from slurm_gpu_exporter.report.cli.main import main
+from slurm_gpu_exporter.report.enforce.policy import DEFAULT_POLICY, parse_policy, span
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.policy import DEFAULT_POLICY, parse_policy, span
 
 
 def test_default_policy_parses_with_the_jds_like_times() -> None:

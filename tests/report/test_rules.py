@@ -8,8 +8,14 @@ from typing import Any
 import pytest
 
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.model import Accounting, GpuDetail, JobDetail, JobUsage, NodeDetail
-from slurm_gpu_exporter.report.rules import (
+from slurm_gpu_exporter.report.figures.model import (
+    Accounting,
+    GpuDetail,
+    JobDetail,
+    JobUsage,
+    NodeDetail,
+)
+from slurm_gpu_exporter.report.figures.rules import (
     job_facts,
     load_config,
     notes_for,

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_gpu_exporter.report.accounting import parse_reqmem, parse_sacct, parse_timelimit
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.queries import Filters, jobid_regex, low_util_queries, selector
-from slurm_gpu_exporter.report.window import Window, make_window, parse_duration
+from slurm_gpu_exporter.report.figures.window import Window, make_window, parse_duration
+from slurm_gpu_exporter.report.prometheus.queries import (
+    Filters,
+    jobid_regex,
+    low_util_queries,
+    selector,
+)
+from slurm_gpu_exporter.report.slurm.accounting import parse_reqmem, parse_sacct, parse_timelimit
 
 NOW = 1_796_025_600.0
 

@@ -147,7 +147,7 @@ def test_connections_over_the_per_job_limit_are_refused_and_counted(relay, jobs,
 
 
 def test_a_flood_leaves_the_store_bounded_and_other_jobs_served(relay, jobs, senders):
-    """10,000 messages/s, oversized messages and 100,000 series from one job, for 2 s."""
+    """Up to 10,000 messages/s, oversized messages and 100,000 series from one job, for 2 s."""
     flooders = [senders("raw", "small", "10000", "2"), senders("raw", "big", "1000", "2"),
                 senders("raw", "series", "50", "2")]
     for flooder in flooders:
@@ -159,8 +159,12 @@ def test_a_flood_leaves_the_store_bounded_and_other_jobs_served(relay, jobs, sen
     for flooder in flooders:
         flooder.go()
     small, big, series = (flooder.finish() for flooder in flooders)
-    assert small["per_second"] >= 9_500
-    assert series["attempts"] * 1000 >= 100_000
+    # A flood whatever the machine: five times what the job's budget lets through in the
+    # 2 s (the sender's 10,000 a second is what it aims at, not what it must reach).
+    budget = relay.limits.message_burst + 2 * relay.limits.messages_per_second
+    assert small["attempts"] >= 5 * budget, small
+    # and far more new series than the job may hold (1,000 in each message)
+    assert series["attempts"] * 1000 >= 100 * relay.limits.max_series_per_job, series
     assert big["sent"] > 0
     wait_for(lambda: relay.error_counts()["rate"] > 0, FLOOD_WAIT)
     # The other job's pushes still land: its step counter keeps rising.

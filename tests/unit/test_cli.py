@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.agent.cli import build_parser
+from slurm_gpu_exporter.agent.flags import build_parser
 
 AGENT = Path(sys.executable).parent / "slurm-gpu-exporter"
 

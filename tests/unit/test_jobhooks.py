@@ -194,13 +194,27 @@ def test_shell_wrapper_exits_0_when_the_helper_is_missing_or_failing(script: str
     assert result.stderr, "the wrapper or the helper must say what went wrong"
 
 
-@pytest.mark.process
-def test_prolog_is_fast_enough_for_slurmd(tmp_path: Path) -> None:
-    started = time.monotonic()
-    run_hook("prolog", PROLOG_ENV, tmp_path)
-    elapsed = time.monotonic() - started
-    # Not a benchmark (bench/ measures it); a guard against something pathological.
-    assert elapsed < 2.0
+def test_prolog_and_epilog_never_wait_on_anything(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """What "fast enough for slurmd" stands for, whatever the machine's load (the wall
+    time is bench/hooks.py's): the hooks never sleep, lock, poll, connect or start a
+    process, so nothing they do waits on the agent, Slurm or another job's hook."""
+    import fcntl
+    import select
+    import socket
+
+    def waits(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a hook waited")
+
+    for module, name in [(time, "sleep"), (socket, "socket"), (socket, "create_connection"),
+                         (subprocess, "Popen"), (os, "fork"), (os, "posix_spawn"),
+                         (os, "system"), (select, "select"), (select, "poll"),
+                         (fcntl, "flock"), (fcntl, "lockf")]:
+        monkeypatch.setattr(module, name, waits)
+    jobhooks.run_prolog(PROLOG_ENV, str(tmp_path), time.time())
+    jobhooks.run_epilog(PROLOG_ENV, str(tmp_path), time.time())
+    record = json.loads((tmp_path / f"{PROLOG_ENV['SLURM_JOB_ID']}.json").read_text())
+    assert record["end_time"] is not None
 
 
 def test_spool_dir_comes_from_the_defaults_file(tmp_path: Path) -> None:

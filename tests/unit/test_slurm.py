@@ -209,6 +209,8 @@ class FakeJob:
 
 
 def fake_pyslurm(version: str, load: object = None) -> ModuleType:
+    """A stand-in for pyslurm: the only one the pyslurm path is tested against (no
+    pyslurm for the test cluster's Slurm 22.05 is on PyPI; README says so)."""
     module = ModuleType("pyslurm")
     module.__version__ = version  # type: ignore[attr-defined]
 

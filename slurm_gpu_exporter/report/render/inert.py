@@ -14,20 +14,14 @@ import re
 
 from rich.markup import escape as _rich_escape
 
-__all__ = ["csv_cell", "markdown", "plain", "terminal"]
+from slurm_gpu_exporter.report.inert_text import plain
 
-# C0 and C1 controls, DEL, line/paragraph separators and the bidi controls that can
-# make text read differently from what it is ("Trojan Source").
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+__all__ = ["csv_cell", "markdown", "terminal"]
+
 # What Markdown (CommonMark, GFM tables) gives a meaning to inside a line; the
 # values never start one, so list and heading marks need no escape.
 _MARKDOWN = re.compile(r"([\\`*_\[\]|~])")
 _FORMULA_START = ("=", "+", "-", "@")
-
-
-def plain(text: object) -> str:
-    """``text`` with every control character replaced by U+FFFD."""
-    return _CONTROLS.sub("\ufffd", str(text))
 
 
 def terminal(text: object) -> str:

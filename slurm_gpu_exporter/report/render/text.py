@@ -11,7 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from slurm_gpu_exporter.report.model import JobDetail, LowUtilReport
+from slurm_gpu_exporter.report.figures.model import JobDetail, LowUtilReport
 from slurm_gpu_exporter.report.render.inert import csv_cell, markdown, terminal
 from slurm_gpu_exporter.report.render.values import (
     GPU_COLUMNS,
@@ -183,9 +183,14 @@ def _job_values(detail: JobDetail) -> dict[str, Any]:
         "memory_request_gib": detail.memory_request / gib if detail.memory_request else None,
         "gpus": usage.gpus, "gpu_hours": usage.gpu_hours, "busy_ratio": usage.busy_ratio,
         "sm_active_ratio": usage.sm_active_ratio, "idle_gpus": usage.idle_gpus,
+        "tensor_active_ratio": usage.tensor_active_ratio,
+        "dram_active_ratio": usage.dram_active_ratio,
         "gpu_memory_peak_gib": usage.gpu_memory_peak / gib
         if usage.gpu_memory_peak is not None else None,
         "energy_kwh": detail.energy_j / 3.6e6 if detail.energy_j is not None else None,
+        # mean power per GPU held: the energy over the GPU-seconds held
+        "gpu_power_mean_w": detail.energy_j / usage.allocated_s
+        if detail.energy_j is not None and usage.allocated_s > 0 else None,
     }
 
 

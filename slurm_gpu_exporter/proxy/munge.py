@@ -1,0 +1,136 @@
+"""Who is asking, from a munge credential (``Authorization: Munge <credential>``).
+
+The credential is decoded by the site's munged, through Debian's ``unmunge``: munged
+checks the MAC (the site's key), the TTL and its replay cache, and says whose it is.
+Nothing the client says besides the credential counts; the uid munged answers is
+mapped to a user name here, through the system's user database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pwd
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET = Path("/run/munge/munge.socket.2")
+SCHEME = "Munge "
+# What munge prints: "MUNGE:" base64 ":" (a credential without payload is ~130
+# characters; the cap leaves room for a small payload and refuses the rest unread).
+CREDENTIAL = re.compile(r"MUNGE:[A-Za-z0-9+/]+={0,2}:")
+MAX_CREDENTIAL_CHARS = 4096
+DECODE_TIMEOUT_S = 5.0
+# Decodes at once; a request past them waits no longer than this, then gets 503.
+MAX_CONCURRENT = 8
+QUEUE_WAIT_S = 2.0
+# unmunge's exit status is munge's error code (munge.h, munge_err_t).
+REASONS = {
+    6: ("munge_unavailable", "munged did not answer"),
+    7: ("munge_unavailable", "munged did not answer in time"),
+    15: ("munge_expired", "the munge credential has expired; make a fresh one"),
+    16: ("munge_rewound", "the munge credential is from the future (clock skew)"),
+    17: ("munge_replayed", "the munge credential was already used; make one per request"),
+    18: ("munge_unauthorized", "the munge credential is not for this decoder"),
+}
+
+
+@dataclass(frozen=True)
+class MungeUser:
+    uid: int
+    name: str
+
+
+@dataclass(frozen=True)
+class MungeRefusal:
+    status: int  # 401, or 503 when munged cannot answer
+    reason: str
+    message: str
+
+
+def _refusal(code: int) -> MungeRefusal:
+    reason, message = REASONS.get(code, ("munge_invalid", "the munge credential is not "
+                                         "valid here (forged, damaged or another site's key)"))
+    return MungeRefusal(503 if reason == "munge_unavailable" else 401, reason, message)
+
+
+def _uid(metadata: bytes) -> int | None:
+    """The uid of ``unmunge -N -k UID`` output (``UID: 1001``)."""
+    match = re.fullmatch(rb"UID:\s+(\d+)\s*", metadata)
+    return int(match.group(1)) if match else None
+
+
+def _user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
+class MungeDecoder:
+    """Decodes credentials with ``unmunge --socket SOCKET``, a few at a time, each
+    within a timeout."""
+
+    def __init__(self, socket: Path = DEFAULT_SOCKET, unmunge: str | None = None,
+                 timeout_s: float = DECODE_TIMEOUT_S,
+                 max_concurrent: int = MAX_CONCURRENT) -> None:
+        found = unmunge or shutil.which("unmunge")
+        if found is None:
+            raise FileNotFoundError("unmunge not found; install munge (Debian: apt-get "
+                                    "install munge)")
+        self.socket, self.unmunge, self.timeout_s = socket, found, timeout_s
+        self._slots = asyncio.Semaphore(max_concurrent)
+
+    async def decode(self, credential: str) -> MungeUser | MungeRefusal:
+        """The user a credential belongs to, or why it is refused."""
+        if len(credential) > MAX_CREDENTIAL_CHARS or not CREDENTIAL.fullmatch(credential):
+            return MungeRefusal(401, "munge_malformed", "the Authorization header must be "
+                                "'Munge ' and one credential as `munge -n` prints it")
+        try:
+            async with asyncio.timeout(QUEUE_WAIT_S):
+                await self._slots.acquire()
+        except TimeoutError:
+            return MungeRefusal(503, "munge_busy", "too many munge credentials are being "
+                                "checked at once; try again in a moment")
+        try:
+            return await self._decode(credential)
+        finally:
+            self._slots.release()
+
+    async def _decode(self, credential: str) -> MungeUser | MungeRefusal:
+        proc = await asyncio.create_subprocess_exec(
+            self.unmunge, f"--socket={self.socket}", "--numeric", "--keys=UID",
+            "--output=/dev/null", stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                out, err = await proc.communicate(credential.encode())
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            log.warning("unmunge did not answer within %g s (munged at %s)", self.timeout_s,
+                        self.socket)
+            return _refusal(7)
+        if proc.returncode != 0:
+            refusal = _refusal(proc.returncode or 1)
+            if refusal.status == 503:
+                log.warning("unmunge failed: %s", err.decode(errors="replace").strip())
+            return refusal
+        uid = _uid(out)
+        if uid is None:
+            log.warning("unmunge printed no uid: %r", out[:200])
+            return _refusal(1)
+        try:
+            async with asyncio.timeout(self.timeout_s):  # NSS may ask a directory
+                name = await asyncio.get_running_loop().run_in_executor(None, _user_name, uid)
+        except TimeoutError:
+            return MungeRefusal(503, "munge_unavailable", f"the user name of uid {uid} did "
+                                "not come in time; try again")
+        if name is None:
+            return MungeRefusal(401, "munge_unknown_uid", f"uid {uid} has no user name on "
+                                "the proxy's host; add it to its user database (NSS)")
+        return MungeUser(uid, name)

@@ -1,0 +1,112 @@
+"""The job archive's rows and the report model: what one ended job is as rows of
+``archive_jobs`` and ``archive_gpus``, and those rows as what the reports read."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from slurm_gpu_exporter.report.figures.model import (
+    Accounting,
+    GpuDetail,
+    JobDetail,
+    JobUsage,
+    NodeDetail,
+)
+
+
+@dataclass
+class ArchiveRecord:
+    """One ended job as the archive stores it: its detail and its GPUs' models."""
+
+    detail: JobDetail
+    gpu_models: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, gpu)
+
+
+def month_of(t: float | None) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m") if t is not None else ""
+
+
+def job_row(record: ArchiveRecord, archived_at: float) -> dict[str, Any]:
+    """The ``archive_jobs`` row of one job."""
+    d = record.detail
+    u, acct = d.usage, d.accounting or Accounting()
+    models = sorted(set(record.gpu_models.values()) - {""})
+    return {
+        "jobid": u.jobid, "cluster": u.cluster, "username": u.user,
+        "account": u.account or acct.account, "partition": u.partition, "job_name": u.name,
+        "nodes": json.dumps([{"node": n.node, "cpus": n.cpus, "cpu_s": n.cpu_s,
+                              "memory_peak": n.memory_peak, "memory_limit": n.memory_limit}
+                             for n in d.nodes]),
+        "node_count": len(d.nodes), "gpus": sum(len(n.gpus) for n in d.nodes),
+        "gpu_model": ",".join(models), "start_time": d.start, "end_time": d.end,
+        "end_month": month_of(d.end), "state": acct.state, "exit_code": acct.exit_code,
+        "qos": acct.qos, "time_limit_s": acct.time_limit_s, "cpus": d.cpus,
+        "requested_memory": d.memory_request, "requested_gpus": acct.requested_gpus,
+        "allocated_s": u.allocated_s, "busy_s": u.busy_s, "sm_active_s": u.sm_active_s,
+        "gpm_allocated_s": u.gpm_allocated_s, "idle_gpus": u.idle_gpus,
+        "tensor_active_s": u.tensor_active_s, "dram_active_s": u.dram_active_s,
+        "gpu_memory_peak": u.gpu_memory_peak, "energy_j": d.energy_j,
+        "cpu_s": _sum([n.cpu_s for n in d.nodes]), "cpu_efficiency": d.cpu_efficiency,
+        "memory_peak": d.memory_peak, "notes": json.dumps(d.notes), "archived_at": archived_at,
+    }
+
+
+def _sum(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def gpu_rows_of(record: ArchiveRecord) -> list[dict[str, Any]]:
+    """The ``archive_gpus`` rows of one job."""
+    u = record.detail.usage
+    return [{"jobid": u.jobid, "cluster": u.cluster, "node": n.node, "gpu": g.gpu,
+             "uuid": g.uuid, "model": record.gpu_models.get((n.node, g.gpu), ""),
+             "allocated_s": g.allocated_s, "busy_s": g.busy_s, "sm_active_s": g.sm_active_s,
+             "memory_peak": g.memory_peak, "memory_total": g.memory_total,
+             "energy_j": g.energy_j, "tensor_active_s": g.tensor_active_s,
+             "dram_active_s": g.dram_active_s}
+            for n in record.detail.nodes for g in n.gpus]
+
+
+def usage_of(row: Any) -> JobUsage:
+    """A job row as the usage the reports read."""
+    return JobUsage(
+        jobid=row["jobid"], user=row["username"], account=row["account"],
+        partition=row["partition"], name=row["job_name"], cluster=row["cluster"],
+        gpus=row["gpus"], allocated_s=row["allocated_s"], busy_s=row["busy_s"],
+        idle_gpus=row["idle_gpus"], gpu_memory_peak=row["gpu_memory_peak"],
+        start=row["start_time"], end=row["end_time"], sm_active_s=row["sm_active_s"],
+        gpm_allocated_s=row["gpm_allocated_s"], tensor_active_s=row["tensor_active_s"],
+        dram_active_s=row["dram_active_s"])
+
+
+def detail_of(row: Any, gpu_rows: list[Any]) -> JobDetail:
+    """A job row and its GPU rows as the detail ``job`` renders."""
+    nodes = [NodeDetail(node=n["node"], cpus=n["cpus"], cpu_s=n["cpu_s"],
+                        memory_peak=n["memory_peak"], memory_limit=n["memory_limit"])
+             for n in json.loads(row["nodes"])]
+    by_node = {n.node: n for n in nodes}
+    for g in sorted(gpu_rows, key=lambda g: (g["node"], _gpu_order(g["gpu"]))):
+        node = by_node.get(g["node"])
+        if node is None:
+            node = by_node[g["node"]] = NodeDetail(node=g["node"])
+            nodes.append(node)
+        node.gpus.append(GpuDetail(
+            gpu=g["gpu"], uuid=g["uuid"], allocated_s=g["allocated_s"], busy_s=g["busy_s"],
+            memory_peak=g["memory_peak"], memory_total=g["memory_total"],
+            energy_j=g["energy_j"], sm_active_s=g["sm_active_s"],
+            tensor_active_s=g["tensor_active_s"], dram_active_s=g["dram_active_s"]))
+    accounting = Accounting(
+        state=row["state"], time_limit_s=row["time_limit_s"],
+        requested_memory=row["requested_memory"], cpus=row["cpus"], nodes=row["node_count"],
+        start=row["start_time"], end=row["end_time"], exit_code=row["exit_code"],
+        account=row["account"], qos=row["qos"], requested_gpus=row["requested_gpus"])
+    return JobDetail(usage=usage_of(row), nodes=nodes, accounting=accounting,
+                     now=row["archived_at"], notes=json.loads(row["notes"]))
+
+
+def _gpu_order(gpu: str) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else 0 for p in gpu.split("."))

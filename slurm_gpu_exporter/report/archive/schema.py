@@ -1,0 +1,164 @@
+"""The job archive's tables (SQLAlchemy Core) and the migrations between schema versions.
+
+One row per job in ``archive_jobs`` and one per job, node and GPU in ``archive_gpus``;
+``archive_meta`` holds the schema version. Column names avoid SQL keywords (``user``,
+``end``) so a site's own SQL needs no quoting. Times are Unix seconds (UTC).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import (
+    Column,
+    Connection,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    inspect,
+    select,
+    text,
+)
+
+metadata = MetaData()
+
+meta = Table(
+    "archive_meta", metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+jobs = Table(
+    "archive_jobs", metadata,
+    Column("jobid", String(64), primary_key=True),
+    Column("cluster", String(128), primary_key=True),
+    Column("username", String(128), nullable=False),
+    Column("account", String(128), nullable=False),
+    Column("partition", String(128), nullable=False),
+    Column("job_name", Text, nullable=False),
+    Column("nodes", Text, nullable=False),  # JSON: [{node, cpus, cpu_s, memory_peak, ...}]
+    Column("node_count", Integer, nullable=False),
+    Column("gpus", Integer, nullable=False),
+    Column("gpu_model", Text, nullable=False),
+    Column("start_time", Float),
+    Column("end_time", Float),
+    Column("end_month", String(7), nullable=False),  # YYYY-MM of end_time (UTC)
+    Column("state", String(64), nullable=False),
+    Column("exit_code", String(32), nullable=False),
+    Column("qos", String(128), nullable=False),
+    Column("time_limit_s", Float),
+    Column("cpus", Integer),
+    Column("requested_memory", Float),
+    Column("requested_gpus", Integer),
+    Column("allocated_s", Float, nullable=False),
+    Column("busy_s", Float, nullable=False),
+    Column("sm_active_s", Float),
+    Column("gpm_allocated_s", Float, nullable=False),
+    Column("tensor_active_s", Float),  # version 2 on
+    Column("dram_active_s", Float),
+    Column("idle_gpus", Integer, nullable=False),
+    Column("gpu_memory_peak", Float),
+    Column("energy_j", Float),
+    Column("cpu_s", Float),
+    Column("cpu_efficiency", Float),
+    Column("memory_peak", Float),
+    Column("notes", Text, nullable=False),  # JSON list of the notes that fired
+    Column("archived_at", Float, nullable=False),
+)
+# Covers what `usage` sums: a year of a million jobs is read from this index alone, not
+# from the rows (which carry the nodes and notes). Its first column serves every window.
+Index("archive_jobs_usage", jobs.c.end_time, jobs.c.cluster, jobs.c.account, jobs.c.username,
+      jobs.c.partition, jobs.c.end_month, jobs.c.allocated_s, jobs.c.busy_s, jobs.c.sm_active_s,
+      jobs.c.gpm_allocated_s, jobs.c.energy_j, jobs.c.cpu_s)
+
+gpus = Table(
+    "archive_gpus", metadata,
+    Column("jobid", String(64), primary_key=True),
+    Column("cluster", String(128), primary_key=True),
+    Column("node", String(255), primary_key=True),
+    Column("gpu", String(32), primary_key=True),
+    Column("uuid", String(128), nullable=False),
+    Column("model", Text, nullable=False),
+    Column("allocated_s", Float, nullable=False),
+    Column("busy_s", Float, nullable=False),
+    Column("sm_active_s", Float),
+    Column("memory_peak", Float),
+    Column("memory_total", Float),
+    Column("energy_j", Float),
+    Column("tensor_active_s", Float),  # version 2 on
+    Column("dram_active_s", Float),
+)
+
+# What `usage` reads for whole months: the sums of archive_jobs per group and month of
+# the end, kept in the same transaction as the rows (rollup.py).
+usage_monthly = Table(
+    "archive_usage_monthly", metadata,
+    Column("cluster", String(128), primary_key=True),
+    Column("account", String(128), primary_key=True),
+    Column("username", String(128), primary_key=True),
+    Column("partition", String(128), primary_key=True),
+    Column("end_month", String(7), primary_key=True),
+    Column("jobs", Integer, nullable=False),
+    Column("allocated_s", Float, nullable=False),
+    Column("busy_s", Float, nullable=False),
+    Column("sm_active_s", Float, nullable=False),
+    Column("gpm_allocated_s", Float, nullable=False),
+    Column("energy_j", Float, nullable=False),
+    Column("cpu_s", Float, nullable=False),
+)
+
+# Migration N (index N - 1) brings a store from version N - 1 to N. Never edit one that
+# shipped: add the next. The first makes the tables as defined above.
+Migration = Callable[[Connection], None]
+
+
+# Columns added after version 1: (table, column), nullable (NULL: not measured).
+ADDED_IN_V2 = [(jobs, "tensor_active_s"), (jobs, "dram_active_s"), (gpus, "tensor_active_s"),
+               (gpus, "dram_active_s")]
+
+
+def _create_v1(conn: Connection) -> None:
+    # Today's tables: the later migrations find their columns there already.
+    metadata.create_all(conn, tables=[jobs, gpus, usage_monthly])
+
+
+def _add_activity_v2(conn: Connection) -> None:
+    """Tensor-core and DRAM activity (GPM) per job and GPU; old rows keep NULL."""
+    have = {t.name: {c["name"] for c in inspect(conn).get_columns(t.name)}
+            for t in (jobs, gpus)}
+    for table, column in ADDED_IN_V2:
+        if column not in have[table.name]:
+            conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column} "
+                              "DOUBLE PRECISION"))
+
+
+MIGRATIONS: list[Migration] = [_create_v1, _add_activity_v2]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def read_version(conn: Connection) -> int:
+    """The store's schema version; 0 for a store without tables."""
+    # Asking the catalogue, not failing a SELECT: a failed statement ends a PostgreSQL
+    # transaction.
+    if not inspect(conn).has_table(meta.name):
+        return 0
+    value = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version")
+                         ).scalar_one_or_none()
+    return int(value) if value is not None else 0
+
+
+def migrate(conn: Connection, current: int) -> None:
+    """Run the migrations from ``current`` to SCHEMA_VERSION in the caller's transaction."""
+    if current == 0:
+        metadata.create_all(conn, tables=[meta])
+    for step in MIGRATIONS[current:]:
+        step(conn)
+    if current == 0:
+        conn.execute(meta.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+    else:
+        conn.execute(meta.update().where(meta.c.key == "schema_version")
+                     .values(value=str(SCHEMA_VERSION)))

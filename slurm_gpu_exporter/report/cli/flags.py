@@ -1,0 +1,199 @@
+"""``slurm-gpu-report``'s subcommands and their flags, and the Prometheus client the
+Prometheus flags describe."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import os
+
+from slurm_gpu_exporter.report.cli.client_config import (
+    AUTH_METHODS,
+    CLIENT_ENV,
+    DEFAULT_CLIENT_CONFIG,
+    load_client_config,
+)
+from slurm_gpu_exporter.report.cli.remediate import add_remediate_command
+from slurm_gpu_exporter.report.prometheus.client import Connection, PrometheusClient, read_secret
+from slurm_gpu_exporter.report.slurm.munge import munge_credential
+
+log = logging.getLogger("slurm_gpu_exporter.report")
+
+FORMATS = ("table", "csv", "json", "markdown", "html")
+DEFAULT_URL = "http://localhost:9090"
+DEFAULT_STATE = "/var/lib/slurm-gpu-report/notified.json"
+DEFAULT_ENFORCE_STATE = "/var/lib/slurm-gpu-report/enforce.json"
+# Here, not in the archive package: building the parser loads no database library.
+DEFAULT_DB = "sqlite:////var/lib/slurm-gpu-report/archive.sqlite"
+
+
+def _prometheus_options(parser: argparse.ArgumentParser) -> None:
+    conn = parser.add_argument_group("Prometheus")
+    conn.add_argument("--prometheus-url",
+                      help="base URL of the Prometheus API or of slurm-gpu-proxy (env "
+                           "SLURM_GPU_REPORT_PROMETHEUS_URL; then the client config "
+                           f"{DEFAULT_CLIENT_CONFIG}, env {CLIENT_ENV}; default {DEFAULT_URL})")
+    conn.add_argument("--auth", choices=AUTH_METHODS,
+                      help="munge: sign in to slurm-gpu-proxy --munge as yourself with a "
+                           "munge credential (default from the client config, else none)")
+    conn.add_argument("--timeout", type=float, help="seconds per query (default 30)")
+    conn.add_argument("--username", help="basic auth user")
+    conn.add_argument("--password-file", help="basic auth password, first line of this file")
+    conn.add_argument("--bearer-token-file", help="bearer token, first line of this file")
+    conn.add_argument("--ca-file", help="CA bundle to verify Prometheus' TLS certificate")
+    conn.add_argument("--cert-file", help="client certificate (TLS)")
+    conn.add_argument("--key-file", help="client certificate key (TLS)")
+    conn.add_argument("--insecure-skip-verify", action="store_true",
+                      help="do not verify Prometheus' TLS certificate")
+
+
+def _db(parser: argparse.ArgumentParser, default: str | None) -> None:
+    store = parser.add_argument_group("job archive")
+    env = os.environ.get("SLURM_GPU_REPORT_DB")
+    if default is None:
+        store.add_argument("--db", metavar="URL",
+                           help="also read the job archive: sqlite:///PATH or postgresql://…")
+    else:
+        store.add_argument("--db", metavar="URL", default=env or default,
+                           help="the job archive: sqlite:///PATH or postgresql://… (env "
+                                f"SLURM_GPU_REPORT_DB; default {default})")
+    store.add_argument("--db-timeout", type=float, default=10.0, metavar="SECONDS",
+                       help="how long to wait for the archive (connection, locks)")
+
+
+def _window_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--since", help="window length up to --end (e.g. 7d, 36h)")
+    parser.add_argument("--start", help="window start (ISO 8601 or Unix time)")
+    parser.add_argument("--end", help="window end (ISO 8601, Unix time or 'now')")
+
+
+def _output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=FORMATS, default="table")
+    parser.add_argument("--output", "-o", help="write the report to this file, not stdout")
+
+
+def _cluster_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster", help="only series whose cluster label has this value")
+    parser.add_argument("--cluster-label", default="cluster",
+                        help="the label the scrape config puts the cluster name in")
+
+
+def _mail_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mail-to", default="{user}",
+                        help="recipient template, e.g. '{user}@example.org' (default '{user}')")
+    parser.add_argument("--mail-from", default="slurm-gpu-report", help="sender address")
+
+
+def _common(parser: argparse.ArgumentParser, outputs: bool = True) -> None:
+    _prometheus_options(parser)
+    if outputs:
+        _output_options(parser)
+    parser.add_argument("--config", help="TOML file with thresholds, notes and templates")
+    _cluster_options(parser)
+    _window_options(parser)
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="log each query and the query count on stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slurm-gpu-report",
+        description="GPU efficiency reports of Slurm jobs from the metrics of "
+                    "slurm-gpu-exporter in Prometheus.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    job = sub.add_parser("job", help="one or more jobs: usage per node and GPU, and notes")
+    job.add_argument("jobids", nargs="+", metavar="JOBID")
+    job.add_argument("--no-sacct", action="store_true",
+                     help="do not ask Slurm accounting for time limit and memory request")
+    _common(job)
+    _db(job, None)
+    low = sub.add_parser("low-util", help="jobs under a GPU busy threshold in a window")
+    low.add_argument("--threshold", type=float,
+                     help="busy ratio under which a job is flagged (0..1; default from config)")
+    low.add_argument("--user")
+    low.add_argument("--account")
+    low.add_argument("--partition")
+    low.add_argument("--min-gpu-hours", type=float,
+                     help="flag only jobs that held at least this many GPU-hours")
+    low.add_argument("--notify", metavar="TARGET",
+                     help="tell each flagged user: smtp://host[:port] or a webhook URL")
+    low.add_argument("--dry-run", action="store_true", help="print what --notify would send")
+    _mail_options(low)
+    low.add_argument("--state-file", default=DEFAULT_STATE,
+                     help=f"when each job was reported (default {DEFAULT_STATE})")
+    _common(low)
+    _db(low, None)
+    arch = sub.add_parser("archive", help="store a summary of the jobs that ended in a window "
+                                          "in the job archive (default --since 2h)")
+    arch.add_argument("--no-sacct", action="store_true",
+                      help="do not ask Slurm accounting for state, exit code and limits")
+    _common(arch, outputs=False)
+    _db(arch, DEFAULT_DB)
+    use = sub.add_parser("usage", help="GPU-hours held, busy and wasted per account, user, "
+                                       "partition or cluster, from the job archive")
+    use.add_argument("--by", nargs="+", required=True, metavar="KEY",
+                     help="one or more of account, user, partition, cluster")
+    use.add_argument("--month", metavar="YYYY-MM", help="the jobs that ended in this month")
+    use.add_argument("--cluster", help="only jobs of this cluster")
+    _window_options(use)
+    _output_options(use)
+    _db(use, DEFAULT_DB)
+    sub.add_parser("default-config", help="print the default configuration (TOML)")
+    _add_enforce_commands(sub)
+    return parser
+
+
+def _add_enforce_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``enforce``, ``default-policy`` and ``remediate``."""
+    enforce = sub.add_parser(
+        "enforce", help="warn, then cancel, jobs whose GPUs are idle (dry run by default)")
+    enforce.add_argument("--policy", required=True, metavar="FILE",
+                         help="the policy (TOML; see default-policy)")
+    enforce.add_argument("--cancel", action="store_true",
+                         help="act: send the warnings and cancel (without it: a dry run)")
+    enforce.add_argument("--format", choices=("table", "json"), default="table")
+    enforce.add_argument("--notify", metavar="TARGET",
+                         help="warn users through smtp://host[:port] or a webhook URL")
+    _mail_options(enforce)
+    enforce.add_argument("--state-file", default=DEFAULT_ENFORCE_STATE,
+                         help=f"warnings sent and cancels (default {DEFAULT_ENFORCE_STATE})")
+    _cluster_options(enforce)
+    enforce.add_argument("--node-label", default="instance",
+                         help="the label naming each GPU's Slurm node, checked against "
+                              "squeue's node list (a port is dropped; default instance)")
+    enforce.add_argument("--verbose", "-v", action="store_true",
+                         help="log each query on stderr")
+    _prometheus_options(enforce)
+    sub.add_parser("default-policy", help="print the default enforce policy (TOML)")
+    _prometheus_options(add_remediate_command(sub))
+
+
+def _connection(args: argparse.Namespace) -> Connection:
+    """The flags, then the environment, then the client config, then the defaults."""
+    site = load_client_config()
+    url = (args.prometheus_url or os.environ.get("SLURM_GPU_REPORT_PROMETHEUS_URL")
+           or site.prometheus_url or DEFAULT_URL)
+    auth = args.auth or site.auth or "none"
+    return Connection(
+        url=url, timeout_s=args.timeout or site.timeout_s or 30.0, username=args.username,
+        password=read_secret(args.password_file),
+        bearer_token=read_secret(args.bearer_token_file), ca_file=args.ca_file or site.ca_file,
+        cert_file=args.cert_file, key_file=args.key_file,
+        insecure_skip_verify=args.insecure_skip_verify,
+        munge_credential=functools.partial(munge_credential, site.munge_socket)
+        if auth == "munge" else None)
+
+
+def munge_auth(args: argparse.Namespace) -> bool:
+    """True when the report signs in with munge (flag or client config)."""
+    return (args.auth or load_client_config().auth) == "munge"
+
+
+def _log_query(query: str) -> None:
+    log.debug("query: %s", query)
+
+
+def prometheus(args: argparse.Namespace) -> PrometheusClient:
+    """The client the Prometheus flags describe; each query is logged with --verbose."""
+    return PrometheusClient(_connection(args), on_query=_log_query)

@@ -1,0 +1,151 @@
+"""The ``remediate`` subcommand: flags, the start-up checks, and serving until SIGTERM.
+
+It takes the report's Prometheus flags (``--prometheus-url`` …): the store whose
+``ALERTS`` series confirm each alert before a drain. Served on an address other hosts
+can reach, it needs client authentication (basic auth users or required client
+certificates in ``--web.config.file``), or ``--insecure-no-auth`` said on purpose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.figures.window import parse_duration
+from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
+from slurm_gpu_exporter.report.remediate.budget import DrainBudget
+from slurm_gpu_exporter.report.remediate.confirm import ALERT_NAME_RE, firing_alerts
+from slurm_gpu_exporter.report.remediate.remediator import DEFAULT_ALERTS, Remediator
+from slurm_gpu_exporter.report.remediate.webhook import make_app
+from slurm_gpu_exporter.web.config import WebConfig, WebConfigError, load_web_config
+from slurm_gpu_exporter.web.server import ListenError, parse_listen_address, start_server
+
+DEFAULT_LISTEN = "127.0.0.1:9818"
+DEFAULT_MAX_DRAINS = 2
+DEFAULT_DRAIN_WINDOW = "1h"
+# The client certificate setting that authenticates every client.
+CLIENT_CERT_REQUIRED = "RequireAndVerifyClientCert"
+
+log = logging.getLogger(__name__)
+
+
+def add_remediate_command(sub: argparse._SubParsersAction  # type: ignore[type-arg]
+                          ) -> argparse.ArgumentParser:
+    """``remediate`` and its own flags (the agent's web flags, same meaning); the caller
+    adds the report's Prometheus flags."""
+    remediate = sub.add_parser(
+        "remediate", help="Alertmanager webhook: drain nodes whose GPU failed")
+    remediate.add_argument("--web.listen-address", dest="listen", action="append",
+                           help=f"address to listen on, repeatable (default {DEFAULT_LISTEN})")
+    remediate.add_argument("--web.config.file", dest="web_config",
+                           help="TLS and basic auth, in the agent's web config format")
+    remediate.add_argument("--insecure-no-auth", action="store_true",
+                           help="serve on a non-loopback address without client "
+                                "authentication (anyone who reaches it may post alerts)")
+    remediate.add_argument("--dry-run", action="store_true",
+                           help="log the drains it would do, do none")
+    remediate.add_argument("--node-label", default="instance",
+                           help="the alert label naming the Slurm node (a port is dropped; "
+                                "default instance)")
+    remediate.add_argument("--alert", dest="alerts", action="append", metavar="ALERTNAME",
+                           help="alert that drains its node, repeatable (default: "
+                                f"{', '.join(DEFAULT_ALERTS)})")
+    remediate.add_argument("--max-drains", type=int, default=DEFAULT_MAX_DRAINS,
+                           help="drains allowed per --drain-window; past it alerts are "
+                                f"refused and counted (default {DEFAULT_MAX_DRAINS})")
+    remediate.add_argument("--drain-window", default=DEFAULT_DRAIN_WINDOW,
+                           help=f"the sliding window of --max-drains (default "
+                                f"{DEFAULT_DRAIN_WINDOW})")
+    return remediate
+
+
+def _loopback(address: str) -> bool:
+    host, _ = parse_listen_address(address)
+    if host is None:
+        return False  # ":9818" is every address
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: whatever it resolves to
+
+
+def client_authenticated(config: WebConfig) -> bool:
+    """Whether the web config makes every client prove who it is."""
+    return bool(config.users) or (
+        config.tls is not None and config.tls.client_auth_type == CLIENT_CERT_REQUIRED)
+
+
+def check_exposure(listen: list[str], config: WebConfig, insecure: bool) -> None:
+    """Refuse (ReportError) to serve other hosts without client authentication; warn
+    where only this host can post."""
+    if client_authenticated(config):
+        return
+    exposed = [a for a in listen if not _loopback(a)]
+    if exposed and not insecure:
+        raise ReportError(f"refusing to listen on {', '.join(exposed)} without client "
+                          "authentication: anyone who reaches it could post alerts; set "
+                          "basic_auth_users or client_auth_type: RequireAndVerifyClientCert "
+                          "in --web.config.file (or give --insecure-no-auth)")
+    log.warning("remediate runs without client authentication (basic auth or required "
+                "client certificates): anyone who can reach it can post alerts; set "
+                "--web.config.file")
+
+
+async def _serve(args: argparse.Namespace, web_config: WebConfig,
+                 prom: PrometheusClient, budget: DrainBudget) -> None:
+    allowed = frozenset(args.alerts or DEFAULT_ALERTS)
+    remediator = Remediator(allowed=allowed, node_label=args.node_label,
+                            dry_run=args.dry_run, budget=budget)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    listen = args.listen or [DEFAULT_LISTEN]
+    async with prom:
+        app = make_app(remediator, lambda: firing_alerts(prom, allowed, args.node_label),
+                       web_config)
+        runner = await start_server(app, listen, web_config)
+        log.info("receiving Alertmanager's webhook at POST /alerts on %s, confirming alerts "
+                 "with %s%s", ", ".join(listen), prom.conn.url,
+                 " (dry run: no node is drained)" if args.dry_run else "")
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+
+def _budget(args: argparse.Namespace) -> DrainBudget:
+    if args.max_drains < 0:
+        raise ReportError("bad --max-drains: give 0 or more")
+    for name in args.alerts or ():
+        if not ALERT_NAME_RE.fullmatch(name):
+            raise ReportError(f"bad --alert {name!r}: not an alert name")
+    return DrainBudget(args.max_drains, parse_duration(args.drain_window))
+
+
+def run_remediate(args: argparse.Namespace,
+                  prometheus: Callable[[argparse.Namespace], PrometheusClient]) -> int:
+    """Serve until SIGTERM; 2 for a bad flag, web config or address, or an exposed
+    listener without client authentication."""
+    logging.getLogger("slurm_gpu_exporter").setLevel(logging.INFO)
+    try:
+        budget = _budget(args)
+        web_config = load_web_config(Path(args.web_config)) if args.web_config else WebConfig()
+        check_exposure(args.listen or [DEFAULT_LISTEN], web_config, args.insecure_no_auth)
+        asyncio.run(_serve(args, web_config, prometheus(args), budget))
+    except ReportError as exc:
+        print(f"slurm-gpu-report: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except (WebConfigError, ListenError, ValueError) as exc:
+        print(f"slurm-gpu-report: {exc}", file=sys.stderr)
+        return 2
+    return 0

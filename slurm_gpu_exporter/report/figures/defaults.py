@@ -1,0 +1,94 @@
+"""The report's default configuration, as the TOML a site copies and edits.
+
+Thresholds follow Princeton's jobstats and Job Defense Shield: GPU utilization
+red under 15 %, MIG-eligible at 1 GPU, ≤ 15 % busy, ≤ 10 GiB of GPU memory and
+≤ 32 GiB of CPU memory; CPU efficiency red under 65 %; memory used under 70 % of
+the request suggests ``--mem`` with 20 % headroom; under 10 % of the time limit
+used suggests a shorter ``--time``.
+"""
+
+DEFAULT_CONFIG = '''\
+# slurm-gpu-report configuration. Every key is optional; a [[notes]] entry with the
+# name of a default note replaces it, "enabled = false" turns it off.
+
+[low_util]
+threshold = 0.25        # flag jobs whose GPU busy ratio is under this (0..1)
+min_gpu_hours = 0.0     # ... and that held at least this many GPU-hours
+chart_jobs = 10         # flagged jobs charted over time in the HTML report
+
+[facts]
+memory_headroom = 0.2   # --mem suggestions: the peak plus this share
+time_headroom = 0.2     # --time suggestions: the run time plus this share
+
+[notify]
+repeat_after_days = 7   # a job is not reported to its user again within this
+subject = "GPU jobs flagged for low utilization ({count})"
+template = """
+Hello {user},
+
+{count} of your jobs held GPUs without using them much between {start} and {end}:
+
+{jobs}
+
+Together they held {gpu_hours:.1f} GPU-hours, of which {wasted_gpu_hours:.1f} were idle.
+Run "slurm-gpu-report job JOBID" for the details of one job.
+"""
+job_line = "  job {jobid} ({name}): {gpus} GPU(s), {gpu_hours:.1f} GPU-h, busy {busy_ratio:.0%}"
+
+# A note fires when every condition in "when" holds; a fact that is unknown never
+# satisfies a condition. Operators: < <= == != >= >. "stop = true" hides later notes.
+
+[[notes]]
+name = "too-short"
+when = [{fact = "runtime_s", op = "<", value = 300}]
+message = "The job ran {runtime} only: too short to judge its efficiency."
+stop = true
+
+[[notes]]
+name = "gpu-never-used"
+when = [{fact = "gpu_busy_ratio", op = "==", value = 0}]
+message = """GPU never used: the job held {gpus} GPU(s) for {gpu_hours:.1f} GPU-hours and ran \
+nothing on them. Check that your code sees the GPU, or run it without --gres=gpu."""
+
+[[notes]]
+name = "idle-gpus"
+when = [{fact = "idle_gpus", op = ">=", value = 1}, {fact = "used_gpus", op = ">=", value = 1}]
+message = """{idle_gpus} of the job's {gpus} GPUs were never used: request \
+--gres=gpu:{used_gpus}, or make the code use all of them."""
+
+[[notes]]
+name = "low-gpu-utilization"
+when = [{fact = "gpu_busy_ratio", op = ">", value = 0},
+        {fact = "gpu_busy_ratio", op = "<", value = 0.15}]
+message = """GPU utilization is low ({gpu_busy_ratio:.0%}): profile the job, feed the GPU \
+faster (more data-loader workers), or use a smaller GPU."""
+
+[[notes]]
+name = "mig-eligible"
+when = [{fact = "gpus", op = "==", value = 1},
+        {fact = "gpu_busy_ratio", op = "<=", value = 0.15},
+        {fact = "gpu_memory_peak_gib", op = "<=", value = 10},
+        {fact = "memory_peak_gib", op = "<=", value = 32}]
+message = """This job could run on a MIG slice: it used {gpu_busy_ratio:.0%} of one GPU, \
+{gpu_memory_peak_gib:.1f} GiB of GPU memory and {memory_peak_gib:.1f} GiB of CPU memory."""
+
+[[notes]]
+name = "low-cpu-efficiency"
+when = [{fact = "cpu_efficiency", op = "<", value = 0.65}, {fact = "cpus", op = ">", value = 1}]
+message = """CPU efficiency is {cpu_efficiency:.0%} of {cpus} CPUs: request fewer CPUs \
+(--cpus-per-task) or use more of them."""
+
+[[notes]]
+name = "memory-overrequested"
+when = [{fact = "finished", op = "==", value = 1},
+        {fact = "memory_used_ratio", op = "<", value = 0.70}]
+message = """The job used {memory_peak_gib:.1f} GiB of the {memory_request_gib:.1f} GiB it \
+requested: request less memory next time, --mem={suggested_memory_gib}G."""
+
+[[notes]]
+name = "time-overrequested"
+when = [{fact = "finished", op = "==", value = 1},
+        {fact = "time_used_ratio", op = "<", value = 0.10}]
+message = """The job ran {runtime} of its {time_limit} time limit: request less time, \
+--time={suggested_time}, and it will start sooner."""
+'''

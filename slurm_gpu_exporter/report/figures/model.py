@@ -1,0 +1,314 @@
+"""What a report is made of: per-job usage over a window, and a job's detail per node and GPU.
+
+Plain dataclasses filled by ``queries`` and read by the rules and the renderers.
+Every derived figure (ratios, GPU-hours, waste) is computed here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slurm_gpu_exporter.report.figures.window import Window
+
+
+@dataclass
+class JobUsage:
+    """One job over the window, summed over its nodes and GPUs."""
+
+    jobid: str
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    name: str = ""
+    cluster: str = ""
+    gpus: int = 0
+    allocated_s: float = 0.0  # GPU-seconds held in the window
+    busy_s: float = 0.0  # GPU-seconds busy in the window
+    idle_gpus: int = 0  # GPUs held in the window and never busy
+    gpu_memory_peak: float | None = None  # bytes, the largest of its GPUs
+    start: float | None = None
+    end: float | None = None  # None while running
+    # SM activity (NVML GPM): seconds, and the GPU-seconds held on GPUs that measure it
+    sm_active_s: float | None = None
+    gpm_allocated_s: float = 0.0
+    # tensor-core and DRAM-bandwidth activity (GPM), over the same GPU-seconds
+    tensor_active_s: float | None = None
+    dram_active_s: float | None = None
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.allocated_s / 3600
+
+    @property
+    def busy_ratio(self) -> float | None:
+        """Mean GPU utilization: busy / allocated; None when nothing was held."""
+        if self.allocated_s <= 0:
+            return None
+        return min(1.0, self.busy_s / self.allocated_s)
+
+    @property
+    def wasted_gpu_hours(self) -> float:
+        return max(0.0, self.allocated_s - self.busy_s) / 3600
+
+    @property
+    def sm_active_ratio(self) -> float | None:
+        """Mean SM activity over the time held on GPUs with GPM; None without any."""
+        return _share(self.sm_active_s, self.gpm_allocated_s)
+
+    @property
+    def tensor_active_ratio(self) -> float | None:
+        return _share(self.tensor_active_s, self.gpm_allocated_s)
+
+    @property
+    def dram_active_ratio(self) -> float | None:
+        return _share(self.dram_active_s, self.gpm_allocated_s)
+
+
+def _share(part: float | None, whole: float) -> float | None:
+    """``part / whole`` capped at 1; None when ``part`` was not measured."""
+    if part is None or whole <= 0:
+        return None
+    return min(1.0, part / whole)
+
+
+@dataclass
+class Total:
+    """Sums over a group of jobs (a user, an account)."""
+
+    key: str
+    jobs: int = 0
+    gpu_hours: float = 0.0
+    busy_gpu_hours: float = 0.0
+    wasted_gpu_hours: float = 0.0
+
+    @property
+    def busy_ratio(self) -> float | None:
+        return self.busy_gpu_hours / self.gpu_hours if self.gpu_hours > 0 else None
+
+
+def totals(jobs: list[JobUsage], attr: str) -> list[Total]:
+    """Per-``attr`` (user or account) sums, most wasteful first."""
+    groups: dict[str, Total] = {}
+    for job in jobs:
+        key = getattr(job, attr) or "(none)"
+        total = groups.setdefault(key, Total(key))
+        total.jobs += 1
+        total.gpu_hours += job.gpu_hours
+        total.busy_gpu_hours += job.busy_s / 3600
+        total.wasted_gpu_hours += job.wasted_gpu_hours
+    return sorted(groups.values(), key=lambda t: (-t.wasted_gpu_hours, t.key))
+
+
+@dataclass
+class LowUtilReport:
+    """``low-util``: flagged jobs, sorted by waste, with per-user and per-account totals."""
+
+    window: Window
+    threshold: float
+    jobs_seen: int
+    flagged: list[JobUsage]
+    queries: int = 0
+    # jobid -> [(time, busy ratio)] for the flagged jobs charted in HTML
+    timelines: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    # busy ratios of every job seen, for the distribution chart
+    all_ratios: list[float] = field(default_factory=list)
+    from_archive: int = 0  # jobs seen only in the job archive (--db), not in Prometheus
+
+    @property
+    def by_user(self) -> list[Total]:
+        return totals(self.flagged, "user")
+
+    @property
+    def by_account(self) -> list[Total]:
+        return totals(self.flagged, "account")
+
+
+@dataclass
+class GpuDetail:
+    """One GPU of a job on one node."""
+
+    gpu: str
+    uuid: str
+    allocated_s: float = 0.0
+    busy_s: float = 0.0
+    memory_peak: float | None = None
+    memory_total: float | None = None
+    energy_j: float | None = None
+    sm_active_s: float | None = None  # None: the GPU has no GPM (or shares it without MIG)
+    tensor_active_s: float | None = None
+    dram_active_s: float | None = None
+
+    @property
+    def busy_ratio(self) -> float | None:
+        return min(1.0, self.busy_s / self.allocated_s) if self.allocated_s > 0 else None
+
+    @property
+    def sm_active_ratio(self) -> float | None:
+        return _share(self.sm_active_s, self.allocated_s)
+
+    @property
+    def tensor_active_ratio(self) -> float | None:
+        return _share(self.tensor_active_s, self.allocated_s)
+
+    @property
+    def dram_active_ratio(self) -> float | None:
+        return _share(self.dram_active_s, self.allocated_s)
+
+    @property
+    def power_mean_w(self) -> float | None:
+        """Mean power drawn while held: energy over the time held."""
+        if self.energy_j is None or self.allocated_s <= 0:
+            return None
+        return self.energy_j / self.allocated_s
+
+
+@dataclass
+class NodeDetail:
+    """A job on one node (one Prometheus target)."""
+
+    node: str
+    cpus: int | None = None
+    cpu_s: float | None = None
+    memory_peak: float | None = None
+    memory_limit: float | None = None
+    gpus: list[GpuDetail] = field(default_factory=list)
+
+
+@dataclass
+class Accounting:
+    """What Slurm accounting adds (sacct), where the site has it."""
+
+    state: str = ""
+    time_limit_s: float | None = None
+    requested_memory: float | None = None  # bytes for the whole job
+    cpus: int | None = None
+    nodes: int | None = None
+    start: float | None = None
+    end: float | None = None
+    exit_code: str = ""  # "0:0", "1:0" (code:signal)
+    account: str = ""
+    qos: str = ""
+    requested_gpus: int | None = None
+
+
+@dataclass
+class JobDetail:
+    """``job JOBID``: the job's header, its nodes and GPUs, and its notes."""
+
+    usage: JobUsage
+    nodes: list[NodeDetail]
+    accounting: Accounting | None
+    now: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def running(self) -> bool:
+        if self.accounting and self.accounting.state:
+            return self.accounting.state in ("RUNNING", "SUSPENDED", "COMPLETING")
+        return self.usage.end is None
+
+    @property
+    def start(self) -> float | None:
+        return self.usage.start or (self.accounting.start if self.accounting else None)
+
+    @property
+    def end(self) -> float | None:
+        return self.usage.end or (self.accounting.end if self.accounting else None)
+
+    @property
+    def elapsed_s(self) -> float | None:
+        if self.start is None:
+            return None
+        end = self.end if self.end is not None and not self.running else self.now
+        return max(0.0, end - self.start)
+
+    @property
+    def cpus(self) -> int | None:
+        known = [n.cpus for n in self.nodes if n.cpus is not None]
+        if known:
+            return sum(known)
+        return self.accounting.cpus if self.accounting else None
+
+    @property
+    def cpu_efficiency(self) -> float | None:
+        used = [n.cpu_s for n in self.nodes if n.cpu_s is not None]
+        if not used or not self.cpus or not self.elapsed_s:
+            return None
+        return min(1.0, sum(used) / (self.cpus * self.elapsed_s))
+
+    @property
+    def memory_peak(self) -> float | None:
+        known = [n.memory_peak for n in self.nodes if n.memory_peak is not None]
+        return sum(known) if known else None
+
+    @property
+    def memory_request(self) -> float | None:
+        if self.accounting and self.accounting.requested_memory:
+            return self.accounting.requested_memory
+        known = [n.memory_limit for n in self.nodes if n.memory_limit is not None]
+        return sum(known) if known else None
+
+    @property
+    def gpu_memory_total(self) -> float | None:
+        known = [g.memory_total for n in self.nodes for g in n.gpus if g.memory_total]
+        return max(known) if known else None
+
+    @property
+    def energy_j(self) -> float | None:
+        known = [g.energy_j for n in self.nodes for g in n.gpus if g.energy_j is not None]
+        return sum(known) if known else None
+
+
+@dataclass
+class UsageGroup:
+    """``usage``: sums over the archived jobs of one group (and month, for the trend)."""
+
+    key: tuple[str, ...]  # the values of the --by keys, in their order
+    month: str = ""  # YYYY-MM for the trend rows; "" for the window's totals
+    jobs: int = 0
+    allocated_s: float = 0.0
+    busy_s: float = 0.0
+    sm_active_s: float = 0.0
+    gpm_allocated_s: float = 0.0
+    energy_j: float = 0.0
+    cpu_s: float = 0.0
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.allocated_s / 3600
+
+    @property
+    def busy_gpu_hours(self) -> float:
+        return self.busy_s / 3600
+
+    @property
+    def sm_active_gpu_hours(self) -> float:
+        return self.sm_active_s / 3600
+
+    @property
+    def wasted_gpu_hours(self) -> float:
+        return max(0.0, self.allocated_s - self.busy_s) / 3600
+
+    @property
+    def busy_ratio(self) -> float | None:
+        return min(1.0, self.busy_s / self.allocated_s) if self.allocated_s > 0 else None
+
+    @property
+    def energy_kwh(self) -> float:
+        return self.energy_j / 3.6e6
+
+    @property
+    def cpu_hours(self) -> float:
+        return self.cpu_s / 3600
+
+
+@dataclass
+class UsageReport:
+    """``usage``: per-group sums over a window from the archive, and by month when the
+    window spans several."""
+
+    window: Window
+    by: tuple[str, ...]
+    groups: list[UsageGroup]
+    months: list[UsageGroup] = field(default_factory=list)  # key () per month, in order
+    source: str = ""  # the archive, without its password

@@ -1,0 +1,211 @@
+"""Notes as data: declared rules (conditions over named facts, a message template).
+
+A rule never runs code from the configuration: a condition compares one fact
+with a number, and a message is a ``str.format`` template restricted to plain
+fact names (no attribute or index access).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import string
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.figures.defaults import DEFAULT_CONFIG
+from slurm_gpu_exporter.report.figures.model import JobDetail
+
+GIB = 2**30
+OPERATORS: dict[str, Callable[[float, float], bool]] = {
+    "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+    ">=": operator.ge, ">": operator.gt,
+}
+
+
+@dataclass(frozen=True)
+class Condition:
+    fact: str
+    op: str
+    value: float
+
+    def holds(self, facts: Mapping[str, Any]) -> bool:
+        value = facts.get(self.fact)
+        if not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value):
+            return False
+        return OPERATORS[self.op](value, self.value)
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    when: tuple[Condition, ...]
+    message: str
+    stop: bool = False
+
+    def applies(self, facts: Mapping[str, Any]) -> bool:
+        return all(c.holds(facts) for c in self.when)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole report configuration: thresholds, notes and the notification texts."""
+
+    threshold: float
+    min_gpu_hours: float
+    chart_jobs: int
+    memory_headroom: float
+    time_headroom: float
+    repeat_after_days: float
+    subject: str
+    template: str
+    job_line: str
+    notes: tuple[Rule, ...]
+
+
+class _FactFormatter(string.Formatter):
+    """``str.format`` limited to plain names: ``{x}`` and ``{x:.0%}``, never ``{x.attr}``."""
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> Any:
+        if not field_name.isidentifier():
+            raise ReportError(f"bad template field {{{field_name}}}: use a plain fact name")
+        if field_name not in kwargs:
+            raise KeyError(field_name)
+        return kwargs[field_name], field_name
+
+
+_FORMATTER = _FactFormatter()
+
+
+def render_template(template: str, facts: Mapping[str, Any]) -> str:
+    """Fill a template from facts; ReportError naming the field that is missing or bad."""
+    try:
+        return _FORMATTER.format(template, **facts)
+    except KeyError as exc:
+        raise ReportError(f"template names an unknown fact {exc}") from None
+    except (ValueError, TypeError) as exc:
+        raise ReportError(f"bad template: {exc}") from None
+
+
+def notes_for(facts: Mapping[str, Any], rules: tuple[Rule, ...]) -> list[str]:
+    """The messages of the rules that apply, in order, until a ``stop`` rule."""
+    notes = []
+    for rule in rules:
+        if rule.applies(facts):
+            notes.append(render_template(rule.message, facts))
+            if rule.stop:
+                break
+    return notes
+
+
+# --- facts ----------------------------------------------------------------------------
+
+
+def hms(seconds: float) -> str:
+    """Slurm's time format: ``[D-]HH:MM:SS``."""
+    seconds = round(seconds)
+    days, rest = divmod(seconds, 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+def job_facts(detail: JobDetail, config: Config) -> dict[str, Any]:
+    """The named facts the notes can test and print, for one job."""
+    usage = detail.usage
+    facts: dict[str, Any] = {
+        "jobid": usage.jobid, "user": usage.user, "account": usage.account,
+        "name": usage.name, "gpus": usage.gpus, "gpu_hours": usage.gpu_hours,
+        "gpu_busy_ratio": usage.busy_ratio, "idle_gpus": usage.idle_gpus,
+        "used_gpus": usage.gpus - usage.idle_gpus,
+        "wasted_gpu_hours": usage.wasted_gpu_hours,
+        "gpu_memory_peak_gib": _gib(usage.gpu_memory_peak),
+        "memory_peak_gib": _gib(detail.memory_peak),
+        "memory_request_gib": _gib(detail.memory_request),
+        "cpu_efficiency": detail.cpu_efficiency, "cpus": detail.cpus,
+        "finished": 0 if detail.running else 1,
+        "runtime_s": detail.elapsed_s,
+        "runtime": hms(detail.elapsed_s) if detail.elapsed_s is not None else "?",
+    }
+    if detail.memory_peak is not None and detail.memory_request:
+        facts["memory_used_ratio"] = detail.memory_peak / detail.memory_request
+        facts["suggested_memory_gib"] = max(1, math.ceil(
+            detail.memory_peak * (1 + config.memory_headroom) / GIB))
+    limit = detail.accounting.time_limit_s if detail.accounting else None
+    if limit and detail.elapsed_s is not None:
+        facts["time_limit"] = hms(limit)
+        facts["time_used_ratio"] = detail.elapsed_s / limit
+        minutes = max(1, math.ceil(detail.elapsed_s * (1 + config.time_headroom) / 60))
+        facts["suggested_time"] = hms(minutes * 60)
+    return facts
+
+
+def _gib(value: float | None) -> float | None:
+    return value / GIB if value is not None else None
+
+
+# --- configuration --------------------------------------------------------------------
+
+
+def load_config(path: str | None) -> Config:
+    """The defaults, with a site's TOML file (if given) on top."""
+    data = tomllib.loads(DEFAULT_CONFIG)
+    if path is not None:
+        try:
+            site = tomllib.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ReportError(f"cannot read the config {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ReportError(f"bad TOML in {path}: {exc}") from None
+        data = _merge(data, site)
+    try:
+        return _config(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        where = path or "the defaults"
+        raise ReportError(f"bad configuration in {where}: {exc}") from None
+
+
+def _merge(base: dict[str, Any], site: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for section in ("low_util", "facts", "notify"):
+        merged[section] = {**base.get(section, {}), **site.get(section, {})}
+    notes = {n["name"]: n for n in base["notes"]}
+    for note in site.get("notes", []):
+        if not isinstance(note, dict) or "name" not in note:
+            raise ReportError("bad configuration: every [[notes]] entry needs a name")
+        notes[note["name"]] = note
+    merged["notes"] = list(notes.values())
+    return merged
+
+
+def _rule(entry: dict[str, Any]) -> Rule:
+    conditions = []
+    for cond in entry.get("when", []):
+        if cond["op"] not in OPERATORS:
+            raise ValueError(f"note {entry['name']}: unknown operator {cond['op']!r}")
+        conditions.append(Condition(str(cond["fact"]), cond["op"], float(cond["value"])))
+    if not conditions:
+        raise ValueError(f"note {entry['name']} has no conditions")
+    list(_FORMATTER.parse(entry["message"]))  # a malformed template fails here, early
+    return Rule(entry["name"], tuple(conditions), str(entry["message"]),
+                bool(entry.get("stop", False)))
+
+
+def _config(data: dict[str, Any]) -> Config:
+    low, facts, notify = data["low_util"], data["facts"], data["notify"]
+    threshold = float(low["threshold"])
+    if not 0 < threshold <= 1:
+        raise ValueError("low_util.threshold must be in (0, 1]")
+    return Config(
+        threshold=threshold, min_gpu_hours=float(low["min_gpu_hours"]),
+        chart_jobs=int(low["chart_jobs"]),
+        memory_headroom=float(facts["memory_headroom"]),
+        time_headroom=float(facts["time_headroom"]),
+        repeat_after_days=float(notify["repeat_after_days"]),
+        subject=str(notify["subject"]), template=str(notify["template"]),
+        job_line=str(notify["job_line"]),
+        notes=tuple(_rule(n) for n in data["notes"] if n.get("enabled", True)),
+    )

@@ -1,0 +1,2 @@
+"""``slurm-gpu-report remediate``: the Alertmanager webhook that drains nodes whose GPU
+failed."""

@@ -1,0 +1,40 @@
+"""Asking Prometheus which GPU alerts fire now: the second source ``remediate`` needs.
+
+Alertmanager takes alerts from anyone who can reach its API, so a webhook post proves
+nothing alone. Prometheus keeps every alert its rules fire as the series
+``ALERTS{alertstate="firing", alertname=…, <labels>…}``; an alert in a post acts only
+where that series is there now with the same alert name and the same node label value.
+One query per post, whatever the number of alerts in it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+
+from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
+from slurm_gpu_exporter.report.prometheus.queries import selector
+
+# (alert name, node label value) -> the labels of the firing series.
+Firing = dict[tuple[str, str], dict[str, str]]
+ALERT_NAME_RE = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+
+
+def firing_query(names: Iterable[str]) -> str:
+    """``ALERTS{alertstate="firing", alertname=~"A|B"}`` for the allow-listed alerts."""
+    alternation = "|".join(sorted(re.escape(n) for n in names))
+    return selector("ALERTS", {"alertstate": "firing"}, {"alertname": alternation})
+
+
+async def firing_alerts(prom: PrometheusClient, names: Iterable[str], node_label: str,
+                        now: float | None = None) -> Firing:
+    """The allow-listed alerts firing now, by name and node label value; a
+    ReportError when Prometheus cannot say (then nothing is confirmed)."""
+    samples = await prom.instant(firing_query(names), time.time() if now is None else now)
+    firing: Firing = {}
+    for sample in samples:
+        node = sample.labels.get(node_label)
+        if node:
+            firing.setdefault((sample.labels.get("alertname", ""), node), sample.labels)
+    return firing

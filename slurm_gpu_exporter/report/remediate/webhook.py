@@ -1,0 +1,100 @@
+"""``slurm-gpu-report remediate``'s HTTP side: Alertmanager's webhook at ``POST /alerts``,
+its own counters at ``GET /metrics``, health at ``GET /-/healthy``.
+
+A post is handled whole under one lock (a node is looked at, then drained): the alerts
+that need it are confirmed with one Prometheus query, then each goes to the
+``Remediator`` (``remediator.py``), off the event loop since scontrol blocks. Where
+Prometheus could not be asked the answer is 503, so Alertmanager sends the post again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.inert_text import plain
+from slurm_gpu_exporter.report.remediate.confirm import Firing
+from slurm_gpu_exporter.report.remediate.observe import RemediateMetrics
+from slurm_gpu_exporter.report.remediate.remediator import Outcome, Remediator
+from slurm_gpu_exporter.web.config import WebConfig
+from slurm_gpu_exporter.web.connections import ConnectionGuard, ConnectionLimits
+from slurm_gpu_exporter.web.server import GUARD_KEY, auth_middleware, guard_middleware
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 1 << 20
+HEALTH_PATHS = frozenset({"/-/healthy", "/-/ready"})
+
+
+async def outcomes_of(remediator: Remediator, items: list[dict],  # type: ignore[type-arg]
+                      confirm: Callable[[], Awaitable[Firing]]) -> list[Outcome]:
+    """Each alert's outcome; Prometheus is asked once, and only when an alert needs it."""
+    screened = [remediator.screen(a) for a in items]
+    firing: Firing | None = {}
+    if any(s is None for s in screened):
+        try:
+            firing = await confirm()
+        except ReportError as exc:
+            log.error("cannot confirm alerts with Prometheus, nothing drained: %s",
+                      plain(exc))
+            firing = None
+    loop = asyncio.get_running_loop()
+    out = []
+    for alert, done in zip(items, screened, strict=True):
+        # scontrol blocks: off the event loop, so health checks still answer.
+        out.append(done or await loop.run_in_executor(None, remediator.handle, alert, firing))
+    return out
+
+
+def make_app(remediator: Remediator, confirm: Callable[[], Awaitable[Firing]],
+             web_config: WebConfig | None = None,
+             metrics: RemediateMetrics | None = None) -> web.Application:
+    """The receiver: ``POST /alerts`` (Alertmanager's webhook), ``GET /metrics``,
+    ``GET /-/healthy``."""
+    config = web_config or WebConfig()
+    counters = metrics or RemediateMetrics(remediator.budget, remediator.clock)
+    lock = asyncio.Lock()
+    # The agent's listener rules: a connection cap, header and idle timeouts.
+    guard = ConnectionGuard(ConnectionLimits())
+
+    async def alerts(request: web.Request) -> web.Response:
+        try:
+            payload = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return web.Response(status=400, text="the body is not JSON: post Alertmanager's "
+                                                 "webhook payload\n")
+        items = payload.get("alerts") if isinstance(payload, dict) else None
+        if not isinstance(items, list) or not all(isinstance(a, dict) for a in items):
+            return web.Response(status=400, text="no alerts list: post Alertmanager's "
+                                                 "webhook payload\n")
+        async with lock:
+            outcomes = await outcomes_of(remediator, items, confirm)
+        for outcome in outcomes:
+            counters.count(outcome.outcome, outcome.reason)
+        unconfirmed = any(o.reason == "prometheus_unavailable" for o in outcomes)
+        return web.json_response({"results": [o.text for o in outcomes]},
+                                 status=503 if unconfirmed else 200)
+
+    async def exposition(request: web.Request) -> web.Response:
+        return web.Response(body=counters.render(),
+                            content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
+    async def healthy(request: web.Request) -> web.Response:
+        return web.Response(text="Healthy\n")
+
+    # Health probes say nothing but "up": no secret needed for them.
+    security = auth_middleware(lambda: config, "slurm-gpu-report remediate",
+                               HEALTH_PATHS)
+    app = web.Application(middlewares=[guard_middleware(guard), security],
+                          client_max_size=MAX_BODY_BYTES)
+    app[GUARD_KEY] = guard
+    app.router.add_post("/alerts", alerts)
+    app.router.add_get("/metrics", exposition)
+    app.router.add_get("/-/healthy", healthy)
+    app.router.add_get("/-/ready", healthy)
+    return app

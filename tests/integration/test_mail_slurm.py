@@ -1,0 +1,186 @@
+"""slurm-gpu-mail as the real cluster's MailProg: a GPU job with --mail-type=END; when it
+ends, slurmctld's mail reaches the mailer with the job's summary added (the busy ratio
+the report gives); with Prometheus stopped, the next job's mail arrives as Slurm wrote
+it, within a few seconds. The mailer is a stand-in that records what it gets."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.agent import Agent
+from tests.daemons import Prometheus
+from tests.fakenvml import Device, FakeNvml, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.integration.slurmcluster import SlurmCluster
+from tests.support import wait_until
+
+pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
+              pytest.mark.prometheus]
+
+BIN = Path(sys.executable).parent
+USER = "sgeuser"
+RECORDER = """#!/usr/bin/python3
+import json, os, sys, time
+out = {out!r}
+body = sys.stdin.buffer.read().decode(errors="replace")
+env = {{k: v for k, v in os.environ.items() if k.startswith("SLURM_")}}
+name = f"{{out}}/{{time.time_ns()}}.json"
+with open(name + ".tmp", "w") as f:
+    json.dump({{"argv": sys.argv[1:], "body": body, "env": env, "at": time.time()}}, f)
+os.rename(name + ".tmp", name)
+"""
+
+
+@dataclass
+class Mails:
+    cluster: SlurmCluster
+    inbox: Path
+    log_file: Path
+    prometheus: Prometheus
+    agent: Agent
+    fake: FakeNvml
+
+    def of(self, jobid: int, timeout: float = 60) -> dict:
+        def found() -> dict | None:
+            for path in sorted(self.inbox.glob("*.json")):
+                mail = json.loads(path.read_text())
+                if mail["env"].get("SLURM_JOB_ID") == str(jobid):
+                    return mail
+            return None
+        return wait_until(found, timeout, f"the mail of job {jobid}",
+                          log=lambda: self.wrapper_log())
+
+    def wrapper_log(self) -> str:
+        return self.log_file.read_text() if self.log_file.exists() else ""
+
+
+def _sleep_pid(cluster: SlurmCluster, jobid: int) -> int | None:
+    for pid in cluster.job_pids(jobid, "batch"):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def _gpus_of(cluster: SlurmCluster, jobid: int) -> list[int] | None:
+    try:
+        text = json.loads((cluster.spool_dir / f"{jobid}.json").read_text())["job_gpus"]
+        return [int(g) for g in str(text).split(",")]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+@pytest.fixture(scope="module")
+def mails(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[Mails]:
+    work = tmp_path_factory.mktemp("mail-slurm")
+    inbox = work / "inbox"
+    inbox.mkdir()
+    recorder = work / "record-mail"
+    recorder.write_text(RECORDER.format(out=str(inbox)))
+    recorder.chmod(0o755)
+    fake = fake_nvml_or_skip(work / "nvml")
+    fake.write(NvmlState(devices=[Device(index=i, minor=i) for i in range(4)]))
+    agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir),
+                   "--state-dir", str(work / "state"), "--sample-interval", "1",
+                   "--slurm-lookup", "cli", "--node-name", slurm_cluster.node_name],
+                  env={**fake.env(), **slurm_cluster.env}, log_path=work / "agent.log")
+    prom = Prometheus("prometheus", {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "slurm-gpu", "static_configs": [
+            {"targets": [f"127.0.0.1:{agent.port}"]}]}]}, work / "prom")
+    log_file = work / "slurm-gpu-mail.log"
+    config = work / "mail.toml"
+    config.write_text(f'mailer = "{recorder}"\nprometheus_url = "{prom.url}"\n'
+                      f'log_file = "{log_file}"\n')
+    # slurmctld runs MailProg with SLURM_* variables only: the hook names the config
+    # and the test cluster's slurm.conf, as /etc would on a real controller.
+    slurm_cluster.mail_hook.write_text(
+        f"#!/bin/sh\nexport SLURM_GPU_MAIL_CONFIG={config} "
+        f"SLURM_CONF={slurm_cluster.slurm_conf} PATH=/usr/bin:/bin\n"
+        f'exec {BIN / "slurm-gpu-mail"} "$@"\n')
+    slurm_cluster.mail_hook.chmod(0o755)
+    try:
+        agent.wait_ready()
+        prom.wait_ready()
+        yield Mails(slurm_cluster, inbox, log_file, prom, agent, fake)
+    finally:
+        slurm_cluster.mail_hook.unlink(missing_ok=True)
+        prom.stop()
+        agent.stop()
+        fake.write(NvmlState(devices=[Device(index=i, minor=i) for i in range(4)]))
+
+
+def _run_job(mails: Mails, seconds: int, busy: bool) -> int:
+    cluster = mails.cluster
+    jobid = cluster.submit(f"sleep {seconds}\n", user=USER, gres="gpu:2",
+                           extra_args=["--mail-type=END", f"--mail-user={USER}"])
+    try:
+        cluster.wait_state(jobid, "RUNNING", timeout=30)
+        if busy:
+            pid = wait_until(lambda: _sleep_pid(cluster, jobid), 15, "the job's sleep")
+            gpus = wait_until(lambda: _gpus_of(cluster, jobid), 15, "the job's GPUs")
+            devices = [Device(index=i, minor=i) for i in range(4)]
+            devices[gpus[0]].processes = [Process(pid, 2 << 30, sm=Pattern.constant(100))]
+            mails.fake.write(NvmlState(devices=devices))
+        cluster.wait_finished(jobid, timeout=seconds + 60)
+    except BaseException:
+        cluster.cancel(jobid)
+        raise
+    return jobid
+
+
+def _report(*args: str) -> dict:
+    run = subprocess.run([str(BIN / "slurm-gpu-report"), *args, "--format", "json"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)["jobs"][0]
+
+
+def _elapsed(log: str, jobid: int) -> float:
+    match = re.search(rf"job {jobid}: .*\(([0-9.]+) s\)", log)
+    assert match, log
+    return float(match.group(1))
+
+
+def test_end_mail_carries_the_jobs_summary_then_goes_unchanged_without_prometheus(
+        mails: Mails) -> None:
+    jobid = _run_job(mails, 20, busy=True)
+    mail = mails.of(jobid)
+    subject = mail["argv"][1]
+    assert mail["argv"][0] == "-s" and mail["argv"][2:] == [USER], mail["argv"]
+    assert subject.startswith(f"Slurm Job_id={jobid} ") and "Ended" in subject, subject
+    body = mail["body"]
+    assert f"efficiency of job {jobid}" in body, (body, mails.wrapper_log())
+    assert re.search(r"GPUs held: +2 ", body), body
+    busy = int(re.search(r"GPU busy: +(\d+)%", body).group(1))
+    # One of the two GPUs busy for most of the job: the report's figure, read now
+    # (a late sample may move it a little).
+    later = _report("job", str(jobid), "--prometheus-url", mails.prometheus.url)
+    assert abs(busy - 100 * later["busy_ratio"]) <= 5, (busy, later["busy_ratio"])
+    assert 25 <= busy <= 55, body
+    for note in later["notes"]:
+        # a run time in a note may differ by a second
+        assert re.sub(r"\d", "0", note) in re.sub(r"\d", "0", body), (note, body)
+
+    mails.prometheus.stop()
+    plain = _run_job(mails, 3, busy=False)
+    seen = time.time()
+    unchanged = mails.of(plain, timeout=30)
+    assert unchanged["body"] == "", unchanged["body"]  # Slurm's own (empty) body
+    assert unchanged["argv"][0] == "-s" and unchanged["argv"][2:] == [USER]
+    assert unchanged["argv"][1].startswith(f"Slurm Job_id={plain} ")
+    log = mails.wrapper_log()
+    assert f"job {plain}: mail sent as Slurm wrote it: the report failed" in log, log
+    assert _elapsed(log, plain) < 5, log
+    assert unchanged["at"] - seen < 10, (unchanged["at"], seen)

@@ -1,0 +1,66 @@
+"""The mail wrapper's pure parts: which mails get a summary, the summary's lines, the
+config file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_gpu_exporter.mail.config import MailConfigError, load_mail_config
+from slurm_gpu_exporter.mail.summary import NoSummary, jobid_to_summarize, summary_text
+
+JOB = {"job": "42", "gpus": 4, "gpu_hours": 8.0, "busy_ratio": 0.25, "sm_active_ratio": 0.2,
+       "gpu_memory_peak_gib": 30.5, "energy_kwh": 1.234, "cpu_efficiency": 0.5,
+       "memory_peak_gib": 10.0, "memory_request_gib": 64.0,
+       "notes": ["3 of 4 GPUs idle: ask for 1"]}
+
+
+def test_end_mails_are_summarized_and_start_mails_are_not() -> None:
+    assert jobid_to_summarize({"SLURM_JOB_ID": "42", "SLURM_JOB_MAIL_TYPE": "Ended",
+                               "SLURM_JOB_STATE": "COMPLETED"}) == "42"
+    assert jobid_to_summarize({"SLURM_JOB_ID": "7", "SLURM_JOB_MAIL_TYPE": "Failed",
+                               "SLURM_JOB_STATE": "OUT_OF_MEMORY"}) == "7"
+    assert jobid_to_summarize({"SLURM_JOB_ID": "7", "SLURM_JOB_MAIL_TYPE": "Ended"}) == "7"
+    for env in ({"SLURM_JOB_ID": "7", "SLURM_JOB_MAIL_TYPE": "Began",
+                 "SLURM_JOB_STATE": "RUNNING"},
+                {"SLURM_JOB_ID": "7 --db x", "SLURM_JOB_STATE": "COMPLETED"},
+                {"SLURM_JOB_STATE": "COMPLETED"}, {}):
+        with pytest.raises(NoSummary):
+            jobid_to_summarize(env)
+
+
+def test_summary_lists_the_known_figures_and_the_notes() -> None:
+    text = summary_text(JOB)
+    assert "GPUs held:       4 (8.00 GPU-hours)" in text
+    assert "GPU busy:        25%" in text and "SM active:       20%" in text
+    assert "Memory peak:     10.0 GiB of 64.0 GiB requested" in text
+    assert "GPU energy:      1.234 kWh" in text
+    assert "- 3 of 4 GPUs idle: ask for 1" in text
+    assert "Tensor" not in text  # not known: left out, never shown as 0
+
+
+def test_user_text_in_a_figure_stays_inert() -> None:
+    text = summary_text({**JOB, "notes": ["x\n~! rm -rf ~\x1b[31m"], "job": "42\nBcc: x"})
+    assert "\x1b" not in text
+    assert not any(line.startswith(("~", "Bcc")) for line in text.splitlines()), text
+
+
+def test_a_job_without_figures_has_no_summary() -> None:
+    with pytest.raises(NoSummary):
+        summary_text({"job": "1", "gpus": 0, "notes": []})
+
+
+def test_config_defaults_and_refusals(tmp_path: Path) -> None:
+    assert load_mail_config(tmp_path / "absent.toml").mailer == "/usr/bin/mail"
+    good = tmp_path / "mail.toml"
+    good.write_text('mailer = "/usr/sbin/sendmail"\nsummary_timeout_seconds = 5\n'
+                    'report_args = ["--no-sacct"]\n')
+    config = load_mail_config(good)
+    assert (config.mailer, config.summary_timeout_s, config.report_args) == (
+        "/usr/sbin/sendmail", 5.0, ("--no-sacct",))
+    for text in ('mailer = "mail"\n', "summary_timeout_seconds = 0\n", "mailr = 1\n",
+                 "summary_timeout_seconds = 600\n", "not toml"):
+        good.write_text(text)
+        with pytest.raises(MailConfigError):
+            load_mail_config(good)
