@@ -241,7 +241,9 @@ class WebConfig:
 def _check_keys(section: str, data: dict[str, Any], allowed: set[str], ignored: set[str]) -> None:
     unknown = set(data) - allowed - ignored
     if unknown:
-        raise WebConfigError(f"{section}: unknown key(s) {', '.join(sorted(unknown))}")
+        # YAML keys can be null, numbers or lists (a lone "?" is {None: None}): say them.
+        names = sorted(repr(k) if not isinstance(k, str) else k for k in unknown)
+        raise WebConfigError(f"{section}: unknown key(s) {', '.join(names)}")
     for key in sorted(set(data) & ignored):
         log.warning("web config: %s.%s is not supported by this exporter and is ignored",
                     section, key)

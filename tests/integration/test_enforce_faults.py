@@ -45,10 +45,13 @@ pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
               pytest.mark.prometheus]
 
 REPORT = Path(sys.executable).parent / "slurm-gpu-report"
+# The window is 20 s, not less: its counters must cover 80 % of it, and with a 1 s
+# scrape of a 1 s sample the first and last samples in it span 1 to 2 s less than the
+# window (an 8 s window read 6.0 to 7.9 s, and 6.4 was needed: a coin toss per run).
 POLICY = """
 [idle]
 warn_after = []
-cancel_after = "8s"
+cancel_after = "20s"
 min_job_age = "4s"
 max_cancels_per_run = 1
 """
@@ -260,7 +263,7 @@ def test_a_fault_cancels_nothing_and_the_exit_code_says_why(
         faults: Faults, label: str, code: int, words: str) -> None:
     run = faults.runs[label]
     assert run.rc == code, f"{label}: rc {run.rc}\n{run.stdout[-2000:]}\n{run.stderr}"
-    assert words in run.stderr, run.stderr
+    assert words in run.stderr, run.stderr + run.stdout
     assert faults.states[label] != "CANCELLED", label
     state = json.loads(faults.state_file.read_text()) if faults.state_file.exists() else {}
     assert "cancelled" not in state.get("jobs", {}).get(faults.jobid, {})

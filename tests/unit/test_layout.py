@@ -43,7 +43,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "gpu": {"model", "hooks", "node", "jobs", "exposition"},
     "training_relay": {"model", "hooks", "node", "jobs", "exposition"},
     "sampling": {"model", "hooks", "node", "jobs", "gpu", "training_relay", "exposition"},
-    "sim": {"model", "hooks", "node", "gpu"},
+    # sim/fleet renders simulated nodes with the agent's own exposition code.
+    "sim": {"model", "hooks", "node", "gpu", "exposition"},
     "agent": {TOP, "check"} | AGENT_LAYERS,
     "check": {TOP, "agent", "model", "hooks", "node", "gpu", "training_relay"},
     "report": set(),

@@ -47,6 +47,8 @@ def test_basic_auth_accepts_the_right_password_only() -> None:
     [
         ({"tls_server_config": {"cert_file": "a.crt"}}, "both cert_file and key_file"),
         ({"tls_serverconfig": {}}, "unknown key"),
+        ({None: None}, "unknown key.*None"),  # a file holding just "?"
+        ({"tls_server_config": {1: "a", "cert_file": "a"}}, "unknown key.*1"),
         ({"tls_server_config": {"cert_file": "a", "key_file": "b", "bogus": 1}}, "unknown key"),
         ({"tls_server_config": {"cert_file": "a", "key_file": "b",
                                 "client_auth_type": "Sometimes"}}, "client_auth_type"),
