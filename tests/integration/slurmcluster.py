@@ -10,6 +10,7 @@ directories), so it is the one place to list a job's processes. The extern step'
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -376,6 +377,24 @@ class SlurmCluster:
                 except FileNotFoundError:
                     continue
         return pids
+
+    def command_pid(self, jobid: int, command: str, step: str = "batch") -> int | None:
+        """The pid of the step's process named ``command`` (its comm), or None yet."""
+        for pid in self.job_pids(jobid, step):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == command:
+                    return pid
+            except OSError:
+                continue
+        return None
+
+    def spool_gpus(self, jobid: int) -> list[int] | None:
+        """The GPU indices the prolog recorded for the job, or None before it has."""
+        try:
+            text = json.loads((self.spool_dir / f"{jobid}.json").read_text())["job_gpus"]
+            return [int(g) for g in str(text).split(",")]
+        except (OSError, ValueError, KeyError):
+            return None
 
     def wait_for_process(self, jobid: int, step: str = "batch", timeout: float = 15.0) -> set[int]:
         """Wait for the step's first process; return the step's pids.

@@ -62,24 +62,6 @@ class Mails:
         return self.log_file.read_text() if self.log_file.exists() else ""
 
 
-def _sleep_pid(cluster: SlurmCluster, jobid: int) -> int | None:
-    for pid in cluster.job_pids(jobid, "batch"):
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
-                return pid
-        except OSError:
-            continue
-    return None
-
-
-def _gpus_of(cluster: SlurmCluster, jobid: int) -> list[int] | None:
-    try:
-        text = json.loads((cluster.spool_dir / f"{jobid}.json").read_text())["job_gpus"]
-        return [int(g) for g in str(text).split(",")]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
 @pytest.fixture(scope="module")
 def mails(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[Mails]:
@@ -128,8 +110,8 @@ def _run_job(mails: Mails, seconds: int, busy: bool) -> int:
     try:
         cluster.wait_state(jobid, "RUNNING", timeout=30)
         if busy:
-            pid = wait_until(lambda: _sleep_pid(cluster, jobid), 15, "the job's sleep")
-            gpus = wait_until(lambda: _gpus_of(cluster, jobid), 15, "the job's GPUs")
+            pid = wait_until(lambda: cluster.command_pid(jobid, "sleep"), 15, "the job's sleep")
+            gpus = wait_until(lambda: cluster.spool_gpus(jobid), 15, "the job's GPUs")
             devices = [Device(index=i, minor=i) for i in range(4)]
             devices[gpus[0]].processes = [Process(pid, 2 << 30, sm=Pattern.constant(100))]
             mails.fake.write(NvmlState(devices=devices))

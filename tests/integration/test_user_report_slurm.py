@@ -57,24 +57,6 @@ class Setup:
              *args], capture_output=True, text=True, timeout=120, check=False, cwd="/")
 
 
-def _sleep_pid(cluster: SlurmCluster, jobid: int) -> int | None:
-    for pid in cluster.job_pids(jobid, "batch"):
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
-                return pid
-        except OSError:
-            continue
-    return None
-
-
-def _gpus_of(cluster: SlurmCluster, jobid: int) -> list[int] | None:
-    try:
-        text = json.loads((cluster.spool_dir / f"{jobid}.json").read_text())["job_gpus"]
-        return [int(g) for g in str(text).split(",")]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
 @pytest.fixture(scope="module")
 def setup(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[Setup]:
@@ -113,8 +95,8 @@ def setup(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
             thing.wait_ready()
         for jobid in jobs.values():
             slurm_cluster.wait_state(jobid, "RUNNING", timeout=30)
-        pid = wait_until(lambda: _sleep_pid(slurm_cluster, jobs[OWNER]), 15, "the sleep")
-        gpus = wait_until(lambda: _gpus_of(slurm_cluster, jobs[OWNER]), 15, "the GPUs")
+        pid = wait_until(lambda: slurm_cluster.command_pid(jobs[OWNER], "sleep"), 15, "the sleep")
+        gpus = wait_until(lambda: slurm_cluster.spool_gpus(jobs[OWNER]), 15, "the GPUs")
         devices[gpus[0]].processes = [Process(pid, 2 << 30, sm=Pattern.constant(100))]
         fake.write(NvmlState(devices=devices))
         for jobid in jobs.values():
