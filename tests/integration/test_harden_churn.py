@@ -83,9 +83,11 @@ def test_thousand_jobs_churn_exactly_and_memory_returns(tmp_path: Path) -> None:
                   log_path=tmp_path / "agent.log")
     try:
         agent.wait_ready()
-        # Warm-up: the first jobs fill caches and the allocator's pools.
+        # Warm-up: a churn of the same shape fills caches and the allocator's pools to
+        # this load's peak (a shorter one left the measured churn to grow them: 5.1 and
+        # 5.6 MiB in parallel runs, 3.1 alone), so what is measured is what stays.
         warm: set[str] = set()
-        _churn(node, agent, 100_000, 3 * BATCH, warm)
+        _churn(node, agent, 100_000, JOBS, warm)
         _settle(agent, set())
         baseline = rss_kib(agent.proc.pid)
 
@@ -104,4 +106,4 @@ def test_thousand_jobs_churn_exactly_and_memory_returns(tmp_path: Path) -> None:
     print(f"churn: {JOBS} jobs in {churn_s:.1f} s; RSS baseline {baseline} KiB, "
           f"end {end} KiB, growth {end - baseline} KiB")
     assert {str(j) for j in range(200_000, 200_000 + JOBS)} <= seen
-    assert end - baseline < 5 * 1024
+    assert end - baseline < 2 * 1024  # measured 8 to 20 KiB, three busy loops beside it
