@@ -53,7 +53,14 @@ class _Worker:
         size = HEADER.unpack(await stdout.readexactly(HEADER.size))[0]
         return json.loads(await stdout.readexactly(size))
 
-    async def kill(self) -> None:
+    async def kill(self, grace_s: float = 0.0) -> None:
+        """End the worker: at once, or after ``grace_s`` for one that is exiting (its
+        output ended). Killing an exited worker before asyncio has reaped it would reap
+        it in the kill and lose its exit status (asyncio then reports 255)."""
+        if grace_s and self.process.returncode is None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace_s):
+                    await self.process.wait()
         if self.process.returncode is None:
             self.process.kill()
         # Close both pipes (stdout by reading it to its end), so the transport closes
@@ -134,7 +141,8 @@ class CheckPool:
                 await worker.ask({"kind": "query", "text": "1", "admin": True, "users": [],
                                   "public": []})
         except BaseException as exc:  # cancelled too (the pool closing): no orphan left
-            await worker.kill()
+            ended = isinstance(exc, (asyncio.IncompleteReadError, ConnectionError))
+            await worker.kill(grace_s=1.0 if ended else 0.0)
             if isinstance(exc, (TimeoutError, asyncio.IncompleteReadError, ConnectionError)):
                 raise OSError(f"the query checker {' '.join(self.command)} did not start "
                               f"({type(exc).__name__}, exit {process.returncode})") from None

@@ -737,8 +737,10 @@ class TestNodeWithoutCpuacctJobCgroups:
                 ),
             )
             assert after >= before, f"restart lowered the counter: {before} -> {after}"
-            # About 1.5 s of CPU in the 3 samples after the restart.
-            assert grown - after >= 0.5, (
+            # About 1.5 s of CPU in the 3 samples after the restart on an idle machine,
+            # a few tenths on a loaded one; a stalled counter does not move at all (it
+            # holds the floor until the live process's own time passes it).
+            assert grown - after >= 0.05, (
                 f"slurm_job_cpu_seconds_total stalled after the restart: {before:.2f} before, "
                 f"{after:.2f} -> {grown:.2f} over 3 samples while the job kept half a core busy"
             )
