@@ -210,14 +210,14 @@ class GpuAttributor:
             c = self._counter(job, target)
             share = figures_of(jobid, job, c)
             if jobid in held:
-                c.leave_out(share.unknown)
-                self.hold(c, job, poll.now, share.window)
+                self.hold(c, job, poll.now, share.window, share.unknown)
             c.accrue(window=share.window, busy=share.busy, energy=share.energy,
                      memory=usage.memory.get(jobid, 0), processes=usage.processes.get(jobid, 0))
         return jobids
 
-    def hold(self, c: JobGpuCounters, job: Job, now: float, window: float) -> None:
-        c.hold(now, job.start_time, self.first_poll or now, window)
+    def hold(self, c: JobGpuCounters, job: Job, now: float, window: float,
+             unknown: float = 0.0) -> None:
+        c.hold(now, job.start_time, self.first_poll or now, window, unknown)
 
     def _counter(self, job: Job, target: GpuTarget) -> JobGpuCounters:
         return self.counters.counter((job.jobid, job.start_time), target.uuid, target.gpu)

@@ -74,6 +74,15 @@ class ProcessUtilSample:
 
 
 @dataclass(frozen=True)
+class BufferShape:
+    """What a read of a GPU's whole device-sample buffer found: how many samples it
+    holds and the oldest one's timestamp (None: it holds none)."""
+
+    held: int
+    oldest_us: int | None
+
+
+@dataclass(frozen=True)
 class DeviceReading:
     """One poll of one physical GPU. None means "not supported or not readable" for that field.
 
@@ -81,7 +90,8 @@ class DeviceReading:
     when there are none yet; None when the GPU has no utilization samples, e.g. MIG).
     Where a call found none newer than a cursor, ``util_buffer_newest_us`` /
     ``process_buffer_newest_us`` hold the newest timestamp the driver still has (None:
-    its buffer is empty), so a cursor ahead of the driver's clock shows. ``clocks``
+    its buffer is empty), so a cursor ahead of the driver's clock shows;
+    ``util_buffer`` what the whole device buffer held (None: not read whole). ``clocks``
     are the host's clocks read right after the sample calls (None: not read; the
     sampler then takes its own wall time).
     ``gpm_supported`` says whether the GPU has NVML GPM (Hopper and later); ``gpm``
@@ -107,6 +117,7 @@ class DeviceReading:
     process_samples: tuple[ProcessUtilSample, ...] | None = None
     util_buffer_newest_us: int | None = None
     process_buffer_newest_us: int | None = None
+    util_buffer: BufferShape | None = None
     clocks: HostClocks | None = None
     mig: tuple[MigInstance, ...] = ()
     gpm_supported: bool = False
@@ -120,11 +131,13 @@ class DeviceReading:
 @dataclass(frozen=True)
 class BufferRead:
     """One read of a GPU's sample buffers between two samples (gpu/buffers.py): the
-    samples newer than the cursors passed in; None where the GPU has none."""
+    samples newer than the cursors passed in; None where the GPU has none; and what the
+    whole device buffer held (None: not read whole)."""
 
     uuid: str
     util_samples: tuple[UtilSample, ...] | None = None
     process_samples: tuple[ProcessUtilSample, ...] | None = None
+    util_buffer: BufferShape | None = None
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 are kept in the state dir.
 
 A job run is a job id and its start time, so a job requeued onto the same node
-starts new counters. Allocated time is wall-clock time held; busy time and
-energy only ever grow, and stay absent only where the GPU cannot measure them.
+starts new counters. Allocated time is wall-clock time held less the unknown time
+(where the driver's samples may have been lost), so busy / allocated is a ratio of
+measured time; allocated + unknown is the time held. Both, busy time and energy
+only ever grow, and stay absent only where the GPU cannot measure them.
 """
 
 from __future__ import annotations
@@ -44,22 +46,23 @@ class JobGpuCounters:
 
     @property
     def allocated(self) -> float:
-        # Never below the sampled window, so that busy / allocated stays <= 1 even
-        # where the driver's clock runs a little ahead of the wall clock.
-        return max(self.held, self.window)
+        # Measured time held. Never below the sampled window, so that busy / allocated
+        # stays <= 1 where the driver's clock runs a little ahead of the wall clock.
+        # It only grows: each poll's unknown time is at most the time it adds to held.
+        return max(self.held - self.unknown, self.window)
 
-    def hold(self, now: float, start: float | None, first_poll: float, window: float) -> None:
-        """Count wall time (and the sampled window) for a job that holds the GPU."""
-        self.held += held_seconds(self.held_until, start, first_poll, now)
+    def hold(self, now: float, start: float | None, first_poll: float, window: float,
+             unknown: float = 0.0) -> None:
+        """Count wall time (and the sampled window) for a job that holds the GPU, and the
+        part of it that nothing measured (``unknown``: samples lost), which stays out of
+        allocated and busy time, counted on its own."""
+        added = held_seconds(self.held_until, start, first_poll, now)
+        self.held += added
         self.held_until = now
         self.window += window
-
-    def leave_out(self, seconds: float) -> None:
-        """Seconds of the job's time on the GPU that nothing measured (samples lost): not
-        in busy time nor in the sampled window, counted on their own. Allocated time stays
-        the wall time held (energy across restarts is counted against it)."""
-        if seconds > 0:
-            self.unknown += seconds
+        # At most what the poll held beyond its sampled window: driver and host clocks
+        # differ by a sample period or so, and measured time comes first.
+        self.unknown += min(max(0.0, unknown), max(0.0, added - window))
 
     def accrue(self, *, window: float, busy: float | None, energy: float | None,
                memory: int, processes: int) -> None:

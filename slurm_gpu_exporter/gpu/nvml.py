@@ -151,6 +151,7 @@ class NvmlBackend:
                 process_samples=procs[0] if procs else None,
                 util_buffer_newest_us=util[1] if util else None,
                 process_buffer_newest_us=procs[1] if procs else None,
+                util_buffer=util[2] if util else None,
                 clocks=clocks,
                 mig=mig,
                 gpm_supported=gpm_ok,
@@ -198,7 +199,8 @@ class NvmlBackend:
                                              errors)
             except (GpuLost, pynvml.NVMLError):
                 continue
-            out.append(BufferRead(d.uuid, util, procs))
+            out.append(BufferRead(d.uuid, util[0] if util else None, procs,
+                                  util[1] if util else None))
         return out
 
     # -- Xid events (own thread) -------------------------------------------

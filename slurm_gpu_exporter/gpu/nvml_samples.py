@@ -1,10 +1,12 @@
 """Reading one GPU's driver sample buffers through nvidia-ml-py.
 
 ``nvmlDeviceGetSamples`` and ``nvmlDeviceGetProcessUtilization`` return the
-samples newer than a ``lastSeenTimeStamp``. Where they return none, the buffer is
-read once more from 0 for its newest timestamp: a cursor ahead of it means the
-driver's clock went back (a clock step, a driver reload), which the integrator
-then corrects instead of waiting for the clock to catch up.
+samples newer than a ``lastSeenTimeStamp``. The device buffer is read whole (from
+0): how many samples it holds and its oldest tell its length (gpu/buffers.py), and
+where none is newer than the cursor, its newest timestamp shows a cursor ahead of
+it: the driver's clock went back (a clock step, a driver reload), which the
+integrator then corrects instead of waiting for the clock to catch up. Process
+samples are read from the cursor, and once more from 0 where there are none.
 """
 
 from __future__ import annotations
@@ -13,25 +15,27 @@ from typing import Any
 
 import pynvml
 
-from slurm_gpu_exporter.gpu.backend import ProcessUtilSample, UtilSample
+from slurm_gpu_exporter.gpu.backend import BufferShape, ProcessUtilSample, UtilSample
 
 Unsupported = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
 
 
 def util_samples(handle: Any, since_us: int, errors: list[str]
-                 ) -> tuple[tuple[UtilSample, ...], int | None] | None:
+                 ) -> tuple[tuple[UtilSample, ...], int | None, BufferShape] | None:
     """(device samples newer than ``since_us``, oldest first; where there are none, the
-    newest the driver holds), or None where the GPU has no utilization samples."""
-    samples = _device_samples_after(handle, since_us, errors)
+    newest the driver holds; what the whole buffer holds), or None where the GPU has no
+    utilization samples. One read of the whole buffer (from 0), which is how its length
+    is learned (gpu/buffers.py)."""
+    samples = _device_samples_after(handle, 0, errors)
     if samples is None:
         return None
+    every = sorted(samples, key=lambda s: s.timeStamp)
+    shape = BufferShape(len(every), int(every[0].timeStamp) if every else None)
     found = tuple(UtilSample(int(s.timeStamp), float(s.sampleValue.uiVal))
-                  for s in sorted(samples, key=lambda s: s.timeStamp)
-                  if s.timeStamp > since_us)
+                  for s in every if s.timeStamp > since_us)
     if found or not since_us:
-        return found, None
-    everything = _device_samples_after(handle, 0, errors) or ()
-    return (), max((int(s.timeStamp) for s in everything), default=None)
+        return found, None, shape
+    return (), int(every[-1].timeStamp) if every else None, shape
 
 
 def process_samples(handle: Any, since_us: int, errors: list[str]
@@ -49,14 +53,17 @@ def process_samples(handle: Any, since_us: int, errors: list[str]
 
 
 def util_samples_after(handle: Any, since_us: int, errors: list[str]
-                       ) -> tuple[UtilSample, ...] | None:
-    """The device samples newer than ``since_us``, oldest first, without the re-read
-    (a read between two polls); None where the GPU has none."""
-    samples = _device_samples_after(handle, since_us, errors)
+                       ) -> tuple[tuple[UtilSample, ...], BufferShape] | None:
+    """The device samples newer than ``since_us``, oldest first, and what the whole
+    buffer holds, without the re-read (a read between two polls); None where the GPU
+    has none."""
+    samples = _device_samples_after(handle, 0, errors)
     if samples is None:
         return None
-    return tuple(UtilSample(int(s.timeStamp), float(s.sampleValue.uiVal))
-                 for s in sorted(samples, key=lambda s: s.timeStamp) if s.timeStamp > since_us)
+    every = sorted(samples, key=lambda s: s.timeStamp)
+    return (tuple(UtilSample(int(s.timeStamp), float(s.sampleValue.uiVal))
+                  for s in every if s.timeStamp > since_us),
+            BufferShape(len(every), int(every[0].timeStamp) if every else None))
 
 
 def process_samples_after(handle: Any, since_us: int, errors: list[str]

@@ -117,7 +117,7 @@ class GpuSampler:
     def read_buffers(self) -> None:
         """Read the sample buffers alone, between two samples; the next sample counts
         what they held."""
-        reads = self.link.read_buffers(self.devices.buffers.cursors(self.devices.cursors))
+        reads = self.link.read_buffers(self.devices.buffers.read_cursors(self.devices.cursors))
         if reads:
             self.devices.keep_reads(reads, HostClocks.now())
 

@@ -9,6 +9,8 @@ the host's clock.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -70,3 +72,52 @@ def test_a_60_s_interval_over_a_20_s_buffer_counts_constant_and_bursty_load_exac
         assert value(text_b, "slurm_gpu_driver_events_total", gpu=gpu,
                      kind="buffer_overrun") is None
     assert bursty.integral(edge_a, edge_b) == pytest.approx(1200.0)  # two whole bursts
+
+
+def test_time_an_agent_stalled_past_the_buffer_is_unknown_not_idle_nor_allocated(
+    tmp_path: Path,
+) -> None:
+    """The agent stopped (SIGSTOP) for 12 s over a 5 s driver buffer: about 7 s of
+    samples are overwritten. That time is counted as unknown, on the GPU and the job,
+    and left out of allocated time as of busy time, so a job busy all the time still
+    reads 100 % busy; allocated plus unknown is the wall time held."""
+    fake = fake_nvml_or_skip(tmp_path / "nvml")
+    node = SynthNode(tmp_path / "node")
+    real0 = time.time()
+    fake.write(NvmlState(buffer_samples=30, sample_period_ms=167, devices=[
+        Device(0, processes=[Process(6301, GIB, sm=Pattern.constant(100), start_time=real0)]),
+    ]))  # fmt: skip
+    node.add_job(63, [6301], job_gpus="0", start_time=real0)
+    agent = Agent(node.agent_args(1.0), env=fake.env(), log_path=tmp_path / "agent.log")
+    try:
+        agent.wait_ready()
+        first = last_sample(wait_for(agent, lambda t: job_gpu(
+            t, "slurm_job_gpu_busy_seconds_total", 63, "0") is not None, 30, "busy time"))
+        # A buffer's length is known once it is seen full: polls 7 s apart, over 5 s.
+        text_a = wait_for(agent, lambda t: last_sample(t) >= first + 7, 30, "7 s of polls")
+        os.kill(agent.proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(12.0)  # the stall itself is the case under test
+        finally:
+            os.kill(agent.proc.pid, signal.SIGCONT)
+        resumed = last_sample(text_a) + 12.0
+        text_b = wait_for(agent, lambda t: last_sample(t) >= resumed + 3, 30, "3 samples after")
+    finally:
+        agent.stop()
+
+    def delta(name: str) -> float:
+        a, b = job_gpu(text_a, name, 63, "0"), job_gpu(text_b, name, 63, "0")
+        assert a is not None and b is not None, name
+        return b - a
+
+    busy, allocated = delta("slurm_job_gpu_busy_seconds_total"), delta(
+        "slurm_job_gpu_allocated_seconds_total")
+    unknown = delta("slurm_job_gpu_unknown_seconds_total")
+    held = last_sample(text_b) - last_sample(text_a)
+    print(f"\nbusy +{busy:.2f} s, allocated +{allocated:.2f} s, unknown +{unknown:.2f} s, "
+          f"held +{held:.2f} s")
+    assert 0.995 <= busy / allocated <= 1.0, (busy, allocated)
+    assert 12.0 - 5.0 - 2.0 <= unknown <= 12.0, unknown  # the stall less the buffer's 5 s
+    assert allocated + unknown == pytest.approx(held, abs=0.5)
+    device = value(text_b, "slurm_gpu_unknown_seconds_total", gpu="0")
+    assert device is not None and device >= unknown - 0.5

@@ -48,3 +48,20 @@ def test_state_round_trip_keeps_every_total() -> None:
     assert again.unattributed_busy == {("GPU-a", "bob"): pytest.approx(2.5)}
     again.prune_gpus({"GPU-b"})
     assert again.unattributed_busy == {}
+
+
+def test_unknown_time_is_held_but_not_allocated_and_allocated_never_shrinks() -> None:
+    c = JobGpuCounters("0")
+    c.hold(110.0, 100.0, 100.0, 10.0)
+    assert (c.allocated, c.unknown) == (10.0, 0.0)
+    c.hold(150.0, 100.0, 100.0, 20.0, unknown=20.0)  # 40 s held, 20 of them lost
+    assert (c.allocated, c.unknown, c.held) == (30.0, 20.0, 50.0)
+    # More unknown time than the poll held (a cursor from before a restart): only
+    # what was held counts, so allocated does not go back.
+    c.hold(155.0, 100.0, 100.0, 0.0, unknown=60.0)
+    assert (c.allocated, c.unknown) == (30.0, 25.0)
+    c.hold(156.0, 100.0, 100.0, 1.0, unknown=-3.0)
+    assert (c.allocated, c.unknown) == (31.0, 25.0)
+    # The driver's clock a little ahead: its window comes first, unknown takes the rest.
+    c.hold(166.0, 100.0, 100.0, 4.2, unknown=6.0)
+    assert c.unknown == pytest.approx(30.8) and c.allocated == pytest.approx(35.2)

@@ -22,7 +22,7 @@ class JobUsage:
     name: str = ""
     cluster: str = ""
     gpus: int = 0
-    allocated_s: float = 0.0  # GPU-seconds held in the window
+    allocated_s: float = 0.0  # GPU-seconds held in the window and measured
     busy_s: float = 0.0  # GPU-seconds busy in the window
     idle_gpus: int = 0  # GPUs held in the window and never busy
     gpu_memory_peak: float | None = None  # bytes, the largest of its GPUs
@@ -34,6 +34,7 @@ class JobUsage:
     # tensor-core and DRAM-bandwidth activity (GPM), over the same GPU-seconds
     tensor_active_s: float | None = None
     dram_active_s: float | None = None
+    unknown_s: float = 0.0  # GPU-seconds held where the driver's samples may have been lost
 
     @property
     def gpu_hours(self) -> float:
@@ -129,7 +130,7 @@ class GpuDetail:
 
     gpu: str
     uuid: str
-    allocated_s: float = 0.0
+    allocated_s: float = 0.0  # measured time held (the agent leaves unknown time out)
     busy_s: float = 0.0
     memory_peak: float | None = None
     memory_total: float | None = None
@@ -137,6 +138,7 @@ class GpuDetail:
     sm_active_s: float | None = None  # None: the GPU has no GPM (or shares it without MIG)
     tensor_active_s: float | None = None
     dram_active_s: float | None = None
+    unknown_s: float | None = None  # held where the driver's samples may have been lost
 
     @property
     def busy_ratio(self) -> float | None:
@@ -156,10 +158,11 @@ class GpuDetail:
 
     @property
     def power_mean_w(self) -> float | None:
-        """Mean power drawn while held: energy over the time held."""
-        if self.energy_j is None or self.allocated_s <= 0:
+        """Mean power drawn while held: energy over the time held (measured or not)."""
+        held = self.allocated_s + (self.unknown_s or 0.0)
+        if self.energy_j is None or held <= 0:
             return None
-        return self.energy_j / self.allocated_s
+        return self.energy_j / held
 
 
 @dataclass

@@ -22,6 +22,7 @@ from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample, gather
 
 ALLOCATED = "slurm_job_gpu_allocated_seconds_total"
+UNKNOWN = "slurm_job_gpu_unknown_seconds_total"  # held, not measured: not in ALLOCATED
 BUSY = "slurm_job_gpu_busy_seconds_total"
 ENERGY = "slurm_job_gpu_energy_joules_total"
 CPU_ENERGY = "slurm_job_cpu_energy_joules_total"  # by domain: package, dram
@@ -212,6 +213,8 @@ def job_queries(window: Window, jobids: list[str], filters: Filters) -> dict[str
         "memory_limit": f"max_over_time({s('slurm_job_memory_limit_bytes')}[{d}])",
         "allocated": f"max_over_time({s(ALLOCATED)}[{d}])",
         "allocated_base": base(ALLOCATED),
+        "unknown": f"max_over_time({s(UNKNOWN)}[{d}])",
+        "unknown_base": base(UNKNOWN),
         "busy": f"max_over_time({s(BUSY)}[{d}])",
         "busy_base": base(BUSY),
         "energy": f"max_over_time({s(ENERGY)}[{d}])",
@@ -271,6 +274,7 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
     mem_peak, mem_limit = per("memory_peak", *node_keys), per("memory_limit", *node_keys)
     alloc, alloc_base = per("allocated", *gpu_keys), per("allocated_base", *gpu_keys)
     busy, busy_base = per("busy", *gpu_keys), per("busy_base", *gpu_keys)
+    unknown, unknown_base = per("unknown", *gpu_keys), per("unknown_base", *gpu_keys)
     energy, energy_base = per("energy", *gpu_keys), per("energy_base", *gpu_keys)
     cpu_energy = _cpu_energy(per("cpu_energy", *node_keys, "domain"),
                              per("cpu_energy_base", *node_keys, "domain"))
@@ -317,6 +321,8 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
                 gpu=gkey[2], uuid=gkey[3],
                 allocated_s=max(0.0, alloc[gkey] - alloc_base.get(gkey, 0.0)),
                 busy_s=max(0.0, busy.get(gkey, 0.0) - busy_base.get(gkey, 0.0)),
+                unknown_s=max(0.0, unknown[gkey] - unknown_base.get(gkey, 0.0))
+                if gkey in unknown else None,
                 memory_peak=gpu_peak.get(gkey),
                 memory_total=gpu_total.get((instance, gkey[3])),
                 energy_j=(energy[gkey] - energy_base.get(gkey, 0.0)) if gkey in energy else None,
@@ -339,6 +345,7 @@ def _add_node(usage: JobUsage, node: NodeDetail, start: float | None,
     usage.gpus += len(node.gpus)
     usage.allocated_s += sum(g.allocated_s for g in node.gpus)
     usage.busy_s += sum(g.busy_s for g in node.gpus)
+    usage.unknown_s += sum(g.unknown_s or 0.0 for g in node.gpus)
     measured = [g for g in node.gpus if g.sm_active_s is not None]
     if measured:
         usage.sm_active_s = (usage.sm_active_s or 0.0) + sum(g.sm_active_s or 0.0

@@ -191,9 +191,10 @@ def _job_values(detail: JobDetail) -> dict[str, Any]:
         "cpu_energy_kwh": detail.cpu_energy_j / 3.6e6 if detail.cpu_energy_j is not None
         else None,
         "emissions_gco2e": detail.emissions_gco2e,
-        # mean power per GPU held: the energy over the GPU-seconds held
-        "gpu_power_mean_w": detail.energy_j / usage.allocated_s
-        if detail.energy_j is not None and usage.allocated_s > 0 else None,
+        "unmeasured_gpu_hours": usage.unknown_s / 3600,
+        # mean power per GPU held: the energy over the GPU-seconds held, measured or not
+        "gpu_power_mean_w": detail.energy_j / (usage.allocated_s + usage.unknown_s)
+        if detail.energy_j is not None and usage.allocated_s + usage.unknown_s > 0 else None,
     }
 
 

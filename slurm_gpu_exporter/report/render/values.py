@@ -119,6 +119,9 @@ def job_summary(detail: JobDetail) -> list[tuple[str, str]]:
     return [
         ("GPU busy", f"{show('busy_ratio', usage.busy_ratio)} over {usage.gpu_hours:.2f} "
                      f"GPU-hours"),
+        *([("GPU time unmeasured", f"{usage.unknown_s / 3600:.2f} GPU-hours (the driver's "
+                                   "samples may have been lost: neither busy nor idle)")]
+          if usage.unknown_s >= 36 else []),  # from 0.01 GPU-hours
         *sm_active,
         ("GPU memory peak", _gib_or_dash(usage.gpu_memory_peak)
          + (f" of {detail.gpu_memory_total / GIB:.0f} GiB" if detail.gpu_memory_total else "")),
