@@ -61,5 +61,5 @@ def test_a_whole_number_is_a_float_and_null_only_where_allowed() -> None:
     data["usage"]["busy_s"] = 5
     assert detail_from_data(data).usage.busy_s == 5.0
     data["now"] = None
-    with pytest.raises(DetailDataError, match="job.now: must not be null"):
+    with pytest.raises(DetailDataError, match=r"job\.now: must not be null"):
         detail_from_data(data)
