@@ -282,9 +282,7 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
             raise Refused(503, "archive_unavailable", "the job archive behind this proxy "
                           "cannot be read now; try again, or tell its admins") from None
         metrics.upstream_seconds.labels("archive_job").observe(time.perf_counter() - started)
-        body = job_archive.answer(found, request[SCOPE], jobid,
-                                  lambda status, reason, message: Refused(status, reason,
-                                                                          message))
+        body = job_archive.answer(found, request[SCOPE], jobid, Refused)
         metrics.requests.labels("archive_job", "200").inc()
         return web.json_response(body)
 
