@@ -250,7 +250,7 @@ def _with_archived(args: argparse.Namespace, details: list[JobDetail],
     """``details`` and the archived jobs, in the order asked, each with a note that it
     comes from the archive (``where``: the database, or the proxy it came through)."""
     order = {jobid: i for i, jobid in enumerate(args.jobids)}
-    for jobid in args.jobids:
+    for jobid in dict.fromkeys(args.jobids):  # an id asked twice is shown once
         for detail, archived_at in archived.get(jobid, []):
             # A note, so every format says it the way it says the rest of the job.
             detail.notes.insert(0, f"From the job archive ({where}, archived "
