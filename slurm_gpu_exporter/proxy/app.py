@@ -21,6 +21,8 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from slurm_gpu_exporter.proxy import archive as job_archive
+from slurm_gpu_exporter.proxy.archive import ArchiveReader, ArchiveUnavailable
 from slurm_gpu_exporter.proxy.check_pool import CheckBusy, CheckPool
 from slurm_gpu_exporter.proxy.config import ProxyConfig
 from slurm_gpu_exporter.proxy.enforce import QueryRefused, Scope, default_series_selectors
@@ -98,12 +100,14 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
              read_timeout: float = REQUEST_READ_TIMEOUT_S,
              checks: CheckPool | None = None,
              admin_checks: CheckPool | None = None,
-             munge: MungeDecoder | None = None) -> web.Application:
+             munge: MungeDecoder | None = None,
+             archive: ArchiveReader | None = None) -> web.Application:
     """The proxy application (tests start it on a random port). A request body must
     arrive within ``read_timeout`` seconds. Queries are checked in the worker processes
     of ``checks``, admins' in those of ``admin_checks``, so that no flood of slow
     queries from users makes an admin wait (both started and stopped with the app);
-    ``munge`` decodes munge credentials."""
+    ``munge`` decodes munge credentials; ``archive`` answers archived jobs
+    (archive.py)."""
     web_config = web_config or WebConfig()
     metrics = metrics or ProxyMetrics()
     upstream = URL(config.prometheus_url)
@@ -248,6 +252,44 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
         return await call_upstream("admin_passthrough", request.method, url, data=body,
                                    headers=headers)
 
+    async def archived_job(request: web.Request) -> web.Response:
+        """``GET /slurm-gpu/v1/jobs/<jobid>[?cluster=NAME]``: the archived job, if the
+        caller may see it (archive.py)."""
+        if request.method != "GET":
+            raise Refused(405, "method", f"{request.path} takes GET only")
+        jobid = request.match_info["jobid"]
+        if not job_archive.JOBID.fullmatch(jobid):
+            raise Refused(400, "bad_jobid", "a job id is digits, with _TASK or +COMPONENT "
+                          "at most (e.g. 12345, 12345_7)")
+        if set(request.query) - {"cluster"} or len(request.query.getall("cluster", [])) > 1:
+            raise Refused(400, "bad_request", "the only parameter is one cluster=NAME")
+        cluster = request.query.get("cluster")
+        if cluster is not None and not job_archive.CLUSTER.fullmatch(cluster):
+            raise Refused(400, "bad_request", "cluster must be a cluster name (letters, "
+                          "digits, ._-)")
+        if archive is None:
+            raise Refused(404, "no_archive", "this proxy serves no job archive; its admins "
+                          "can start it with --archive.url")
+        if archive.busy:
+            raise Refused(503, "busy", f"the proxy is reading the archive for too many "
+                          f"requests; retry in {RETRY_AFTER_S} s")
+        started = time.perf_counter()
+        try:
+            found = await archive.job(jobid, cluster)
+        except ArchiveUnavailable as exc:
+            log.warning("archive read of job %s failed: %s", jobid, exc)
+            metrics.upstream_errors.labels("archive_job").inc()
+            raise Refused(503, "archive_unavailable", "the job archive behind this proxy "
+                          "cannot be read now; try again, or tell its admins") from None
+        metrics.upstream_seconds.labels("archive_job").observe(time.perf_counter() - started)
+        body = job_archive.answer(found, request[SCOPE], jobid, Refused)
+        metrics.requests.labels("archive_job", "200").inc()
+        return web.json_response(body)
+
+    async def not_found(request: web.Request) -> web.Response:
+        raise Refused(404, "not_found", f"no such endpoint {request.path}; the archive's "
+                      "is /slurm-gpu/v1/jobs/<jobid>")
+
     async def own_metrics(request: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(),
                             content_type="text/plain", charset="utf-8")
@@ -273,6 +315,8 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
     app.router.add_get("/-/healthy", healthy)
     app.router.add_get("/-/ready", ready)
     app.router.add_get("/metrics", own_metrics)
+    app.router.add_route("*", job_archive.ROUTE, archived_job)
+    app.router.add_route("*", "/slurm-gpu/{tail:.*}", not_found)
     app.router.add_route("*", "/{tail:.*}", api)
     return app
 
@@ -287,6 +331,8 @@ def _label_values_name(path: str) -> str | None:
 
 
 def _endpoint_name(path: str) -> str:
+    if path.startswith("/slurm-gpu/"):
+        return "archive_job"
     if path in ENDPOINTS:
         return ENDPOINTS[path].name
     return "label_values" if _label_values_name(path) else "other"

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from slurm_gpu_exporter import __version__
 from slurm_gpu_exporter.proxy.app import make_app
+from slurm_gpu_exporter.proxy.archive import ArchiveReader, ArchiveSetupError
 from slurm_gpu_exporter.proxy.config import ConfigError, ProxyConfig, load_config
 from slurm_gpu_exporter.proxy.listener import ListenError, listen, parse_listen_address
 from slurm_gpu_exporter.proxy.munge import DEFAULT_SOCKET, MungeDecoder
@@ -52,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "the site's munged")
     p.add_argument("--munge.socket", dest="munge_socket", type=Path, default=DEFAULT_SOCKET,
                    help=f"munged's socket (default {DEFAULT_SOCKET})")
+    p.add_argument("--archive.url", dest="archive_url", metavar="URL",
+                   help="serve ended jobs from the job archive (sqlite:///PATH or "
+                        "postgresql://…, read only) at /slurm-gpu/v1/jobs/<jobid>; needs "
+                        "the archive extra")
+    p.add_argument("--archive.timeout", dest="archive_timeout", type=float, default=10.0,
+                   metavar="SECONDS", help="how long to wait for the archive (connection, "
+                                           "locks; default 10)")
     p.add_argument("--log.level", dest="log_level", default="info",
                    choices=["debug", "info", "warn", "error"])
     p.add_argument("--version", action="version", version=f"slurm-gpu-proxy {__version__}")
@@ -59,10 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str],
-                munge_socket: Path | None = None) -> int:
+                munge_socket: Path | None = None,
+                archive: ArchiveReader | None = None) -> int:
     metrics = ProxyMetrics()
     munge = MungeDecoder(munge_socket) if munge_socket else None
-    runner = web.AppRunner(make_app(config, web_config, metrics, munge=munge),
+    if archive is not None:
+        problem = await asyncio.to_thread(archive.check)
+        if problem:  # it may be made later (the first archive run): serve, and say so
+            log.warning("the job archive cannot be read yet: %s", problem)
+        else:
+            log.info("serving archived jobs from %s", archive.where)
+    runner = web.AppRunner(make_app(config, web_config, metrics, munge=munge,
+                                    archive=archive),
                            access_log=None,
                            handle_signals=False, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
                            lingering_time=LINGERING_TIME_S)
@@ -108,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         addresses = args.listen or [DEFAULT_LISTEN]
         for address in addresses:
             parse_listen_address(address)
-    except (ConfigError, WebConfigError, ValueError) as exc:
+        archive = (ArchiveReader(args.archive_url, args.archive_timeout)
+                   if args.archive_url else None)
+    except (ConfigError, WebConfigError, ValueError, ArchiveSetupError) as exc:
         print(f"slurm-gpu-proxy: {exc}", file=sys.stderr)
         return 2
     if not web_config.users and config.user_header is None and not args.munge:
@@ -120,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
               "install munge)", file=sys.stderr)
         return 2
     return asyncio.run(serve(config, web_config, addresses,
-                             args.munge_socket if args.munge else None))
+                             args.munge_socket if args.munge else None, archive))
 
 
 if __name__ == "__main__":

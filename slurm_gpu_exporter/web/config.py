@@ -108,6 +108,9 @@ class WebConfig:
     password_check: Callable[[bytes, bytes], bool] = bcrypt.checkpw
     _executor: ThreadPoolExecutor | None = None
     _pending: int = 0
+    # Checks running now, by cache key and event loop: the same credential sent on
+    # many connections at once (a report's concurrent queries) is checked once.
+    _inflight: dict[tuple[int, bytes], asyncio.Future[bool]] = field(default_factory=dict)
     # A hash of the users' cost that an unknown user's password is checked against,
     # so that the answer takes as long as for a known user with a wrong password.
     _dummy: bytes | None = None
@@ -158,14 +161,22 @@ class WebConfig:
         claim = self._to_verify(header)
         if isinstance(claim, bool):
             return claim
+        loop = asyncio.get_running_loop()
+        flight = (id(loop), claim[2])
+        running = self._inflight.get(flight)
+        if running is not None:
+            return await asyncio.shield(running)
         with self._lock:
             if self._pending >= MAX_PENDING_CHECKS:
                 raise AuthBusy(f"{self._pending} password checks are waiting")
             self._pending += 1
+        check = loop.run_in_executor(self._bcrypt_workers(), self._verify, *claim)
+        self._inflight[flight] = check
         try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._bcrypt_workers(), self._verify, *claim)
+            return await asyncio.shield(check)
         finally:
+            if self._inflight.get(flight) is check:
+                del self._inflight[flight]
             with self._lock:
                 self._pending -= 1
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from slurm_gpu_exporter.report.cli.client_config import ClientConfig, load_client_config
 from tests.support import free_port, move_aside, require, wait_until
 
 pytestmark = pytest.mark.process
@@ -83,6 +84,7 @@ class Node:
         self.epilog_d = base / "epilog.d"
         self.hook_dir = base / "libexec"
         self.slurm_conf = base / "slurm.conf"
+        self.client_config = base / "slurm-gpu-report" / "client.toml"
         # A controller nobody listens for: the reconfigure handler must find it silent.
         self.slurm_conf.write_text(
             "ClusterName=roletest\n"
@@ -112,6 +114,8 @@ class Node:
             "slurm_gpu_exporter_manage_slurm_conf": True,
             "slurm_gpu_exporter_sample_interval": 1,
             "slurm_gpu_exporter_extra_args": ["--slurm-lookup=off"],
+            "slurm_gpu_exporter_client_proxy_url": "https://proxy.example.org:9818",
+            "slurm_gpu_exporter_client_config": str(self.client_config),
         }
         self.runs = 0
 
@@ -142,7 +146,7 @@ class Node:
     def leftovers(self) -> list[str]:
         """What the role put on the node and still exists (the state dir is kept by design)."""
         candidates = [*GLOBAL_PATHS, self.spool, self.hook("prolog"), self.hook("epilog"),
-                      self.hook_dir]
+                      self.hook_dir, self.client_config]
         return [str(p) for p in candidates if p.exists() or p.is_symlink()]
 
 
@@ -272,6 +276,11 @@ def test_install_from_the_checkout(node: Node, installed: PlayResult) -> None:
         node.hook("epilog"): (0o755, 0), UNIT: (0o644, 0), DEFAULTS_FILE: (0o644, 0),
     }
     assert node.hook("prolog").read_bytes() == (REPO / "prolog/slurm-gpu-exporter.sh").read_bytes()
+    # the users' slurm-gpu-report reads the client config the role wrote
+    info = node.client_config.stat()
+    assert (info.st_mode & 0o7777, info.st_uid) == (0o644, 0)
+    assert load_client_config(node.client_config) == ClientConfig(
+        prometheus_url="https://proxy.example.org:9818", auth="munge")
     conf = node.slurm_conf.read_text().splitlines()
     assert f"Prolog={node.prolog_d}/*" in conf
     assert f"Epilog={node.epilog_d}/*" in conf

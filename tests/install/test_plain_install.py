@@ -190,6 +190,12 @@ def test_archive_commands_without_the_archive_say_which_extra_to_install(
         lines = run.stderr.strip().splitlines()
         assert len(lines) == 1 and ARCHIVE_MESSAGE in lines[0], (argv, run.stderr)
         assert f"{install.prefix}/bin/pip install 'slurm-gpu-exporter[archive]'" in lines[0]
+    # the proxy runs without the archive; its --archive.url says the same at start
+    run = _run([install.bin("slurm-gpu-proxy"), "--prometheus-url", dead, "--archive.url", db])
+    assert run.returncode == 2, (run.stdout, run.stderr)
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and ARCHIVE_MESSAGE in lines[0], run.stderr
+    assert f"{install.prefix}/bin/pip install 'slurm-gpu-exporter[archive]'" in lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -1,20 +1,51 @@
-"""The proxy is its own product: it reaches the agent's code only for the web config."""
+"""The proxy is its own product: it reaches the agent's code only for the web config,
+and the report's code only for the job archive (``--archive.url``), loaded inside
+functions of proxy/archive.py so that a plain install (no ``archive`` extra) runs it."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
-PROXY = Path(__file__).resolve().parents[2] / "slurm_gpu_exporter" / "proxy"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROXY = ROOT / "slurm_gpu_exporter" / "proxy"
 ALLOWED = {"slurm_gpu_exporter", "slurm_gpu_exporter.web.config"}
+# What archive.py may load, inside its functions only.
+ARCHIVE_ONLY = {"slurm_gpu_exporter.report.archive.store", "slurm_gpu_exporter.report.errors",
+                "slurm_gpu_exporter.report.figures.detail_data"}
+
+
+def _names(node: ast.AST) -> list[str]:
+    return ([a.name for a in node.names] if isinstance(node, ast.Import)
+            else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
 
 
 def test_the_proxy_imports_no_agent_module_but_the_web_config_reader() -> None:
     outside = set()
     for path in PROXY.glob("*.py"):
+        allowed = ALLOWED | (ARCHIVE_ONLY if path.name == "archive.py" else set())
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            outside |= {(path.name, n) for n in names if n.startswith("slurm_gpu_exporter")
-                        and not n.startswith("slurm_gpu_exporter.proxy") and n not in ALLOWED}
+            outside |= {(path.name, n) for n in _names(node)
+                        if n.startswith("slurm_gpu_exporter")
+                        and not n.startswith("slurm_gpu_exporter.proxy") and n not in allowed}
     assert not outside
+
+
+def test_the_archive_is_imported_only_inside_functions() -> None:
+    top = {n for node in ast.parse((PROXY / "archive.py").read_text()).body
+           for n in _names(node)}
+    assert not top & ARCHIVE_ONLY
+
+
+@pytest.mark.process
+def test_starting_the_proxy_loads_neither_the_report_nor_a_database_library() -> None:
+    code = ("import sys, slurm_gpu_exporter.proxy.cli\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', "
+            "'psycopg') or m.startswith('slurm_gpu_exporter.report')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "[]"

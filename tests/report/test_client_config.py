@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.report.cli.client_config import CLIENT_ENV, load_client_config
-from slurm_gpu_exporter.report.cli.flags import _connection, build_parser
+from slurm_gpu_exporter.report.cli.flags import build_parser, connection
 from slurm_gpu_exporter.report.errors import ReportError
 
 
 def _conn(argv: list[str]):  # type: ignore[no-untyped-def]
-    return _connection(build_parser().parse_args(["job", "1", *argv]))
+    return connection(build_parser().parse_args(["job", "1", *argv]))
 
 
 def test_client_config_gives_url_auth_and_ca(tmp_path: Path,

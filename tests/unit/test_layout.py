@@ -60,7 +60,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "report.cli": {TOP, "web", "report", "report.figures", "report.prometheus",
                    "report.slurm", "report.render", "report.notify", "report.archive",
                    "report.enforce", "report.remediate"},
-    "proxy": {TOP, "web"},  # only web.config: tests/proxy/test_boundary.py
+    # only web.config, and the job archive (with the figures it returns and its one
+    # exception) inside functions, for --archive.url: tests/proxy/test_boundary.py
+    "proxy": {TOP, "web", "report", "report.figures", "report.archive"},
     "mail": set(),  # MailProg: runs slurm-gpu-report as a command, imports none of it
     "training": set(),  # the client library jobs import: stdlib and prometheus-client
 }

@@ -157,3 +157,28 @@ def test_the_queue_of_password_checks_is_bounded() -> None:
 
     busy, refused = asyncio.run(flood())
     assert (busy, refused) == (5, MAX_PENDING_CHECKS)
+
+
+def test_one_credential_sent_on_many_connections_at_once_is_checked_once() -> None:
+    """A report's concurrent queries carry the same new credential: one bcrypt check
+    answers them all, and they do not fill the queue of checks."""
+    config = parse_web_config({"basic_auth_users": {"prom": HASH}}, Path("."))
+    release = threading.Event()
+    calls: list[bytes] = []
+
+    def check(password: bytes, hashed: bytes) -> bool:
+        calls.append(password)
+        release.wait(10)
+        return bcrypt.checkpw(password, hashed)
+
+    config.password_check = check
+
+    async def together() -> list[object]:
+        tasks = [asyncio.create_task(config.check_basic_auth_async(_basic("prom", "s3cret")))
+                 for _ in range(MAX_PENDING_CHECKS * 3)]
+        await asyncio.sleep(0.1)
+        release.set()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    assert asyncio.run(together()) == [True] * (MAX_PENDING_CHECKS * 3)
+    assert len(calls) == 1

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurm_gpu_exporter.report.cli.archive_open import archive_libraries
-from slurm_gpu_exporter.report.cli.flags import munge_auth, prometheus
+from slurm_gpu_exporter.report.cli.flags import connection, munge_auth, prometheus
 from slurm_gpu_exporter.report.cli.reports import (
     EXIT_UNKNOWN_JOB,
     job_report,
@@ -31,6 +31,7 @@ from slurm_gpu_exporter.report.figures.rules import Config, load_config
 from slurm_gpu_exporter.report.figures.window import Window, make_window
 from slurm_gpu_exporter.report.notify.notices import NotifyState, messages
 from slurm_gpu_exporter.report.notify.send import dry_run_text, send
+from slurm_gpu_exporter.report.prometheus.archived import archived_jobs
 from slurm_gpu_exporter.report.prometheus.queries import Filters
 from slurm_gpu_exporter.report.render import html, text
 from slurm_gpu_exporter.report.render.usage import render_usage
@@ -195,11 +196,27 @@ async def run_job(args: argparse.Namespace, config: Config, now: float) -> int:
         queries = prom.queries
     if unknown and args.db:
         details, unknown = _from_archive(args, details, unknown)
+    problem = None
+    not_yours: list[str] = []
+    if unknown:  # past retention: the archive behind slurm-gpu-proxy, if it has one
+        asked = await archived_jobs(connection(args), unknown, args.cluster)
+        details = _with_archived(args, details, asked.found, f"through {asked.url}")
+        unknown = [j for j in unknown if j not in asked.found and j not in asked.not_yours]
+        not_yours, problem = list(asked.not_yours), asked.problem
     if details:
         _write(args, render_jobs(details, args.format, queries))
+    if not_yours:
+        me = pwd.getpwuid(os.getuid()).pw_name
+        raise ReportError(f"job {', '.join(not_yours)} is not yours ({me}): the proxy shows "
+                          "each user only their own jobs; ask the job's owner or an admin",
+                          EXIT_NOT_YOURS)
     if unknown:
         if munge_auth(args):
             _refuse_others_jobs(unknown)
+        if problem:
+            raise ReportError(f"no metrics for job {', '.join(unknown)} in Prometheus in "
+                              f"the window, and {problem}; try again, or widen --since",
+                              EXIT_UNKNOWN_JOB)
         if args.db:
             raise ReportError(f"no metrics for job {', '.join(unknown)} in Prometheus in the "
                               "window, nor in the archive; check the id, or widen --since",
@@ -223,16 +240,25 @@ def _from_archive(args: argparse.Namespace, details: list[JobDetail], unknown: l
     """The jobs Prometheus has no samples of, from the archive, in the order asked."""
     with _open_archive(args, False, "job --db") as store:
         archived = store.details(unknown, args.cluster)
+    details = _with_archived(args, details, archived, store.where)
+    return details, [j for j in unknown if j not in archived]
+
+
+def _with_archived(args: argparse.Namespace, details: list[JobDetail],
+                   archived: dict[str, list[tuple[JobDetail, float]]], where: str
+                   ) -> list[JobDetail]:
+    """``details`` and the archived jobs, in the order asked, each with a note that it
+    comes from the archive (``where``: the database, or the proxy it came through)."""
     order = {jobid: i for i, jobid in enumerate(args.jobids)}
-    for jobid in unknown:
+    for jobid in dict.fromkeys(args.jobids):  # an id asked twice is shown once
         for detail, archived_at in archived.get(jobid, []):
             # A note, so every format says it the way it says the rest of the job.
-            detail.notes.insert(0, f"From the job archive ({store.where}, archived "
+            detail.notes.insert(0, f"From the job archive ({where}, archived "
                                    f"{when(archived_at)}): Prometheus has no samples of this "
                                    "job in the window.")
             details.append(detail)
     details.sort(key=lambda d: order.get(d.usage.jobid, len(order)))
-    return details, [j for j in unknown if j not in archived]
+    return details
 
 
 async def run_archive(args: argparse.Namespace, config: Config, now: float) -> int:

@@ -171,7 +171,7 @@ def _add_enforce_commands(sub: argparse._SubParsersAction) -> None:  # type: ign
     _prometheus_options(add_remediate_command(sub))
 
 
-def _connection(args: argparse.Namespace) -> Connection:
+def connection(args: argparse.Namespace) -> Connection:
     """The flags, then the environment, then the client config, then the defaults."""
     site = load_client_config()
     url = (args.prometheus_url or os.environ.get("SLURM_GPU_REPORT_PROMETHEUS_URL")
@@ -198,4 +198,4 @@ def _log_query(query: str) -> None:
 
 def prometheus(args: argparse.Namespace) -> PrometheusClient:
     """The client the Prometheus flags describe; each query is logged with --verbose."""
-    return PrometheusClient(_connection(args), on_query=_log_query)
+    return PrometheusClient(connection(args), on_query=_log_query)

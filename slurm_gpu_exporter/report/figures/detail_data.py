@@ -1,0 +1,90 @@
+"""A job's detail as plain data (JSON-ready) and back: what slurm-gpu-proxy's archive
+endpoint sends and ``job`` reads, so that a job from the archive through the proxy is
+rendered from the very figures ``job --db`` renders.
+
+Reading checks every field's type: the answer comes over the network, and a field of
+the wrong type is refused whole (DetailDataError), never half-used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+from slurm_gpu_exporter.report.figures.model import (
+    Accounting,
+    GpuDetail,
+    JobDetail,
+    JobUsage,
+    NodeDetail,
+)
+
+# The dataclasses a detail is made of; only these are built from data.
+_PARTS = (JobDetail, JobUsage, NodeDetail, GpuDetail, Accounting)
+MAX_NOTES = 100
+MAX_NODES = 10_000
+
+
+class DetailDataError(ValueError):
+    """The data is not a job detail; the message says which field is wrong."""
+
+
+def detail_to_data(detail: JobDetail) -> dict[str, Any]:
+    """The detail's own fields (no derived figures), nested: JSON-serialisable."""
+    return dataclasses.asdict(detail)
+
+
+def detail_from_data(data: Any) -> JobDetail:
+    """The detail ``detail_to_data`` made; DetailDataError when a field is missing,
+    unknown or of the wrong type."""
+    detail = _build(JobDetail, data, "job")
+    if len(detail.nodes) > MAX_NODES or len(detail.notes) > MAX_NOTES:
+        raise DetailDataError("job: more nodes or notes than a job has")
+    return detail
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise DetailDataError(f"{where}: not an object")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(fields)
+    if unknown:
+        raise DetailDataError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    values = {}
+    for name, field in fields.items():
+        if name not in data:
+            if (field.default is dataclasses.MISSING
+                    and field.default_factory is dataclasses.MISSING):
+                raise DetailDataError(f"{where}.{name}: missing")
+            continue
+        values[name] = _value(hints[name], data[name], f"{where}.{name}")
+    return cls(**values)
+
+
+def _value(hint: Any, value: Any, where: str) -> Any:
+    """``value`` checked against the field's type ``hint``."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise DetailDataError(f"{where}: must not be null")
+    for option in options:
+        if option is type(None):
+            continue
+        if typing.get_origin(option) is list:
+            if not isinstance(value, list):
+                raise DetailDataError(f"{where}: not a list")
+            (item,) = typing.get_args(option)
+            return [_value(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        if option in _PARTS:
+            return _build(option, value, where)
+        if isinstance(value, bool):
+            break  # JSON true/false is no number nor text here
+        if option is float and isinstance(value, (int, float)):
+            return float(value)
+        if option in (int, str) and isinstance(value, option):
+            return value
+    raise DetailDataError(f"{where}: wrong type ({type(value).__name__})")

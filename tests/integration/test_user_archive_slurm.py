@@ -1,0 +1,172 @@
+"""A job older than Prometheus' retention, on the real cluster: sgeuser's and sgeuser2's
+GPU jobs run, are scraped by a real Prometheus and archived by ``slurm-gpu-report
+archive`` (with sacct); then a new, empty Prometheus (the data past retention) behind
+the real ``slurm-gpu-proxy --munge --archive.url``. sgeuser runs ``slurm-gpu-report
+job`` as sgeuser (runuser, a munge credential per request from the cluster's munged)
+and gets her archived figures; sgeuser2's job is a clear refusal; root through the
+proxy gets the figures ``job --db`` gives."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.agent import Agent
+from tests.daemons import Daemon, Prometheus
+from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.integration.slurmcluster import SlurmCluster
+from tests.integration.test_user_report_slurm import AS_USER, REPO, SITE_PACKAGES
+from tests.munge import SITE_SOCKET, credential
+from tests.proxy.stack import request, write_configs
+from tests.support import free_port, wait_until
+
+pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
+              pytest.mark.prometheus]
+
+BIN = Path(sys.executable).parent
+OWNER, OTHER = "sgeuser", "sgeuser2"
+
+
+@dataclass
+class Setup:
+    cluster: SlurmCluster
+    empty: Prometheus
+    proxy: Daemon
+    db: str
+    client_config: Path
+    jobs: dict[str, int]  # user -> job id
+
+    def as_user(self, user: str, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp",
+               "SLURM_CONF": str(self.cluster.slurm_conf),
+               "PYTHONPATH": f"{REPO}:{SITE_PACKAGES}",
+               "SLURM_GPU_REPORT_CLIENT": str(self.client_config)}
+        return subprocess.run(
+            [shutil.which("runuser") or "/usr/sbin/runuser", "-u", user, "--", "env", "-i",
+             *(f"{k}={v}" for k, v in env.items()), "/usr/bin/python3", "-c", AS_USER,
+             *args], capture_output=True, text=True, timeout=120, check=False, cwd="/")
+
+    def as_root(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN / "slurm-gpu-report"), *args], capture_output=True,
+                              text=True, timeout=120, check=False,
+                              env={**self.cluster.env, "PATH": "/usr/bin:/bin",
+                                   "SLURM_GPU_REPORT_CLIENT": "/nonexistent"})
+
+
+@pytest.fixture(scope="module")
+def setup(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[Setup]:
+    work = tmp_path_factory.mktemp("user-archive")
+    public = Path(tempfile.mkdtemp(prefix="sge-client-", dir="/tmp"))
+    public.chmod(0o755)
+    fake = fake_nvml_or_skip(work / "nvml")
+    devices = [Device(index=i, minor=i) for i in range(4)]
+    fake.write(NvmlState(devices=devices))
+    jobs = {user: slurm_cluster.submit("sleep 12\n", user=user, gres=gres)
+            for user, gres in ((OWNER, "gpu:2"), (OTHER, "gpu:1"))}
+    started: list = []
+    try:
+        agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir),
+                       "--state-dir", str(work / "state"), "--sample-interval", "1",
+                       "--slurm-lookup", "cli", "--node-name", slurm_cluster.node_name],
+                      env={**fake.env(), **slurm_cluster.env}, log_path=work / "agent.log")
+        started.append(agent)
+        live = Prometheus("prometheus", {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "slurm-gpu", "static_configs": [
+                {"targets": [f"127.0.0.1:{agent.port}"]}]}]}, work / "prom-live")
+        started.append(live)
+        agent.wait_ready()
+        live.wait_ready()
+        for jobid in jobs.values():
+            slurm_cluster.wait_state(jobid, "RUNNING", timeout=30)
+        pid = wait_until(lambda: slurm_cluster.command_pid(jobs[OWNER], "sleep"), 15, "the sleep")
+        gpus = wait_until(lambda: slurm_cluster.spool_gpus(jobs[OWNER]), 15, "the GPUs")
+        devices[gpus[0]].processes = [Process(pid, 2 << 30, sm=Pattern.constant(100))]
+        fake.write(NvmlState(devices=devices))
+        for jobid in jobs.values():
+            slurm_cluster.wait_finished(jobid, timeout=60)
+        slurm_cluster.wait_accounted(jobs.values())
+        ids = "|".join(map(str, jobs.values()))
+        live.wait_for(f'count(last_over_time(slurm_job_end_time_seconds{{jobid=~"{ids}"}}'
+                      "[10m])) == 2", timeout=30)
+        db = f"sqlite:///{work / 'archive.sqlite'}"
+        archived = subprocess.run([str(BIN / "slurm-gpu-report"), "archive", "--since", "10m",
+                                   "--db", db, "--prometheus-url", live.url],
+                                  capture_output=True, text=True, timeout=120, check=False,
+                                  env={**slurm_cluster.env, "PATH": "/usr/bin:/bin"})
+        assert archived.returncode == 0, archived.stderr
+        live.stop()
+        empty = Prometheus("prometheus-empty", {"global": {"scrape_interval": "15s"}},
+                           work / "prom-empty")
+        started.append(empty)
+        web, proxy_config, _ = write_configs(work)
+        port = free_port()
+        proxy = Daemon("proxy", [
+            str(BIN / "slurm-gpu-proxy"), "--prometheus-url", empty.url,
+            "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web),
+            "--config", str(proxy_config), "--admin", "root", "--munge",
+            f"--munge.socket={SITE_SOCKET}", "--archive.url", db], port, work)
+        started.append(proxy)
+        empty.wait_ready()
+        proxy.wait_ready()
+        client = public / "client.toml"
+        client.write_text(f'prometheus_url = "{proxy.url}"\nauth = "munge"\n')
+        client.chmod(0o644)
+        yield Setup(slurm_cluster, empty, proxy, db, client, jobs)
+    finally:
+        for thing in reversed(started):
+            thing.stop()
+        for jobid in jobs.values():
+            slurm_cluster.cancel(jobid)
+        shutil.rmtree(public, ignore_errors=True)
+
+
+def _figures(run: subprocess.CompletedProcess[str]) -> dict:
+    assert run.returncode == 0, run.stderr
+    (job,) = json.loads(run.stdout)["jobs"]
+    return job
+
+
+def _without_notes(job: dict) -> dict:
+    return {k: v for k, v in job.items() if k != "notes"}
+
+
+def test_the_owner_gets_her_archived_job_and_root_the_same_figures(setup: Setup) -> None:
+    jobid = str(setup.jobs[OWNER])
+    direct = _figures(setup.as_root("job", jobid, "--format", "json", "--db", setup.db,
+                                    "--prometheus-url", setup.empty.url))
+    mine = _figures(setup.as_user(OWNER, "job", jobid, "--format", "json"))
+    assert mine["user"] == OWNER and mine["gpus"] == 2
+    assert 0.2 < mine["busy_ratio"] < 0.55, mine
+    assert mine["notes"][0].startswith(f"From the job archive (through {setup.proxy.url}, ")
+    assert _without_notes(mine) == _without_notes(direct)
+    assert mine["notes"][1:] == direct["notes"][1:]
+    root = _figures(setup.as_root("job", jobid, "--format", "json", "--prometheus-url",
+                                  setup.proxy.url, "--auth", "munge"))
+    assert root == mine
+    table = setup.as_user(OWNER, "job", jobid)
+    assert table.returncode == 0 and "From the job archive" in table.stdout, table.stderr
+
+
+def test_another_users_archived_job_is_a_clear_refusal(setup: Setup) -> None:
+    theirs = str(setup.jobs[OTHER])
+    run = setup.as_user(OWNER, "job", theirs)
+    assert run.returncode == 10, (run.returncode, run.stdout, run.stderr)
+    assert f"job {theirs} is not yours ({OWNER})" in run.stderr, run.stderr
+    assert run.stdout == ""
+    # the endpoint itself, with the other user's own munge credential
+    url = f"{setup.proxy.url}/slurm-gpu/v1/jobs/{setup.jobs[OWNER]}"
+    answer = request(url, {"Authorization": f"Munge {credential(OTHER)}"})
+    assert answer.status == 403 and answer.body["errorType"] == "not_yours", answer.text
+    assert OWNER not in answer.text
+    own = request(url, {"Authorization": f"Munge {credential(OWNER)}"})
+    assert own.status == 200 and own.body["data"]["jobs"][0]["user"] == OWNER
