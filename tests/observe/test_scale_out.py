@@ -128,7 +128,6 @@ def enforce_runs(fleet: tuple[Topologies, Path]) -> dict[str, EnforceRun]:
               f" - min_over_time({ALLOCATED}[{ENFORCE_WINDOW}s]))")
 
     def filled() -> bool:  # enforce needs 0.8 of the window covered; ask for more
-
         return all(answer and float(answer[0]["value"][1]) >= 0.85 * ENFORCE_WINDOW
                    for answer in (tops.one.vector(gained), tops.store.vector(gained)))
 
