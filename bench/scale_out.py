@@ -52,6 +52,16 @@ def samples_in(body: bytes) -> int:
     return sum(1 for line in body.split(b"\n") if line and not line.startswith(b"#"))
 
 
+def families_of_job(body: bytes) -> dict[str, int]:
+    """Series per family among a node's samples that carry a ``jobid``."""
+    counts: dict[str, int] = {}
+    for line in body.split(b"\n"):
+        if line and not line.startswith(b"#") and b'jobid="' in line:
+            name = line.split(b"{", 1)[0].decode()
+            counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def series_per_node() -> dict[str, object]:
     now = time.time()
     out: dict[str, object] = {}
@@ -61,6 +71,8 @@ def series_per_node() -> dict[str, object]:
         empty = samples_in(Fleet(FleetMix(nodes=1, jobs_per_node=0, epoch=now)).body(0, now))
         out[f"8gpu_{jobs}jobs"] = {"series": n, "per_job": round((n - empty) / jobs, 1)}
     out["8gpu_0jobs"] = {"series": empty}
+    one = Fleet(FleetMix(nodes=1, jobs_per_node=1, epoch=now - 600)).body(0, now)
+    out["1job_8gpus_by_family"] = families_of_job(one)
     mig = Fleet(FleetMix(nodes=1, mig_share=1.0, epoch=now - 600))
     out["8gpu_mig7_8jobs"] = {"series": samples_in(mig.body(0, now))}
     long_name = Fleet(FleetMix(nodes=1, name_pad=10_000, epoch=now - 600)).body(0, now)
@@ -187,11 +199,13 @@ def main() -> None:
     p.add_argument("--interval", type=int, default=30)
     p.add_argument("--window", type=int, default=150)
     p.add_argument("--tag", default="", help="write results/scale_out_<tag>.json")
+    p.add_argument("--series-only", action="store_true",
+                   help="only the series per node and job (no daemons: seconds)")
     a = p.parse_args()
     figures: dict[str, object] = {"yardstick_s_before": yardstick(),
                                   "load_start": [round(x, 2) for x in os.getloadavg()],
                                   "series_per_node": series_per_node()}
-    for n in (int(x) for x in a.nodes.split(",")):
+    for n in (int(x) for x in ([] if a.series_only else a.nodes.split(","))):
         figures[f"live_{n}"] = live(n, a.interval, a.window)
         print(n, figures[f"live_{n}"], flush=True)
     figures["yardstick_s_after"] = yardstick()

@@ -4,9 +4,12 @@ The fleet simulator's exposition (the agent's own code) of N nodes of 8 GPUs and
 each, at 4 times 15 minutes apart over the last 45 minutes, is imported into a fresh
 VictoriaMetrics (``/api/v1/import/prometheus``, each node with its ``instance``, ``job``
 and ``cluster`` labels as a scrape would add them). Then, against the store, timed end to
-end: ``slurm-gpu-report low-util --since 2h`` and ``job`` of 20 jobs, and the instant
-queries ``enforce`` asks each run (its decisions need Slurm's running jobs, which the
-simulated jobs are not). Load average and a fixed Python loop are kept with the figures.
+end: ``slurm-gpu-report low-util --since 2h``, ``job`` of 20 jobs, and ``enforce
+--format json`` (a dry run of a policy with a 60 and a 120 minute window: 11 queries),
+Slurm's running jobs coming from a stand-in ``squeue --json`` that lists every simulated
+job running at the end (its parse is part of the run, as a real one's would be); and,
+for comparison with earlier runs, enforce's instant queries one after another. Load
+average and a fixed Python loop are kept with the figures.
 
     .venv/bin/python bench/store_backfill.py [--jobs 10000,100000]
 """
@@ -17,6 +20,7 @@ import argparse
 import importlib
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -30,12 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import record
 from bench.scale_out import du, yardstick
 from slurm_gpu_exporter.exposition.rendered import Exposition
-from slurm_gpu_exporter.sim.fleet import FleetMix, snapshot
+from slurm_gpu_exporter.sim.fleet import FleetMix, slot_jobs, snapshot
 from tests.observe.topology import VM_FLAGS, VictoriaMetrics
 
 REPORT = Path(sys.executable).parent / "slurm-gpu-report"
 JOBS_PER_NODE = 32
 STEPS = (45 * 60, 30 * 60, 15 * 60, 0)
+ENFORCE_POLICY = """
+[idle]
+warn_after = ["60m"]
+cancel_after = "120m"
+"""
 
 
 def _timestamped(body: bytes, ms: int) -> bytes:
@@ -94,6 +103,50 @@ def timed_report(url: str, *args: str) -> dict[str, object]:
     return out
 
 
+def squeue_stand_in(mix: FleetMix, now: float, where: Path) -> Path:
+    """A directory holding a ``squeue`` that prints every job running at ``now`` as
+    ``squeue --json`` (23.11's shape) would."""
+    jobs = []
+    for node in range(mix.nodes):
+        for job in slot_jobs(mix, node, now):
+            if job.end is not None:
+                continue
+            info = job.info
+            jobs.append({"job_id": int(info.jobid), "user_name": info.user,
+                         "account": info.account, "partition": info.partition,
+                         "qos": info.qos, "name": info.name, "job_state": ["RUNNING"],
+                         "start_time": {"set": True, "number": int(job.start)},
+                         "job_resources": {"nodes": {"allocation": [
+                             {"name": f"gpu{node:05d}"}]}},
+                         "tres_alloc_str": f"cpu=8,gres/gpu={len(job.devices)}"})
+    bin_dir = where / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (where / "squeue.json").write_text(json.dumps({"jobs": jobs}))
+    script = bin_dir / "squeue"
+    script.write_text(f"#!/bin/sh\nexec cat {where / 'squeue.json'}\n")
+    script.chmod(stat.S_IRWXU)
+    return bin_dir
+
+
+def timed_enforce(url: str, where: Path, bin_dir: Path) -> dict[str, object]:
+    policy = where / "policy.toml"
+    policy.write_text(ENFORCE_POLICY)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    start = time.perf_counter()
+    run = subprocess.run([str(REPORT), "enforce", "--policy", str(policy), "--format", "json",
+                          "--prometheus-url", url, "--state-file", str(where / "enforce.json")],
+                         capture_output=True, text=True, timeout=1200, check=False, env=env)
+    out: dict[str, object] = {"seconds": round(time.perf_counter() - start, 2),
+                              "rc": run.returncode}
+    if run.returncode in (0, 7):  # 7: some jobs doubtful (no `up` series were imported)
+        answer = json.loads(run.stdout)
+        out["decisions"] = len(answer["decisions"])
+        out["queries"] = answer["queries"]
+    else:
+        out["stderr"] = run.stderr[-300:]
+    return out
+
+
 def timed_queries(url: str, queries: dict[str, str]) -> dict[str, object]:
     start = time.perf_counter()
     series = 0
@@ -115,8 +168,8 @@ def run(jobs: int, reuse: Path | None = None, flags: tuple[str, ...] = ()) -> di
         store.wait_ready()
         out: dict[str, object] = {"jobs": jobs, "load_before": list(os.getloadavg()),
                                   "data": str(base), "store_flags": list(VM_FLAGS + flags)}
+        now = time.time() - 60  # past the store's latency offset
         if reuse is None:
-            now = time.time() - 60  # past the store's latency offset
             out["backfill"] = backfill(store, nodes, now)
             urllib.request.urlopen(f"{store.url}/internal/force_flush", timeout=120).read()
             time.sleep(5)
@@ -126,6 +179,9 @@ def run(jobs: int, reuse: Path | None = None, flags: tuple[str, ...] = ()) -> di
         out["low_util_2h"] = timed_report(store.url, "low-util", "--since", "2h")
         out["job_x20"] = timed_report(store.url, "job", *ids[:20], "--since", "2h",
                                       "--no-sacct")
+        bin_dir = squeue_stand_in(FleetMix(nodes=nodes, jobs_per_node=JOBS_PER_NODE,
+                                           epoch=now - 3600), now, base)
+        out["enforce"] = timed_enforce(store.url, base, bin_dir)
         out["enforce_queries"] = timed_queries(store.url, _enforce_queries())
         out["load_after"] = list(os.getloadavg())
         if any(isinstance(v, dict) and v.get("rc") for v in out.values()):

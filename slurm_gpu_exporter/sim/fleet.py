@@ -10,8 +10,10 @@ Jobs sit in slots: a node runs ``jobs_per_node`` slots, each a sequence of jobs 
 after another (``churn_per_hour`` job starts per node and hour; 0: jobs never end).
 A job's GPU use is constant over its life (one of ``PROFILES``), so a ratio (busy over
 held) is the same whatever the scrape's phase; an ended job lingers with its last
-values for ``linger_s`` seconds, as the agent's ``--job-linger`` does. Not simulated:
-training-relay series (jobs push those) and Xid or ECC events.
+values for ``linger_s`` seconds, as the agent's ``--job-linger`` does. Unknown time
+(lost driver samples) is 0 wherever there is busy time, as on a healthy agent; one GPU
+in ten has seen one driver event (a stamp jitter), one in fifty an Xid. Not simulated:
+training-relay series (jobs push those) and ECC errors.
 """
 
 from __future__ import annotations
@@ -214,6 +216,7 @@ def snapshot(mix: FleetMix, node: int, now: float) -> Snapshot:
             job_gpus.append(JobGpuSample(
                 job=JobInfo(jobid=job.info.jobid, user=job.info.user), gpu=gpu, uuid=dev_uuid,
                 allocated_seconds=round(t, 3), busy_seconds=busy,
+                unknown_seconds=None if busy is None else 0.0,
                 utilization=(job.profile.busy if running else 0.0) if not mig else None,
                 memory_used_bytes=memory if running else 0, memory_peak_bytes=memory,
                 energy_joules=None if mig else round((70 + 500 * job.profile.busy) * t, 3),
@@ -270,10 +273,16 @@ def _device_figures(d: GpuSample, busy: dict[str, float], memory: dict[str, int]
                    memory_used_bytes=used, power_watts=70 + 500 * util,
                    energy_joules=round(300 * age, 3), temperature_celsius=40 + 30 * util,
                    ecc_corrected=0, ecc_uncorrected=0, xid_errors=xid_errors,
+                   unknown_seconds=0.0, driver_events=_driver_events(d),
                    activity_seconds=(("fp64_active", round(0.05 * age, 3)),
                                      ("sm_active", round(0.4 * age, 3))),
                    traffic_bytes=(("nvlink_receive", round(5e8 * age, 3)),
                                   ("pcie_transmit", round(1e9 * age, 3))))
+
+
+def _driver_events(d: GpuSample) -> tuple[tuple[str, int], ...]:
+    """One GPU in ten has had one sample stamped a little off by its driver."""
+    return (("stamp_jitter", 1),) if _hash("events", d.uuid) % 10 == 0 else ()
 
 
 def _xids(mix: FleetMix, node: int, d: GpuSample) -> tuple[tuple[int, int], ...]:

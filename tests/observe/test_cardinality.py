@@ -2,7 +2,7 @@
 
 Three simulated nodes on one Prometheus built from ``scale-out/shard.yml``: an ordinary
 node (8 GPUs, 8 jobs), a node whose jobs have names of 10,000 characters, and a node
-running 1,000 jobs (21,000 series, past ``sample_limit``). The big node's scrape fails as
+running 1,000 jobs (24,000 series, past ``sample_limit``). The big node's scrape fails as
 a whole (``up`` 0, nothing of it stored) and the others are untouched; the agent cuts the
 long names to 256 characters, under ``label_value_length_limit``.
 """

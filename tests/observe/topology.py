@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.daemons import DEPLOY, Daemon, Prometheus, http_json, tool
+from tests.daemons import DEPLOY, Daemon, Prometheus, end_process, http_json, tool
 from tests.support import free_port, wait_until
 
 SHARD_EXAMPLE = DEPLOY / "prometheus" / "scale-out" / "shard.yml"
@@ -87,8 +88,11 @@ class FleetProcess:
     targets: Path
     args: list[str]
     proc: subprocess.Popen = field(init=False)
+    spawned: float = field(init=False)  # the fleet's clock starts after this...
+    listening: float = field(init=False)  # ...and before this
 
     def __post_init__(self) -> None:
+        self.spawned = time.time()
         self.log = self.targets.with_suffix(".log").open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "slurm_gpu_exporter.sim.fleet_server",
@@ -96,16 +100,11 @@ class FleetProcess:
             stdout=self.log, stderr=subprocess.STDOUT)
         wait_until(lambda: self.targets.exists() or self.proc.poll() is not None, 60,
                    "the fleet's targets file", poll=0.2)
+        self.listening = time.time()
         assert self.proc.poll() is None, self.targets.with_suffix(".log").read_text()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        end_process(self.proc)
         self.log.close()
 
 

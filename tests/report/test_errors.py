@@ -94,9 +94,10 @@ def test_prometheus_http_error_with_its_message(capsys: pytest.CaptureFixture[st
                                                 server: Callable[[Answer], str]) -> None:
     url = server(lambda h: _json(h, 503, {"status": "error", "errorType": "unavailable",
                                           "error": "TSDB not ready"}))
-    code, _, err = run(capsys, "job", "12", "--prometheus-url", url)
+    # One retry (0.5 s): the default three would wait 3.5 s for the same line.
+    code, _, err = run(capsys, "job", "12", "--prometheus-url", url, "--retries", "1")
     assert code == 4
-    assert_one_line(err, "HTTP 503", "TSDB not ready")
+    assert_one_line(err, "HTTP 503", "TSDB not ready", "2 tries")
 
 
 def test_http_error_without_an_api_answer(capsys: pytest.CaptureFixture[str],

@@ -16,6 +16,11 @@ from slurm_gpu_exporter.report.cli.client_config import (
 )
 from slurm_gpu_exporter.report.cli.remediate import add_remediate_command
 from slurm_gpu_exporter.report.prometheus.client import Connection, PrometheusClient, read_secret
+from slurm_gpu_exporter.report.prometheus.retry import (
+    DEFAULT_MAX_CONCURRENT,
+    DEFAULT_RETRIES,
+    RetryPolicy,
+)
 from slurm_gpu_exporter.report.slurm.munge import munge_credential
 
 log = logging.getLogger("slurm_gpu_exporter.report")
@@ -38,6 +43,14 @@ def _prometheus_options(parser: argparse.ArgumentParser) -> None:
                       help="munge: sign in to slurm-gpu-proxy --munge as yourself with a "
                            "munge credential (default from the client config, else none)")
     conn.add_argument("--timeout", type=float, help="seconds per query (default 30)")
+    conn.add_argument("--max-concurrent-queries", type=_positive, metavar="N",
+                      default=DEFAULT_MAX_CONCURRENT,
+                      help="queries in flight at once (default "
+                           f"{DEFAULT_MAX_CONCURRENT}); keep it under the store's own "
+                           "limit (VictoriaMetrics: -search.maxConcurrentRequests)")
+    conn.add_argument("--retries", type=_count, metavar="N", default=DEFAULT_RETRIES,
+                      help="times a query is tried again when the server answers 503 or "
+                           f"429 (busy), after its Retry-After (default {DEFAULT_RETRIES})")
     conn.add_argument("--username", help="basic auth user")
     conn.add_argument("--password-file", help="basic auth password, first line of this file")
     conn.add_argument("--bearer-token-file", help="bearer token, first line of this file")
@@ -46,6 +59,23 @@ def _prometheus_options(parser: argparse.ArgumentParser) -> None:
     conn.add_argument("--key-file", help="client certificate key (TLS)")
     conn.add_argument("--insecure-skip-verify", action="store_true",
                       help="do not verify Prometheus' TLS certificate")
+
+
+def _positive(text: str) -> int:
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
 
 
 def _db(parser: argparse.ArgumentParser, default: str | None) -> None:
@@ -184,7 +214,9 @@ def connection(args: argparse.Namespace) -> Connection:
         cert_file=args.cert_file, key_file=args.key_file,
         insecure_skip_verify=args.insecure_skip_verify,
         munge_credential=functools.partial(munge_credential, site.munge_socket)
-        if auth == "munge" else None)
+        if auth == "munge" else None,
+        max_concurrent=args.max_concurrent_queries,
+        retry=RetryPolicy(retries=args.retries))
 
 
 def munge_auth(args: argparse.Namespace) -> bool:

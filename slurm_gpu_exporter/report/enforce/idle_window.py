@@ -148,6 +148,10 @@ def jobs_from_answers(answers: dict[str, list[Sample]], windows_s: tuple[float, 
     fresh = _per_gpu(answers["fresh"])
     up = _per_instance(answers["up"])
     last_sample = _per_instance(answers["last_sample"])
+    # Each window's answers indexed once: per job they would cost jobs x series.
+    by_window = [(seconds, _per_gpu(answers[f"busy_{_range(seconds)}"]),
+                  _per_gpu(answers[f"allocated_{_range(seconds)}"]),
+                  _per_instance(answers[f"nvml_{_range(seconds)}"])) for seconds in windows_s]
     for job in jobs.values():
         job.gpus.sort()
         job.doubts = _doubts_now(job, fresh, up, last_sample, now)
@@ -155,11 +159,8 @@ def jobs_from_answers(answers: dict[str, list[Sample]], windows_s: tuple[float, 
                      <= STALE_AFTER_S]
         if job.start is None:
             job.doubts.append("no start time in the metrics")
-        for seconds in windows_s:
-            d = _range(seconds)
-            job.windows.append(_window(job, seconds, _per_gpu(answers[f"busy_{d}"]),
-                                       _per_gpu(answers[f"allocated_{d}"]),
-                                       _per_instance(answers[f"nvml_{d}"]), busy_fraction))
+        for seconds, busy, allocated, nvml in by_window:
+            job.windows.append(_window(job, seconds, busy, allocated, nvml, busy_fraction))
     return sorted(jobs.values(), key=lambda j: (len(j.jobid), j.jobid))
 
 

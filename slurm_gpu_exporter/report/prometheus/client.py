@@ -2,7 +2,9 @@
 
 Instant and range queries over aiohttp, with basic auth, a bearer token and TLS
 options, a timeout per query, and a count of the queries made (the report's cost
-does not grow with the number of jobs, and this count shows it). Every failure
+does not grow with the number of jobs, and this count shows it). At most
+``max_concurrent`` queries are in flight at once, however many the caller gathers,
+and a busy answer (503, 429) is tried again as ``retry.py`` says. Every failure
 becomes a ReportError with one line that says what to do.
 """
 
@@ -10,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
+import logging
 import math
 import ssl
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,8 +25,14 @@ from typing import Any, TypeVar
 import aiohttp
 
 from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.prometheus.retry import (
+    DEFAULT_MAX_CONCURRENT,
+    RetryPolicy,
+    is_busy,
+)
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 EXIT_UNREACHABLE = 3
 EXIT_QUERY = 4
@@ -42,6 +53,9 @@ class Connection:
     insecure_skip_verify: bool = False
     # A fresh munge credential for each request (--auth munge), made off the event loop.
     munge_credential: Callable[[], str] | None = None
+    # Queries in flight at once: a store runs a few at a time and refuses the queue.
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
 @dataclass(frozen=True)
@@ -78,13 +92,21 @@ def _ssl_context(conn: Connection) -> ssl.SSLContext | bool:
 class PrometheusClient:
     """Queries one Prometheus; use as ``async with PrometheusClient(conn) as prom``."""
 
-    def __init__(self, conn: Connection, on_query: Callable[[str], None] | None = None) -> None:
+    def __init__(self, conn: Connection, on_query: Callable[[str], None] | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         if not conn.url.startswith(("http://", "https://")):
             raise ReportError(f"bad --prometheus-url {conn.url!r}: it must start with "
                               "http:// or https://")
+        if conn.max_concurrent < 1:
+            raise ReportError("--max-concurrent-queries must be 1 or more")
         self.conn = conn
         self.queries = 0
+        self.busy_answers = 0  # answers 503/429 that were tried again
+        self.in_flight = 0
+        self.most_in_flight = 0
         self._on_query = on_query
+        self._sleep = sleep
+        self._slots = asyncio.Semaphore(conn.max_concurrent)
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> PrometheusClient:
@@ -128,17 +150,46 @@ class PrometheusClient:
         if self._on_query is not None:
             self._on_query(params["query"])
         url = f"{self.conn.url.rstrip('/')}/api/v1/{endpoint}"
+        policy = self.conn.retry
+        waited = 0.0
+        for attempt in range(policy.retries + 1):
+            async with self._slots:
+                status, body, retry_after = await self._post(url, params)
+            if not is_busy(status) or policy.retries == 0:
+                return _check(body, status, self.conn.url)
+            if attempt == policy.retries:
+                break
+            self.busy_answers += 1
+            pause = policy.pause(attempt + 1, retry_after, time.time())
+            log.debug("Prometheus answered HTTP %d (busy); query tried again in %.1f s",
+                      status, pause)
+            await self._sleep(pause)  # outside the slot: the others may go meanwhile
+            waited += pause
+        raise ReportError(f"Prometheus at {self.conn.url} was busy (HTTP {status}"
+                          f"{': ' + _message(body) if _message(body) else ''}) at each of "
+                          f"{policy.retries + 1} tries over {waited:.1f} s; try again later, "
+                          "or lower --max-concurrent-queries", EXIT_QUERY)
+
+    async def _post(self, url: str, params: dict[str, str]
+                    ) -> tuple[int, object, str | None]:
+        """One request: its status, its body (JSON, else text) and its Retry-After."""
+        assert self._session is not None
         headers = {}
         if self.conn.munge_credential is not None:
+            # A fresh credential for every try: the proxy refuses one seen before.
             credential = await asyncio.to_thread(self.conn.munge_credential)
             headers["Authorization"] = f"Munge {credential}"
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
             async with self._session.post(url, data=params, headers=headers) as resp:
+                text = await resp.text(errors="replace")
+                body: object
                 try:
-                    body = await resp.json(content_type=None)
+                    body = json.loads(text)
                 except ValueError:
-                    body = None
-                status = resp.status
+                    body = text
+                return resp.status, body, resp.headers.get("Retry-After")
         except TimeoutError:
             raise ReportError(f"Prometheus at {self.conn.url} did not answer within "
                               f"{self.conn.timeout_s:g} s; try a shorter window or a longer "
@@ -150,7 +201,18 @@ class PrometheusClient:
         except aiohttp.ClientError as exc:
             raise ReportError(f"Prometheus at {self.conn.url} failed: {exc}",
                               EXIT_UNREACHABLE) from None
-        return _check(body, status, self.conn.url)
+        finally:
+            self.in_flight -= 1
+
+
+def _message(body: object) -> str:
+    """What a refusal says about itself, in one short line."""
+    if isinstance(body, dict):
+        text = str(body.get("error") or body.get("errorType") or "")
+    else:
+        text = str(body or "")
+    lines = text.strip().splitlines()
+    return lines[0][:200] if lines else ""
 
 
 def _check(body: object, status: int, url: str) -> dict:  # type: ignore[type-arg]
