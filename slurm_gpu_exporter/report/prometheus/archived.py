@@ -20,7 +20,7 @@ import aiohttp
 
 from slurm_gpu_exporter.report.figures.detail_data import DetailDataError, detail_from_data
 from slurm_gpu_exporter.report.figures.model import JobDetail
-from slurm_gpu_exporter.report.prometheus.client import Connection, _ssl_context
+from slurm_gpu_exporter.report.prometheus.client import Connection, ssl_context
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ async def archived_jobs(conn: Connection, jobids: list[str],
     params = {"cluster": cluster} if cluster else {}
     async with aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=conn.timeout_s),
-            connector=aiohttp.TCPConnector(ssl=_ssl_context(conn))) as session:
+            connector=aiohttp.TCPConnector(ssl=ssl_context(conn))) as session:
         for jobid in jobids:
             headers = _headers(conn)
             if conn.munge_credential is not None:

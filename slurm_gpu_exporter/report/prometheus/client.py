@@ -74,7 +74,7 @@ class Series:
     points: list[tuple[float, float]] = field(default_factory=list)
 
 
-def _ssl_context(conn: Connection) -> ssl.SSLContext | bool:
+def ssl_context(conn: Connection) -> ssl.SSLContext | bool:
     if not conn.url.startswith("https:"):
         return True
     try:
@@ -119,7 +119,7 @@ class PrometheusClient:
         self._session = aiohttp.ClientSession(
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=self.conn.timeout_s),
-            connector=aiohttp.TCPConnector(ssl=_ssl_context(self.conn)),
+            connector=aiohttp.TCPConnector(ssl=ssl_context(self.conn)),
         )
         return self
 
