@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,20 +18,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent import Agent
 from tests.daemons import Daemon, Prometheus
-from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
 from tests.integration.slurmcluster import SlurmCluster
-from tests.integration.test_user_report_slurm import AS_USER, REPO, SITE_PACKAGES
-from tests.munge import SITE_SOCKET, credential
-from tests.proxy.stack import request, write_configs
-from tests.support import free_port, wait_until
+from tests.integration.user_jobs import (
+    BIN,
+    OTHER,
+    OWNER,
+    report_as_user,
+    run_gpu_jobs,
+    start_proxy,
+    write_client_config,
+)
+from tests.munge import credential
+from tests.proxy.stack import request
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
               pytest.mark.prometheus]
-
-BIN = Path(sys.executable).parent
-OWNER, OTHER = "sgeuser", "sgeuser2"
 
 
 @dataclass
@@ -45,14 +46,7 @@ class Setup:
     jobs: dict[str, int]  # user -> job id
 
     def as_user(self, user: str, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp",
-               "SLURM_CONF": str(self.cluster.slurm_conf),
-               "PYTHONPATH": f"{REPO}:{SITE_PACKAGES}",
-               "SLURM_GPU_REPORT_CLIENT": str(self.client_config)}
-        return subprocess.run(
-            [shutil.which("runuser") or "/usr/sbin/runuser", "-u", user, "--", "env", "-i",
-             *(f"{k}={v}" for k, v in env.items()), "/usr/bin/python3", "-c", AS_USER,
-             *args], capture_output=True, text=True, timeout=120, check=False, cwd="/")
+        return report_as_user(self.cluster, user, self.client_config, *args)
 
     def as_root(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(BIN / "slurm-gpu-report"), *args], capture_output=True,
@@ -67,37 +61,11 @@ def setup(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     work = tmp_path_factory.mktemp("user-archive")
     public = Path(tempfile.mkdtemp(prefix="sge-client-", dir="/tmp"))
     public.chmod(0o755)
-    fake = fake_nvml_or_skip(work / "nvml")
-    devices = [Device(index=i, minor=i) for i in range(4)]
-    fake.write(NvmlState(devices=devices))
-    jobs = {user: slurm_cluster.submit("sleep 12\n", user=user, gres=gres)
-            for user, gres in ((OWNER, "gpu:2"), (OTHER, "gpu:1"))}
     started: list = []
+    jobs: dict[str, int] = {}
     try:
-        agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir),
-                       "--state-dir", str(work / "state"), "--sample-interval", "1",
-                       "--slurm-lookup", "cli", "--node-name", slurm_cluster.node_name],
-                      env={**fake.env(), **slurm_cluster.env}, log_path=work / "agent.log")
-        started.append(agent)
-        live = Prometheus("prometheus", {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "slurm-gpu", "static_configs": [
-                {"targets": [f"127.0.0.1:{agent.port}"]}]}]}, work / "prom-live")
-        started.append(live)
-        agent.wait_ready()
-        live.wait_ready()
-        for jobid in jobs.values():
-            slurm_cluster.wait_state(jobid, "RUNNING", timeout=30)
-        pid = wait_until(lambda: slurm_cluster.command_pid(jobs[OWNER], "sleep"), 15, "the sleep")
-        gpus = wait_until(lambda: slurm_cluster.spool_gpus(jobs[OWNER]), 15, "the GPUs")
-        devices[gpus[0]].processes = [Process(pid, 2 << 30, sm=Pattern.constant(100))]
-        fake.write(NvmlState(devices=devices))
-        for jobid in jobs.values():
-            slurm_cluster.wait_finished(jobid, timeout=60)
+        jobs, live = run_gpu_jobs(slurm_cluster, work, started, 12)
         slurm_cluster.wait_accounted(jobs.values())
-        ids = "|".join(map(str, jobs.values()))
-        live.wait_for(f'count(last_over_time(slurm_job_end_time_seconds{{jobid=~"{ids}"}}'
-                      "[10m])) == 2", timeout=30)
         db = f"sqlite:///{work / 'archive.sqlite'}"
         archived = subprocess.run([str(BIN / "slurm-gpu-report"), "archive", "--since", "10m",
                                    "--db", db, "--prometheus-url", live.url],
@@ -108,19 +76,11 @@ def setup(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
         empty = Prometheus("prometheus-empty", {"global": {"scrape_interval": "15s"}},
                            work / "prom-empty")
         started.append(empty)
-        web, proxy_config, _ = write_configs(work)
-        port = free_port()
-        proxy = Daemon("proxy", [
-            str(BIN / "slurm-gpu-proxy"), "--prometheus-url", empty.url,
-            "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web),
-            "--config", str(proxy_config), "--admin", "root", "--munge",
-            f"--munge.socket={SITE_SOCKET}", "--archive.url", db], port, work)
+        proxy = start_proxy(empty.url, work, "--archive.url", db)
         started.append(proxy)
         empty.wait_ready()
         proxy.wait_ready()
-        client = public / "client.toml"
-        client.write_text(f'prometheus_url = "{proxy.url}"\nauth = "munge"\n')
-        client.chmod(0o644)
+        client = write_client_config(public, proxy.url)
         yield Setup(slurm_cluster, empty, proxy, db, client, jobs)
     finally:
         for thing in reversed(started):

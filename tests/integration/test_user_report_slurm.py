@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,25 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent import Agent
 from tests.daemons import Daemon, Prometheus
-from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
 from tests.integration.slurmcluster import SlurmCluster
-from tests.munge import SITE_SOCKET
-from tests.proxy.stack import write_configs
-from tests.support import free_port, wait_until
+from tests.integration.user_jobs import (
+    BIN,
+    OTHER,
+    OWNER,
+    report_as_user,
+    run_gpu_jobs,
+    start_proxy,
+    write_client_config,
+)
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
               pytest.mark.prometheus]
-
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-SITE_PACKAGES = next((BIN.parent / "lib").glob("python3*/site-packages"))
-OWNER, OTHER = "sgeuser", "sgeuser2"
-# The user runs the same package with the system's Python (the test venv's interpreter
-# lives under /root, which users cannot enter).
-AS_USER = ("import sys; from slurm_gpu_exporter.report.cli.main import main; "
-           "sys.argv[0] = 'slurm-gpu-report'; sys.exit(main())")
 
 
 @dataclass
@@ -47,14 +41,7 @@ class Setup:
 
     def as_user(self, user: str, *args: str, client: Path | None = None
                 ) -> subprocess.CompletedProcess[str]:
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp",
-               "SLURM_CONF": str(self.cluster.slurm_conf),
-               "PYTHONPATH": f"{REPO}:{SITE_PACKAGES}",
-               "SLURM_GPU_REPORT_CLIENT": str(client or self.client_config)}
-        return subprocess.run(
-            [shutil.which("runuser") or "/usr/sbin/runuser", "-u", user, "--", "env", "-i",
-             *(f"{k}={v}" for k, v in env.items()), "/usr/bin/python3", "-c", AS_USER,
-             *args], capture_output=True, text=True, timeout=120, check=False, cwd="/")
+        return report_as_user(self.cluster, user, client or self.client_config, *args)
 
 
 @pytest.fixture(scope="module")
@@ -64,49 +51,15 @@ def setup(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     # The users read their client configs here (pytest's directories are root's alone).
     public = Path(tempfile.mkdtemp(prefix="sge-client-", dir="/tmp"))
     public.chmod(0o755)
-    fake = fake_nvml_or_skip(work / "nvml")
-    devices = [Device(index=i, minor=i) for i in range(4)]
-    fake.write(NvmlState(devices=devices))
-    jobs = {user: slurm_cluster.submit("sleep 15\n", user=user, gres=gres)
-            for user, gres in ((OWNER, "gpu:2"), (OTHER, "gpu:1"))}
     started: list = []
+    jobs: dict[str, int] = {}
     try:
-        agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir),
-                       "--state-dir", str(work / "state"), "--sample-interval", "1",
-                       "--slurm-lookup", "cli", "--node-name", slurm_cluster.node_name],
-                      env={**fake.env(), **slurm_cluster.env}, log_path=work / "agent.log")
-        started.append(agent)
-        prom = Prometheus("prometheus", {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "slurm-gpu", "static_configs": [
-                {"targets": [f"127.0.0.1:{agent.port}"]}]}]}, work / "prom")
-        started.append(prom)
-        web, proxy_config, _ = write_configs(work)
-        port = free_port()
-        proxy = Daemon("proxy", [
-            str(BIN / "slurm-gpu-proxy"), "--prometheus-url", prom.url,
-            "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web),
-            "--config", str(proxy_config), "--admin", "root", "--munge",
-            # the GPUs' sizes (no user label): the users' reports show them as root's do
-            "--public-metric", "slurm_gpu_memory_total_bytes",
-            f"--munge.socket={SITE_SOCKET}"], port, work)
+        jobs, prom = run_gpu_jobs(slurm_cluster, work, started, 15)
+        # the GPUs' sizes (no user label): the users' reports show them as root's do
+        proxy = start_proxy(prom.url, work, "--public-metric", "slurm_gpu_memory_total_bytes")
         started.append(proxy)
-        for thing in started:
-            thing.wait_ready()
-        for jobid in jobs.values():
-            slurm_cluster.wait_state(jobid, "RUNNING", timeout=30)
-        pid = wait_until(lambda: slurm_cluster.command_pid(jobs[OWNER], "sleep"), 15, "the sleep")
-        gpus = wait_until(lambda: slurm_cluster.spool_gpus(jobs[OWNER]), 15, "the GPUs")
-        devices[gpus[0]].processes = [Process(pid, 2 << 30, sm=Pattern.constant(100))]
-        fake.write(NvmlState(devices=devices))
-        for jobid in jobs.values():
-            slurm_cluster.wait_finished(jobid, timeout=60)
-        ids = "|".join(map(str, jobs.values()))
-        prom.wait_for(f'count(last_over_time(slurm_job_end_time_seconds{{jobid=~"{ids}"}}'
-                      "[10m])) == 2", timeout=30)
-        client = public / "client.toml"
-        client.write_text(f'prometheus_url = "{proxy.url}"\nauth = "munge"\n')
-        client.chmod(0o644)
+        proxy.wait_ready()
+        client = write_client_config(public, proxy.url)
         yield Setup(slurm_cluster, prom, proxy, client, jobs)
     finally:
         for thing in reversed(started):
