@@ -117,7 +117,7 @@ async def collect(prom: PrometheusClient, window: Window, filters: Filters, conf
             continue
         usage, nodes = found[key]
         detail = JobDetail(usage=usage, nodes=nodes, accounting=acct.get(usage.jobid),
-                           now=window.end)
+                           now=window.end, gco2e_per_kwh=config.emissions_gco2e_per_kwh)
         if detail.accounting and detail.accounting.state in ("RUNNING", "PENDING",
                                                              "SUSPENDED", "REQUEUED"):
             # slurmdbd has not heard of the end yet: the next (overlapping) run adds it.
