@@ -21,7 +21,7 @@ from pathlib import Path
 from aiohttp import web
 
 from slurm_gpu_exporter import __version__
-from slurm_gpu_exporter.agent.flags import DEFAULT_LISTEN, build_parser
+from slurm_gpu_exporter.agent.flags import DEFAULT_HWMON_ROOT, DEFAULT_LISTEN, build_parser
 from slurm_gpu_exporter.agent.trust import (
     UntrustedPathError,
     check_private_dir,
@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             args.cgroup_root, args.proc_root = simulation.cgroup_root, simulation.proc_root
             args.spool_dir, args.state_dir = str(simulation.spool_dir), simulation.state_dir
             args.powercap_root = str(simulation.powercap_root)
-            args.hwmon_root = ""  # the synthetic node has no power meter
+            if args.hwmon_root == DEFAULT_HWMON_ROOT:
+                args.hwmon_root = ""  # the synthetic node has no meter unless given one
             log.info("simulating a node with %d GPUs under %s", simulation.gpu_count, base)
 
         trusted_uids = frozenset({0, os.geteuid()})

@@ -15,6 +15,7 @@ from slurm_gpu_exporter.hooks.spool import DEFAULT_SPOOL_DIR
 from slurm_gpu_exporter.web.reload import DEFAULT_RELOAD_INTERVAL
 
 DEFAULT_LISTEN = ":9817"
+DEFAULT_HWMON_ROOT = "/sys/class/hwmon"
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--powercap-root", metavar="DIR", default="/sys/class/powercap",
                    help="powercap root, where the CPU package and DRAM energy (RAPL) is read; "
                         "'' switches CPU energy off")
-    p.add_argument("--hwmon-root", metavar="DIR", default="/sys/class/hwmon",
+    p.add_argument("--hwmon-root", metavar="DIR", default=DEFAULT_HWMON_ROOT,
                    help="hwmon root, where the node's power meter is read (the devices "
                         "--node-power.hwmon-name names); '' switches it off")
     p.add_argument("--node-power.hwmon-name", dest="node_power_hwmon_names", action="append",
