@@ -132,3 +132,23 @@ def test_steps_before_the_series_begins_take_the_constant() -> None:
     assert stepwise([[(0.0, 7.2e6), (60.0, 3.6e6)]], [(0.0, 100.0)]).grams == 100.0
     factor, said = series_factor(energy, [[(0, 1.0)], [(0, 2.0)]], "s", None)
     assert factor is None and "gave 2 series" in said
+
+
+def test_the_archive_stores_the_emissions_of_the_series(prom: tuple[Prometheus, int],
+                                                        tmp_path: Path) -> None:
+    server, start = prom
+    config = tmp_path / "report.toml"
+    config.write_text("[energy]\nemissions_gco2e_per_kwh = 300\n"
+                      'emissions_series = \'grid_carbon_intensity_gco2e_per_kwh{zone="test"}\'\n')
+    db = f"sqlite:///{tmp_path / 'archive.sqlite'}"
+    window = ["--start", str(start - 600), "--end", str(start + 2 * HOUR + 600)]
+    done = subprocess.run([REPORT, "archive", *window, "--no-sacct", "--config", str(config),
+                           "--db", db, "--prometheus-url", server.url],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    from slurm_gpu_exporter.report.archive.store import ArchiveStore
+
+    with ArchiveStore(db, write=False) as store:
+        ((detail, _),) = store.details(["101"])["101"]
+    assert detail.total_energy_kwh == pytest.approx(TOTAL_KWH, rel=1e-3)
+    assert detail.emissions_gco2e == pytest.approx(TRUTH_G, rel=0.01)

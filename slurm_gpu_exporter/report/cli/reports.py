@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.emissions import series_factor
 from slurm_gpu_exporter.report.figures.model import Accounting, JobDetail, JobUsage, LowUtilReport
 from slurm_gpu_exporter.report.figures.rules import Config, job_facts, notes_for
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
-from slurm_gpu_exporter.report.prometheus.emissions import fetch_energy_and_factor
+from slurm_gpu_exporter.report.prometheus.emissions import apply_series_factor
 from slurm_gpu_exporter.report.prometheus.queries import (
     Filters,
     fetch_jobs,
@@ -66,36 +65,13 @@ async def job_report(prom: PrometheusClient, window: Window, jobids: list[str],
                                  now=now, gco2e_per_kwh=config.emissions_gco2e_per_kwh))
     said: dict[str, str] = {}
     if config.emissions_series and details:
-        said = await _series_emissions(prom, window, details, filters, config)
+        said = await apply_series_factor(prom, window, details, filters, config)
     for detail in details:
         detail.notes = notes_for(job_facts(detail, config), config.notes)
         if detail.usage.jobid in said:
             detail.notes.append(said[detail.usage.jobid])
     unknown = [j for j in jobids if j not in found]
     return details, unknown
-
-
-async def _series_emissions(prom: PrometheusClient, window: Window, details: list[JobDetail],
-                            filters: Filters, config: Config) -> dict[str, str]:
-    """Set each job's factor from the site's series (three range queries for all jobs);
-    the line that says where each factor came from, by job id."""
-    assert config.emissions_series
-    energy, factor = await fetch_energy_and_factor(
-        prom, window, [d.usage.jobid for d in details], filters, config.emissions_series)
-    said = {}
-    for detail in details:
-        jobid = detail.usage.jobid
-        # Only the job's own time: the factor outside it weighs nothing.
-        points = [[p for p in s.points if _within(detail, p[0])] for s in energy.get(jobid, [])]
-        detail.gco2e_per_kwh, said[jobid] = series_factor(
-            points, [s.points for s in factor], config.emissions_series,
-            config.emissions_gco2e_per_kwh)
-    return said
-
-
-def _within(detail: JobDetail, t: float) -> bool:
-    return ((detail.start is None or t >= detail.start - 60)
-            and (detail.end is None or t <= detail.end + 60))
 
 
 def unknown_jobs_error(unknown: list[str], window: Window) -> ReportError:
