@@ -7,7 +7,7 @@ new figures."""
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, inspect, text
 
 from slurm_gpu_exporter.report.archive.schema import ADDED_IN_V2, ADDED_IN_V3, SCHEMA_VERSION
 from slurm_gpu_exporter.report.archive.store import (
@@ -26,6 +26,8 @@ def _as_version(url: str, version: int) -> None:
     added = {2: ADDED_IN_V2, 3: ADDED_IN_V3}
     engine = create_engine(parse_db_url(url).render_as_string(hide_password=False))
     with engine.begin() as conn:
+        # The usage index covers columns of every version (version 3 makes it afresh).
+        conn.execute(text("DROP INDEX IF EXISTS archive_jobs_usage"))
         for later in range(SCHEMA_VERSION, version, -1):
             for table, column in added[later]:
                 conn.execute(text(f"ALTER TABLE {table.name} DROP COLUMN {column}"))
@@ -82,6 +84,12 @@ def test_a_version_2_archive_migrates_its_rollup_and_keeps_its_rows(archive_url:
     with ArchiveStore(archive_url, write=False) as store:
         found = store.details(["51", "52"])
         report = usage_report(store, month_window("2026-11", DEC_1 + 86400), ["user"])
+    engine = create_engine(parse_db_url(archive_url).render_as_string(hide_password=False))
+    with engine.connect() as conn:
+        (index,) = [i for i in inspect(conn).get_indexes("archive_jobs")
+                    if i["name"] == "archive_jobs_usage"]
+    engine.dispose()
+    assert {"tensor_active_s", "cpu_energy_j", "emissions_g"} <= set(index["column_names"])
     (was, _), = found["51"]
     assert was.usage.busy_s == old.detail.usage.busy_s
     assert was.cpu_energy_j is None and was.emissions_gco2e is None
