@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             args.cgroup_root, args.proc_root = simulation.cgroup_root, simulation.proc_root
             args.spool_dir, args.state_dir = str(simulation.spool_dir), simulation.state_dir
             args.powercap_root = str(simulation.powercap_root)
-            if args.hwmon_root == DEFAULT_HWMON_ROOT:
-                args.hwmon_root = ""  # the synthetic node has no meter unless given one
+            if args.hwmon_root == DEFAULT_HWMON_ROOT:  # an explicit one stays (tests)
+                args.hwmon_root = str(simulation.hwmon_root)
             log.info("simulating a node with %d GPUs under %s", simulation.gpu_count, base)
 
         trusted_uids = frozenset({0, os.geteuid()})
