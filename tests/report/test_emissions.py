@@ -110,3 +110,18 @@ def test_an_archived_job_shows_its_gpu_and_cpu_kwh_and_its_archived_emissions(
     assert job["emissions_gco2e"] == pytest.approx(kwh * 250.0)
     table = text.job_table([detail])
     assert "CPU and DRAM energy" in table and "gCO2e" in table
+
+
+@pytest.mark.parametrize("value", ['"up\\nup"', "3", '"' + "x" * 1001 + '"'])
+def test_a_bad_emissions_series_is_refused(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "report.toml"
+    path.write_text(f"[energy]\nemissions_series = {value}\n")
+    with pytest.raises(ReportError, match="emissions_series must be one line of PromQL"):
+        load_config(str(path))
+
+
+def test_the_emissions_series_is_read_from_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "report.toml"
+    path.write_text("[energy]\nemissions_series = ' grid_gco2e_per_kwh{zone=\"DE\"} '\n")
+    assert load_config(str(path)).emissions_series == 'grid_gco2e_per_kwh{zone="DE"}'
+    assert load_config(None).emissions_series is None
