@@ -61,4 +61,5 @@ def usage_report(store: ArchiveStore, window: Window, by: Sequence[str],
             total.add(row.sums())
     ordered = sorted(groups.values(), key=lambda g: (-g.allocated_s, g.key))
     return UsageReport(window=window, by=keys, groups=ordered,
-                       months=[by_month[m] for m in sorted(by_month)], source=store.where)
+                       months=[by_month[m] for m in sorted(by_month)], source=store.where,
+                       emissions_archived=any(g.emissions_g for g in ordered))

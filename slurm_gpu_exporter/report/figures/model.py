@@ -364,3 +364,4 @@ class UsageReport:
     months: list[UsageGroup] = field(default_factory=list)  # key () per month, in order
     source: str = ""  # the archive, without its password
     gco2e_per_kwh: float | None = None  # the configured emissions factor, if any
+    emissions_archived: bool = False  # some job in it was archived with its emissions

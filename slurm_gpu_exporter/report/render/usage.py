@@ -47,7 +47,7 @@ def usage_row(report: UsageReport, group: UsageGroup) -> dict[str, Any]:
 
 
 def _shows_emissions(report: UsageReport) -> bool:
-    return bool(report.gco2e_per_kwh) or any(g.emissions_g for g in report.groups)
+    return bool(report.gco2e_per_kwh) or report.emissions_archived
 
 
 def _emissions_kg(report: UsageReport, group: UsageGroup) -> float:
