@@ -199,3 +199,22 @@ def test_counters_survive_a_restart_through_the_state(tmp_path: Path) -> None:
     part = again.sample(20.0, [JOBS["1"]], parts.measured())  # first read: nothing added
     assert part.energy_joules == pytest.approx(1000.0)
     assert _shares(part) == {"1": pytest.approx(1000.0)}
+
+
+def test_a_mig_instance_is_not_counted_beside_its_gpu(tmp_path: Path) -> None:
+    tree = HwmonTree(tmp_path)
+    source = NodeEnergySource(HwmonPowerMeter(tmp_path), SourceErrors())
+    tree.set_watts(100.0)
+
+    def parts(joules: float) -> MeasuredParts:
+        gpu = GpuSample("0", "GPU-a", "A100", 0, "", energy_joules=2 * joules)
+        mig = GpuSample("0.1", "MIG-x", "A100", None, "", parent_uuid="GPU-a",
+                        energy_joules=joules)
+        job = JobGpuSample(JOBS["1"], "0.1", "MIG-x", 0.0, None, None, 0, 0, joules, 1)
+        return MeasuredParts(job_gpu=(job,), gpus=(gpu, mig))
+
+    source.sample(0.0, [JOBS["1"]], parts(0.0))
+    part = source.sample(10.0, [JOBS["1"]], parts(300.0))
+    # the job's instance used 300 J of the GPU's 600 J: half the node's 1000 J
+    assert _shares(part) == {"1": pytest.approx(500.0)}
+    assert part.outside_jobs_joules == pytest.approx(500.0)
