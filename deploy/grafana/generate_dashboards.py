@@ -410,6 +410,15 @@ def node_dashboard() -> dict:
                    "measured (RAPL)", ref="C")], 12, 8, "watt",
             "Measured: the sockets' RAPL counters. Each job's share is by its CPU time; the "
             "rest (idle power, processes outside jobs) is outside jobs."),
+        panel("timeseries", "Node power: jobs and outside jobs", [
+            target(f"sum by (jobid) (rate(slurm_job_node_energy_joules_total{{{NODE}}}"
+                   "[$__rate_interval]))", "job {{jobid}}"),
+            target(f"sum(rate(slurm_node_outside_jobs_energy_joules_total{{{NODE}}}"
+                   "[$__rate_interval]))", "outside jobs", ref="B"),
+            target(f"sum(slurm_node_power_watts{{{NODE}}})", "measured (meter)", ref="C")],
+            12, 8, "watt",
+            "Measured: the node's power meter (hwmon or the site's command). Each job's share "
+            "is by its GPU energy plus its CPU share, an estimate; the rest is outside jobs."),
         panel("timeseries", "CPU cores used per job", [target(
             f"sum by (jobid) (rate(slurm_job_cpu_seconds_total{{{NODE}}}[$__rate_interval]))",
             "job {{jobid}}")], 12, 8, "short"),

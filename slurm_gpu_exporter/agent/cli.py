@@ -8,6 +8,7 @@ it shows real-looking metrics anywhere.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
@@ -20,7 +21,7 @@ from pathlib import Path
 from aiohttp import web
 
 from slurm_gpu_exporter import __version__
-from slurm_gpu_exporter.agent.flags import DEFAULT_LISTEN, build_parser
+from slurm_gpu_exporter.agent.flags import DEFAULT_HWMON_ROOT, DEFAULT_LISTEN, build_parser
 from slurm_gpu_exporter.agent.trust import (
     UntrustedPathError,
     check_private_dir,
@@ -30,9 +31,12 @@ from slurm_gpu_exporter.gpu.backend import GpuBackend
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.hooks import spool
 from slurm_gpu_exporter.jobs.cpu_energy import CpuEnergySource
+from slurm_gpu_exporter.jobs.node_energy import NodeEnergySource
 from slurm_gpu_exporter.jobs.stats import JobStatsCollector
 from slurm_gpu_exporter.jobs.tracker import JobTracker
 from slurm_gpu_exporter.node.cgroup import CgroupFS
+from slurm_gpu_exporter.node.hwmon import DEFAULT_METERS, HwmonPowerMeter
+from slurm_gpu_exporter.node.power_command import PowerCommand
 from slurm_gpu_exporter.node.powercap import PowercapReader
 from slurm_gpu_exporter.node.slurm.lookup import SlurmMetadata, make_lookup
 from slurm_gpu_exporter.node.source_health import SourceErrors
@@ -107,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             args.cgroup_root, args.proc_root = simulation.cgroup_root, simulation.proc_root
             args.spool_dir, args.state_dir = str(simulation.spool_dir), simulation.state_dir
             args.powercap_root = str(simulation.powercap_root)
+            if args.hwmon_root == DEFAULT_HWMON_ROOT:  # an explicit one stays (tests)
+                args.hwmon_root = str(simulation.hwmon_root)
             log.info("simulating a node with %d GPUs under %s", simulation.gpu_count, base)
 
         trusted_uids = frozenset({0, os.geteuid()})
@@ -151,11 +157,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.powercap_root:
             cpu_energy = CpuEnergySource(PowercapReader(Path(args.powercap_root)),
                                          args.proc_root, errors)
+        node_energy = _node_energy(args, errors)
+        if node_energy is not None and isinstance(node_energy.meter, PowerCommand):
+            node_energy.meter.start()
+            stack.callback(node_energy.meter.stop)
         holder = ExpositionHolder(stale_after=max(120.0, 10 * args.sample_interval))
         sampler = Sampler(
             registry, jobstats, errors, args.sample_interval,
             state=StateStore(args.state_dir), gpu=gpu, training=training,
-            cpu_energy=cpu_energy, publish=holder.show,
+            cpu_energy=cpu_energy, node_energy=node_energy, publish=holder.show,
         )
         try:
             asyncio.run(_serve(make_app(holder, web_config, limits), listen, web_config, sampler,
@@ -164,6 +174,20 @@ def main(argv: list[str] | None = None) -> int:
             log.error("%s; stop what uses it or pass another --web.listen-address", exc)
             return 1
     return 0
+
+
+def _node_energy(args: argparse.Namespace, errors: SourceErrors) -> NodeEnergySource | None:
+    """The node power meter the flags ask for: the site command, else hwmon, else none."""
+    meter: PowerCommand | HwmonPowerMeter
+    if args.node_power_command:
+        meter = PowerCommand(args.node_power_command, args.node_power_interval,
+                             args.node_power_timeout)
+    elif args.hwmon_root:
+        meter = HwmonPowerMeter(Path(args.hwmon_root),
+                                tuple(args.node_power_hwmon_names or DEFAULT_METERS))
+    else:
+        return None
+    return NodeEnergySource(meter, errors)
 
 
 def _start_training_relay(spool_dir: str, proc_root: Path, cgroups: CgroupFS,

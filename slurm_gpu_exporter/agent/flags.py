@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from slurm_gpu_exporter.hooks.spool import DEFAULT_SPOOL_DIR
 from slurm_gpu_exporter.web.reload import DEFAULT_RELOAD_INTERVAL
 
 DEFAULT_LISTEN = ":9817"
+DEFAULT_HWMON_ROOT = "/sys/class/hwmon"
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -39,6 +41,17 @@ def _seconds(*, positive: bool) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def _command_line(text: str) -> list[str]:
+    """An argparse type for a command line, split like a shell's (no shell runs it)."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    if not argv:
+        raise argparse.ArgumentTypeError("the command is empty")
+    return argv
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +91,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--powercap-root", metavar="DIR", default="/sys/class/powercap",
                    help="powercap root, where the CPU package and DRAM energy (RAPL) is read; "
                         "'' switches CPU energy off")
+    p.add_argument("--hwmon-root", metavar="DIR", default=DEFAULT_HWMON_ROOT,
+                   help="hwmon root, where the node's power meter is read (the devices "
+                        "--node-power.hwmon-name names); '' switches it off")
+    p.add_argument("--node-power.hwmon-name", dest="node_power_hwmon_names", action="append",
+                   metavar="NAME",
+                   help="a hwmon device name whose power*_input (or power*_average) is the "
+                        "node's power; repeat for several, summed (default: power_meter, "
+                        "the ACPI power meter)")
+    p.add_argument("--node-power.command", dest="node_power_command", metavar="COMMAND",
+                   type=_command_line,
+                   help="a command that prints the node's power (ipmitool dcmi power "
+                        "reading, or one number of watts); split like a shell line, run "
+                        "without a shell; replaces the hwmon meter; off unless given")
+    p.add_argument("--node-power.command-interval", dest="node_power_interval",
+                   type=_seconds(positive=True), default=30.0, metavar="SECONDS",
+                   help="seconds between runs of --node-power.command (at most one run at "
+                        "a time)")
+    p.add_argument("--node-power.command-timeout", dest="node_power_timeout",
+                   type=_seconds(positive=True), default=10.0, metavar="SECONDS",
+                   help="seconds a run of --node-power.command may take before it is killed "
+                        "and the meter counts as down")
     p.add_argument("--sample-interval", type=_seconds(positive=True), metavar="SECONDS",
                    default=5.0,
                    help="seconds between samples")

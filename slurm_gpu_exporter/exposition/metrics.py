@@ -229,6 +229,27 @@ def cpu_energy_families(snapshot: Snapshot) -> Iterator[Metric]:
     yield from (job, node, outside)
 
 
+def node_energy_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """The node's metered power and energy, each job's estimated share of it, the rest
+    outside jobs; absent where no node power meter is configured."""
+    job = _counter("slurm_job_node_energy_joules", "The job's share of the node's metered "
+                   "energy, by its GPU energy plus its CPU share out of all the GPUs' and "
+                   "RAPL's energy: an estimate, not a measurement.", JOB_LABELS)
+    node = _counter("slurm_node_energy_joules", "The node's energy: its power meter's "
+                    "readings integrated since the agent started (intervals with a failed "
+                    "reading left out).", [])
+    outside = _counter("slurm_node_outside_jobs_energy_joules", "Node energy of no job "
+                       "(fans, disks, power supplies, idle parts, processes outside jobs): "
+                       "the measured total less the jobs' shares.", [])
+    power = _gauge("slurm_node_power_watts", "The node's power meter's last reading.", [])
+    for s in snapshot.job_node_energy:
+        job.add_metric([s.job.jobid, s.job.user], s.joules)
+    _maybe(node, [], snapshot.node_energy_joules)
+    _maybe(outside, [], snapshot.node_energy_outside_jobs)
+    _maybe(power, [], snapshot.node_power_watts)
+    yield from (job, node, outside, power)
+
+
 def sample_gap_families(snapshot: Snapshot) -> Iterator[Metric]:
     """Time the driver's samples did not cover, and what its samples did."""
     lost = "the driver's samples may have been lost (agent stalled, machine suspended)"
@@ -273,7 +294,7 @@ def self_families(snapshot: Snapshot) -> Iterator[Metric]:
     errors = _counter("slurm_gpu_exporter_sample_errors",
                       "Problems met while sampling, by source (bad spool files, unreadable "
                       "cgroups, failed Slurm look-ups, NVML errors, state dir writes, refused "
-                      "training pushes, unreadable RAPL counters).",
+                      "training pushes, unreadable RAPL counters, failed node power readings).",
                       ["source"])
     for source, count in sorted(snapshot.errors.items()):
         errors.add_metric([source], count)
@@ -311,6 +332,8 @@ class SnapshotCollector(Collector):
         yield from gpm_families(self.snapshot)
         if self.snapshot.powercap_up is not None:
             yield from cpu_energy_families(self.snapshot)
+        if self.snapshot.node_power_up is not None:
+            yield from node_energy_families(self.snapshot)
         yield from self_families(self.snapshot)
         yield from self.snapshot.training  # relayed from inside jobs (training_relay)
         for collector in self.extra:

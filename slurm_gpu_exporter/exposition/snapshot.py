@@ -133,6 +133,14 @@ class CpuEnergySample:
 
 
 @dataclass(frozen=True)
+class JobNodeEnergySample:
+    """A job's estimated share of the node's metered energy (node power integrated)."""
+
+    job: JobInfo
+    joules: float
+
+
+@dataclass(frozen=True)
 class SourceStatus:
     """Whether one data source (a name in node/source_health.SOURCES) worked in the last sample."""
 
@@ -168,3 +176,9 @@ class Snapshot:
     job_cpu_energy: tuple[JobCpuEnergySample, ...] = ()
     cpu_energy: tuple[CpuEnergySample, ...] = ()
     cpu_energy_outside_jobs: tuple[tuple[str, float], ...] = ()  # (domain, joules)
+    # Node power (hwmon meter or a site command): None when no meter is configured.
+    node_power_up: bool | None = None
+    node_power_watts: float | None = None  # the last reading; None when it failed
+    node_energy_joules: float | None = None  # None until the meter's first reading
+    job_node_energy: tuple[JobNodeEnergySample, ...] = ()
+    node_energy_outside_jobs: float | None = None

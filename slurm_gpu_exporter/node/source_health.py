@@ -9,8 +9,9 @@ logged once per ``quiet_period`` seconds, with how often it recurred.
 Each source counts its own problems under its own name (the spool reader under
 ``spool``, the cgroup readers under ``cgroup``, the Slurm look-ups under ``slurm``,
 the GPU part under ``nvml``, the state store under ``state``, the training relay's
-refusals under ``training``, the RAPL reader under ``powercap``); a source is up in a
-sample when it counted nothing during it, so one source never marks another down.
+refusals under ``training``, the RAPL reader under ``powercap``, the node power meter
+under ``nodepower``); a source is up in a sample when it counted nothing during it,
+so one source never marks another down.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from collections.abc import Callable
 log = logging.getLogger("slurm_gpu_exporter")
 
 # The one set of `source` label values (docs/metrics.md lists them with their meaning).
-SOURCES = ("spool", "cgroup", "slurm", "nvml", "state", "training", "powercap")
+SOURCES = ("spool", "cgroup", "slurm", "nvml", "state", "training", "powercap",
+           "nodepower")
 
 
 class SourceErrors:

@@ -29,6 +29,7 @@ from slurm_gpu_exporter.exposition.snapshot import (
 )
 from slurm_gpu_exporter.jobs.cpu_energy import CpuEnergyPart, CpuEnergySource
 from slurm_gpu_exporter.jobs.job import Job
+from slurm_gpu_exporter.jobs.node_energy import MeasuredParts, NodeEnergyPart, NodeEnergySource
 from slurm_gpu_exporter.jobs.stats import JobStatsCollector
 from slurm_gpu_exporter.jobs.tracker import JobTracker
 from slurm_gpu_exporter.node.source_health import SOURCES, SourceErrors
@@ -70,6 +71,7 @@ class Sampler:
         gpu: GpuSource | None = None,
         training: TrainingSource | None = None,
         cpu_energy: CpuEnergySource | None = None,
+        node_energy: NodeEnergySource | None = None,
         publish: Callable[[Snapshot], None] = lambda snapshot: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -83,6 +85,7 @@ class Sampler:
         self.gpu = gpu
         self.training = training
         self.cpu_energy = cpu_energy
+        self.node_energy = node_energy
         self.publish = publish
         self.clock = clock
         self._stop = threading.Event()
@@ -95,6 +98,8 @@ class Sampler:
                     gpu.import_state(saved.get("gpu", {}))
                 if cpu_energy is not None:
                     cpu_energy.import_state(saved.get("cpu_energy", {}))
+                if node_energy is not None:
+                    node_energy.import_state(saved.get("node_energy", {}))
             except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
                 # Of the wrong shape deeper down: never a reason not to start.
                 state.move_aside(f"{type(exc).__name__}: {exc}")
@@ -162,6 +167,11 @@ class Sampler:
         gpu_part: GpuPart | None = None
         if self.gpu is not None:
             gpu_part = self._timed("nvml", steps, lambda: self.gpu.sample(jobs, now), None)  # type: ignore[union-attr]
+        node: NodeEnergyPart | None = None
+        if self.node_energy is not None:
+            node = self._timed("nodepower", steps, lambda: self.node_energy.sample(  # type: ignore[union-attr]
+                now, [s.job for s in job_samples], _measured(gpu_part, energy)),
+                NodeEnergyPart(up=False))
         training: tuple[Metric, ...] = ()
         if self.training is not None:
             # Without the registry's answer nothing is forgotten (None, not []).
@@ -180,7 +190,8 @@ class Sampler:
             unattributed=gpu_part.unattributed if gpu_part else (),
             nvml_up=nvml_up,
             sources=self._source_statuses(failed, nvml_up,
-                                          energy.up if energy is not None else None),
+                                          energy.up if energy is not None else None,
+                                          node.up if node is not None else None),
             steps=tuple(steps),
             errors=self.errors.snapshot(),
             sample_duration_seconds=time.monotonic() - started,
@@ -189,12 +200,14 @@ class Sampler:
             job_cpu_energy=energy.jobs if energy is not None else (),
             cpu_energy=energy.sockets if energy is not None else (),
             cpu_energy_outside_jobs=energy.outside_jobs if energy is not None else (),
+            **_node_fields(node),
         )
         self.publish(snapshot)
         return snapshot
 
     def _source_statuses(self, failed: frozenset[str], nvml_up: bool | None,
-                         powercap_up: bool | None = None) -> tuple[SourceStatus, ...]:
+                         powercap_up: bool | None = None,
+                         nodepower_up: bool | None = None) -> tuple[SourceStatus, ...]:
         """A source is up when it counted no error of its own in this sample; NVML also
         needs nvml_up (a missing library is counted only when a re-initialisation is tried),
         powercap its zones found and read."""
@@ -203,13 +216,16 @@ class Sampler:
             if ((source == "nvml" and nvml_up is None)
                     or (source == "state" and self.state is None)
                     or (source == "training" and self.training is None)
-                    or (source == "powercap" and powercap_up is None)):
+                    or (source == "powercap" and powercap_up is None)
+                    or (source == "nodepower" and nodepower_up is None)):
                 continue  # not collected at all
             ok = source not in failed
             if source == "nvml":
                 ok = ok and bool(nvml_up)
             if source == "powercap":
                 ok = ok and bool(powercap_up)
+            if source == "nodepower":
+                ok = ok and bool(nodepower_up)
             statuses.append(SourceStatus(source, ok))
         return tuple(statuses)
 
@@ -232,6 +248,8 @@ class Sampler:
             data["gpu"] = self.gpu.export_state()
         if self.cpu_energy is not None:
             data["cpu_energy"] = self.cpu_energy.export_state()
+        if self.node_energy is not None:
+            data["node_energy"] = self.node_energy.export_state()
         try:
             self.state.save(data)
         except OSError as exc:
@@ -242,4 +260,21 @@ class Sampler:
 # The error source a step's own crash is counted under: the registry's first job is
 # the spool, so a crash there shows as a spool problem.
 _STEP_SOURCE = {"registry": "spool", "cgroup": "cgroup", "nvml": "nvml", "state": "state",
-                "training": "training", "powercap": "powercap"}
+                "training": "training", "powercap": "powercap", "nodepower": "nodepower"}
+
+
+def _measured(gpu_part: GpuPart | None, energy: CpuEnergyPart | None) -> MeasuredParts:
+    """What the GPUs and RAPL measured in this sample, for sharing the node's energy."""
+    return MeasuredParts(job_gpu=gpu_part.job_gpus if gpu_part else (),
+                         gpus=gpu_part.gpus if gpu_part else (),
+                         job_cpu=energy.jobs if energy else (),
+                         cpu=energy.sockets if energy else ())
+
+
+def _node_fields(node: NodeEnergyPart | None) -> dict[str, Any]:
+    """The snapshot's node power fields (none where no meter is configured)."""
+    if node is None:
+        return {}
+    return {"node_power_up": node.up, "node_power_watts": node.power_watts,
+            "node_energy_joules": node.energy_joules, "job_node_energy": node.jobs,
+            "node_energy_outside_jobs": node.outside_jobs_joules}

@@ -36,8 +36,9 @@ class SimulatedRapl:
         self._uj[name] = 0.0
         (d / "energy_uj").write_text("0\n")
 
-    def advance(self, seconds: float, busy_cores: float) -> None:
-        """``seconds`` of time in which ``busy_cores`` cores (of the node) were busy."""
+    def advance(self, seconds: float, busy_cores: float) -> float:
+        """``seconds`` of time in which ``busy_cores`` cores (of the node) were busy; the
+        watts the sockets drew."""
         busy_cores = min(float(self.cpus), max(0.0, busy_cores))
         self._busy_s += busy_cores * seconds
         self._idle_s += (self.cpus - busy_cores) * seconds
@@ -47,6 +48,7 @@ class SimulatedRapl:
                 self._uj[name] = (self._uj[name] + watts * seconds * 1e6) % MAX_RANGE_UJ
                 (self.root / name / "energy_uj").write_text(f"{int(self._uj[name])}\n")
         self._write_stat()
+        return SOCKETS * (IDLE_W + CORE_W * busy_cores / SOCKETS + DRAM_W)
 
     def _write_stat(self) -> None:
         user = int(self._busy_s * USER_HZ * 0.9)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from slurm_gpu_exporter.hooks.jobhooks import run_epilog, run_prolog
 from slurm_gpu_exporter.node.slurm.lookup import SlurmJobInfo
+from slurm_gpu_exporter.sim.meter import SimulatedMeter
 from slurm_gpu_exporter.sim.rapl import SimulatedRapl
 from slurm_gpu_exporter.sim.synthnode import SynthNode
 
@@ -111,6 +112,8 @@ class SimulatedNode:
         self.gpu_count = GPUS
         self.powercap_root = base / "powercap"
         self.rapl = SimulatedRapl(self.powercap_root, self.proc_root, CPUS)
+        self.hwmon_root = base / "hwmon"
+        self.meter = SimulatedMeter(self.hwmon_root, GPUS)
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._jobs: dict[int, SimJob] = {}
@@ -185,7 +188,7 @@ class SimulatedNode:
                 self._fill_node(now)
                 # the jobs' cores and a little system time outside them
                 busy = sum(job.profile.cpu_cores for job in self._jobs.values()) + 0.5
-                self.rapl.advance(TICK_S, busy)
+                self.meter.set(self.rapl.advance(TICK_S, busy))
 
     def _free_gpus(self) -> list[int]:
         used = {g for job in self._jobs.values() for g in job.gpus}

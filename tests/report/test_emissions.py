@@ -86,3 +86,42 @@ def test_the_cpu_energy_of_a_node_is_its_domains_increases_in_the_window() -> No
     }
     [(_usage, [node])] = jobs_from_answers(got, Filters()).values()
     assert node.cpu_energy_j == pytest.approx(3.6e6 + 0.9e6)
+
+
+def test_an_archived_job_shows_its_gpu_and_cpu_kwh_and_its_archived_emissions(
+        tmp_path: Path) -> None:
+    from slurm_gpu_exporter.report.archive.store import ArchiveStore
+    from tests.report.archive_data import DEC_1, record
+
+    rec = record("7", gpus=1, hours=1.0)
+    rec.detail.nodes[0].cpu_energy_j = 0.9e6
+    rec.detail.gco2e_per_kwh = 250.0  # the factor `archive` was configured with
+    url = f"sqlite:///{tmp_path / 'a.sqlite'}"
+    with ArchiveStore(url, write=True) as store:
+        store.store([rec], archived_at=DEC_1)
+    with ArchiveStore(url, write=False) as store:
+        ((detail, _),) = store.details(["7"])["7"]
+    kwh = 3600 * 300 / 3.6e6 + 0.25
+    assert detail.total_energy_kwh == pytest.approx(kwh)
+    assert detail.emissions_gco2e == pytest.approx(kwh * 250.0)
+    shown = json.loads(text.job_json([detail], 0))
+    (job,) = shown["jobs"] if isinstance(shown, dict) else shown
+    assert job["cpu_energy_kwh"] == pytest.approx(0.25)
+    assert job["emissions_gco2e"] == pytest.approx(kwh * 250.0)
+    table = text.job_table([detail])
+    assert "CPU and DRAM energy" in table and "gCO2e" in table
+
+
+@pytest.mark.parametrize("value", ['"up\\nup"', "3", '"' + "x" * 1001 + '"'])
+def test_a_bad_emissions_series_is_refused(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "report.toml"
+    path.write_text(f"[energy]\nemissions_series = {value}\n")
+    with pytest.raises(ReportError, match="emissions_series must be one line of PromQL"):
+        load_config(str(path))
+
+
+def test_the_emissions_series_is_read_from_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "report.toml"
+    path.write_text("[energy]\nemissions_series = ' grid_gco2e_per_kwh{zone=\"DE\"} '\n")
+    assert load_config(str(path)).emissions_series == 'grid_gco2e_per_kwh{zone="DE"}'
+    assert load_config(None).emissions_series is None

@@ -439,7 +439,7 @@ def test_failed_sluid_lookup_is_counted_under_slurm(node: Node, tmp_path: Path) 
                         SlurmMetadata(unreachable, errors=errors), errors)
     assert registry.refresh() == []  # the job waits until Slurm names it
     assert errors.snapshot() == {"spool": 0, "cgroup": 0, "slurm": 1, "nvml": 0, "state": 0,
-                                 "training": 0, "powercap": 0}
+                                 "training": 0, "powercap": 0, "nodepower": 0}
     assert errors.take_failed() == {"slurm"}
 
 

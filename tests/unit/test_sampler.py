@@ -13,9 +13,11 @@ from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, XidEvent
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.jobs.cpu_energy import CpuEnergySource
+from slurm_gpu_exporter.jobs.node_energy import NodeEnergySource
 from slurm_gpu_exporter.jobs.stats import JobStatsCollector
 from slurm_gpu_exporter.jobs.tracker import JobTracker
 from slurm_gpu_exporter.node.cgroup import CgroupFS
+from slurm_gpu_exporter.node.hwmon import HwmonPowerMeter
 from slurm_gpu_exporter.node.powercap import PowercapReader
 from slurm_gpu_exporter.node.slurm.lookup import SlurmMetadata
 from slurm_gpu_exporter.node.source_health import SOURCES, SourceErrors
@@ -52,6 +54,7 @@ def _sampler(node: SynthNode, errors: SourceErrors, *, state_dir: Path | None = 
              gpu: Any = None, metadata: SlurmMetadata | None = None,
              training: TrainingSource | None = None,
              cpu_energy: CpuEnergySource | None = None,
+             node_energy: NodeEnergySource | None = None,
              ) -> tuple[Sampler, list[tuple[Snapshot, Exposition]]]:
     cgroups = CgroupFS(node.cgroup_root)
     registry = JobTracker(str(node.spool_dir), cgroups, metadata or SlurmMetadata(None), errors,
@@ -60,7 +63,7 @@ def _sampler(node: SynthNode, errors: SourceErrors, *, state_dir: Path | None = 
     sampler = Sampler(
         registry, JobStatsCollector(cgroups, node.proc_root, errors), errors, 5.0,
         state=StateStore(state_dir) if state_dir is not None else None, gpu=gpu,
-        training=training, cpu_energy=cpu_energy,
+        training=training, cpu_energy=cpu_energy, node_energy=node_energy,
         publish=lambda s: published.append((s, render(s))),
     )
     return sampler, published
@@ -101,7 +104,9 @@ def test_source_up_and_sample_errors_share_one_set_of_source_values(tmp_path: Pa
                                       training=TrainingSource(relay, jobs, errors),
                                       cpu_energy=CpuEnergySource(
                                           PowercapReader(node.base / "powercap"),
-                                          node.proc_root, errors, busy=lambda _root: 0.0))
+                                          node.proc_root, errors, busy=lambda _root: 0.0),
+                                      node_energy=NodeEnergySource(
+                                          HwmonPowerMeter(node.base / "hwmon"), errors))
         sampler.sample_once()
     finally:
         relay.stop()
@@ -110,7 +115,8 @@ def test_source_up_and_sample_errors_share_one_set_of_source_values(tmp_path: Pa
     assert set(_errors(exposition)) == set(SOURCES)
     duration = {labels["source"] for labels, _ in series(
         exposition.text.decode(), "slurm_gpu_exporter_sample_duration_seconds")}
-    assert duration == {"registry", "cgroup", "powercap", "nvml", "training", "state", "total"}
+    assert duration == {"registry", "cgroup", "powercap", "nvml", "nodepower", "training",
+                        "state", "total"}
 
 
 def test_without_the_training_relay_there_is_no_training_source_up(tmp_path: Path) -> None:
@@ -138,7 +144,8 @@ def test_a_failed_slurm_lookup_is_the_slurm_sources_problem_not_the_registrys(
     assert [s.job.jobid for s in snapshot.jobs] == ["4101"]  # the job is still reported
     assert _source_up(published[-1][1]) == {"spool": 1, "cgroup": 1, "slurm": 0}
     assert _errors(published[-1][1]) == {"spool": 0, "cgroup": 0, "slurm": 1, "nvml": 0,
-                                         "state": 0, "training": 0, "powercap": 0}
+                                         "state": 0, "training": 0, "powercap": 0,
+                                         "nodepower": 0}
     sampler.sample_once()  # look-ups are paused after a failure: nothing failed this time
     assert _source_up(published[-1][1])["slurm"] == 1
     assert _errors(published[-1][1])["slurm"] == 1

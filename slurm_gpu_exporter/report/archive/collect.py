@@ -21,10 +21,12 @@ from slurm_gpu_exporter.report.figures.model import Accounting, JobDetail
 from slurm_gpu_exporter.report.figures.rules import Config, job_facts, notes_for
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, gather
+from slurm_gpu_exporter.report.prometheus.emissions import apply_series_factor
 from slurm_gpu_exporter.report.prometheus.queries import (
     ALLOCATED,
     BUSY,
     CPU,
+    CPU_ENERGY,
     DRAM_ACTIVE,
     ENERGY,
     SM_ACTIVE,
@@ -70,6 +72,7 @@ def archive_queries(window: Window, filters: Filters) -> dict[str, str]:
         "allocated": f"max_over_time({s(ALLOCATED)}[{d}])",
         "busy": f"max_over_time({s(BUSY)}[{d}])",
         "energy": f"max_over_time({s(ENERGY)}[{d}])",
+        "cpu_energy": f"max_over_time({s(CPU_ENERGY)}[{d}])",  # version 3 on
         "sm_active": f"max_over_time({s(SM_ACTIVE)}[{d}])",
         "tensor_active": f"max_over_time({s(TENSOR_ACTIVE)}[{d}])",
         "dram_active": f"max_over_time({s(DRAM_ACTIVE)}[{d}])",
@@ -117,7 +120,7 @@ async def collect(prom: PrometheusClient, window: Window, filters: Filters, conf
             continue
         usage, nodes = found[key]
         detail = JobDetail(usage=usage, nodes=nodes, accounting=acct.get(usage.jobid),
-                           now=window.end)
+                           now=window.end, gco2e_per_kwh=config.emissions_gco2e_per_kwh)
         if detail.accounting and detail.accounting.state in ("RUNNING", "PENDING",
                                                              "SUSPENDED", "REQUEUED"):
             # slurmdbd has not heard of the end yet: the next (overlapping) run adds it.
@@ -129,6 +132,10 @@ async def collect(prom: PrometheusClient, window: Window, filters: Filters, conf
             for gpu in node.gpus:
                 gpu_models[node.node, gpu.gpu] = models.get((instance, gpu.uuid), "")
         records.append(ArchiveRecord(detail, gpu_models))
+    if config.emissions_series and records:
+        # The factor over the window, weighted by each job's energy in it: the
+        # emissions stored are those of the series, as `job` shows them.
+        await apply_series_factor(prom, window, [r.detail for r in records], filters, config)
     return records
 
 

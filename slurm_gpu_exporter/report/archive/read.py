@@ -83,12 +83,7 @@ def usage(conn: Connection, window: Window, by: Sequence[str], cluster: str | No
             group = found.setdefault((key, month), UsageGroup(key=key, month=month))
             values = [float(v or 0) for v in row[n + 1:]]
             group.jobs += round(values[0])
-            group.allocated_s += values[1]
-            group.busy_s += values[2]
-            group.sm_active_s += values[3]
-            group.gpm_allocated_s += values[4]
-            group.energy_j += values[5]
-            group.cpu_s += values[6]
+            group.add(dict(zip(SUMS, values[1:], strict=True)))
     return [g for g in found.values() if g.jobs > 0]
 
 

@@ -19,7 +19,9 @@ from slurm_gpu_exporter.report.archive.schema import jobs, usage_monthly
 from slurm_gpu_exporter.report.figures.window import Window
 
 GROUP = ("cluster", "account", "username", "partition", "end_month")
-SUMS = ("allocated_s", "busy_s", "sm_active_s", "gpm_allocated_s", "energy_j", "cpu_s")
+# In the roll-up table's column order (read.inconsistent compares them in that order).
+SUMS = ("allocated_s", "busy_s", "sm_active_s", "gpm_allocated_s", "energy_j", "cpu_s",
+        "tensor_active_s", "dram_active_s", "cpu_energy_j", "emissions_g")
 CHUNK = 500  # job ids per IN list
 
 Row = tuple[tuple[str, ...], tuple[float, ...]]  # group, sums

@@ -38,7 +38,8 @@ def job_row(record: ArchiveRecord, archived_at: float) -> dict[str, Any]:
         "jobid": u.jobid, "cluster": u.cluster, "username": u.user,
         "account": u.account or acct.account, "partition": u.partition, "job_name": u.name,
         "nodes": json.dumps([{"node": n.node, "cpus": n.cpus, "cpu_s": n.cpu_s,
-                              "memory_peak": n.memory_peak, "memory_limit": n.memory_limit}
+                              "memory_peak": n.memory_peak, "memory_limit": n.memory_limit,
+                              "cpu_energy_j": n.cpu_energy_j}
                              for n in d.nodes]),
         "node_count": len(d.nodes), "gpus": sum(len(n.gpus) for n in d.nodes),
         "gpu_model": ",".join(models), "start_time": d.start, "end_time": d.end,
@@ -51,6 +52,7 @@ def job_row(record: ArchiveRecord, archived_at: float) -> dict[str, Any]:
         "gpu_memory_peak": u.gpu_memory_peak, "energy_j": d.energy_j,
         "cpu_s": _sum([n.cpu_s for n in d.nodes]), "cpu_efficiency": d.cpu_efficiency,
         "memory_peak": d.memory_peak, "notes": json.dumps(d.notes), "archived_at": archived_at,
+        "cpu_energy_j": d.cpu_energy_j, "emissions_g": d.emissions_gco2e,
     }
 
 
@@ -86,7 +88,8 @@ def usage_of(row: Any) -> JobUsage:
 def detail_of(row: Any, gpu_rows: list[Any]) -> JobDetail:
     """A job row and its GPU rows as the detail ``job`` renders."""
     nodes = [NodeDetail(node=n["node"], cpus=n["cpus"], cpu_s=n["cpu_s"],
-                        memory_peak=n["memory_peak"], memory_limit=n["memory_limit"])
+                        memory_peak=n["memory_peak"], memory_limit=n["memory_limit"],
+                        cpu_energy_j=n.get("cpu_energy_j"))  # absent before version 3
              for n in json.loads(row["nodes"])]
     by_node = {n.node: n for n in nodes}
     for g in sorted(gpu_rows, key=lambda g: (g["node"], _gpu_order(g["gpu"]))):
@@ -104,8 +107,14 @@ def detail_of(row: Any, gpu_rows: list[Any]) -> JobDetail:
         requested_memory=row["requested_memory"], cpus=row["cpus"], nodes=row["node_count"],
         start=row["start_time"], end=row["end_time"], exit_code=row["exit_code"],
         account=row["account"], qos=row["qos"], requested_gpus=row["requested_gpus"])
-    return JobDetail(usage=usage_of(row), nodes=nodes, accounting=accounting,
-                     now=row["archived_at"], notes=json.loads(row["notes"]))
+    detail = JobDetail(usage=usage_of(row), nodes=nodes, accounting=accounting,
+                       now=row["archived_at"], notes=json.loads(row["notes"]))
+    # The factor the emissions were archived at (its mean over the job, where it varied),
+    # so the detail shows the archived gCO2e, not today's factor's.
+    kwh = detail.total_energy_kwh
+    if row["emissions_g"] is not None and kwh:
+        detail.gco2e_per_kwh = row["emissions_g"] / kwh
+    return detail
 
 
 def _gpu_order(gpu: str) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    func,
     inspect,
     select,
     text,
@@ -68,12 +69,16 @@ jobs = Table(
     Column("memory_peak", Float),
     Column("notes", Text, nullable=False),  # JSON list of the notes that fired
     Column("archived_at", Float, nullable=False),
+    Column("cpu_energy_j", Float),  # version 3 on: the job's CPU and DRAM share (RAPL)
+    Column("emissions_g", Float),  # gCO2e of GPU + CPU energy, at the factor when archived
 )
 # Covers what `usage` sums: a year of a million jobs is read from this index alone, not
 # from the rows (which carry the nodes and notes). Its first column serves every window.
-Index("archive_jobs_usage", jobs.c.end_time, jobs.c.cluster, jobs.c.account, jobs.c.username,
-      jobs.c.partition, jobs.c.end_month, jobs.c.allocated_s, jobs.c.busy_s, jobs.c.sm_active_s,
-      jobs.c.gpm_allocated_s, jobs.c.energy_j, jobs.c.cpu_s)
+USAGE_INDEX = Index(
+    "archive_jobs_usage", jobs.c.end_time, jobs.c.cluster, jobs.c.account, jobs.c.username,
+    jobs.c.partition, jobs.c.end_month, jobs.c.allocated_s, jobs.c.busy_s, jobs.c.sm_active_s,
+    jobs.c.gpm_allocated_s, jobs.c.energy_j, jobs.c.cpu_s,
+    jobs.c.tensor_active_s, jobs.c.dram_active_s, jobs.c.cpu_energy_j, jobs.c.emissions_g)
 
 gpus = Table(
     "archive_gpus", metadata,
@@ -109,6 +114,10 @@ usage_monthly = Table(
     Column("gpm_allocated_s", Float, nullable=False),
     Column("energy_j", Float, nullable=False),
     Column("cpu_s", Float, nullable=False),
+    Column("tensor_active_s", Float, nullable=False, server_default="0"),  # version 3 on
+    Column("dram_active_s", Float, nullable=False, server_default="0"),
+    Column("cpu_energy_j", Float, nullable=False, server_default="0"),
+    Column("emissions_g", Float, nullable=False, server_default="0"),
 )
 
 # Migration N (index N - 1) brings a store from version N - 1 to N. Never edit one that
@@ -116,9 +125,13 @@ usage_monthly = Table(
 Migration = Callable[[Connection], None]
 
 
-# Columns added after version 1: (table, column), nullable (NULL: not measured).
+# Columns added after version 1: (table, column). A nullable one is NULL in old rows
+# (not measured); a roll-up sum is NOT NULL, 0 until the roll-up is rebuilt.
 ADDED_IN_V2 = [(jobs, "tensor_active_s"), (jobs, "dram_active_s"), (gpus, "tensor_active_s"),
                (gpus, "dram_active_s")]
+ADDED_IN_V3 = [(jobs, "cpu_energy_j"), (jobs, "emissions_g"),
+               (usage_monthly, "tensor_active_s"), (usage_monthly, "dram_active_s"),
+               (usage_monthly, "cpu_energy_j"), (usage_monthly, "emissions_g")]
 
 
 def _create_v1(conn: Connection) -> None:
@@ -126,17 +139,47 @@ def _create_v1(conn: Connection) -> None:
     metadata.create_all(conn, tables=[jobs, gpus, usage_monthly])
 
 
+def _add_columns(conn: Connection, added: list[tuple[Table, str]]) -> None:
+    """Add the (table, column) pairs a store lacks, as their tables define them; every
+    added column is a float (the archive's figures)."""
+    have = {t.name: {c["name"] for c in inspect(conn).get_columns(t.name)}
+            for t in {table for table, _ in added}}
+    for table, column in added:
+        if column not in have[table.name]:
+            required = "" if table.c[column].nullable else " NOT NULL DEFAULT 0"
+            conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column} "
+                              f"DOUBLE PRECISION{required}"))
+
+
 def _add_activity_v2(conn: Connection) -> None:
     """Tensor-core and DRAM activity (GPM) per job and GPU; old rows keep NULL."""
-    have = {t.name: {c["name"] for c in inspect(conn).get_columns(t.name)}
-            for t in (jobs, gpus)}
-    for table, column in ADDED_IN_V2:
-        if column not in have[table.name]:
-            conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column} "
-                              "DOUBLE PRECISION"))
+    _add_columns(conn, ADDED_IN_V2)
 
 
-MIGRATIONS: list[Migration] = [_create_v1, _add_activity_v2]
+def _add_energy_v3(conn: Connection) -> None:
+    """CPU energy and emissions per job; the roll-up sums them and the tensor and DRAM
+    activity, rebuilt from the job rows (its old rows had none of the four)."""
+    _add_columns(conn, ADDED_IN_V3)
+    # The covering index gains what `usage` now sums, so the window's edges still read
+    # the index alone.
+    conn.execute(text(f"DROP INDEX IF EXISTS {USAGE_INDEX.name}"))
+    USAGE_INDEX.create(conn)
+    rebuild_rollup(conn)
+
+
+def rebuild_rollup(conn: Connection) -> None:
+    """The roll-up made afresh from the job rows, in the caller's transaction."""
+    group = ["cluster", "account", "username", "partition", "end_month"]
+    sums = [c.name for c in usage_monthly.c if c.name not in group and c.name != "jobs"]
+    conn.execute(usage_monthly.delete())
+    query = (select(*[jobs.c[name] for name in group], func.count(),
+                    *[func.coalesce(func.sum(func.coalesce(jobs.c[name], 0.0)), 0.0)
+                      for name in sums])
+             .group_by(*[jobs.c[name] for name in group]))
+    conn.execute(usage_monthly.insert().from_select([*group, "jobs", *sums], query))
+
+
+MIGRATIONS: list[Migration] = [_create_v1, _add_activity_v2, _add_energy_v3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -58,12 +58,8 @@ def usage_report(store: ArchiveStore, window: Window, by: Sequence[str],
                       *([by_month.setdefault(row.month, UsageGroup((), row.month))]
                         if months else [])):
             total.jobs += row.jobs
-            total.allocated_s += row.allocated_s
-            total.busy_s += row.busy_s
-            total.sm_active_s += row.sm_active_s
-            total.gpm_allocated_s += row.gpm_allocated_s
-            total.energy_j += row.energy_j
-            total.cpu_s += row.cpu_s
+            total.add(row.sums())
     ordered = sorted(groups.values(), key=lambda g: (-g.allocated_s, g.key))
     return UsageReport(window=window, by=keys, groups=ordered,
-                       months=[by_month[m] for m in sorted(by_month)], source=store.where)
+                       months=[by_month[m] for m in sorted(by_month)], source=store.where,
+                       emissions_archived=any(g.emissions_g for g in ordered))

@@ -9,6 +9,7 @@ from slurm_gpu_exporter.report.figures.model import Accounting, JobDetail, JobUs
 from slurm_gpu_exporter.report.figures.rules import Config, job_facts, notes_for
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
+from slurm_gpu_exporter.report.prometheus.emissions import apply_series_factor
 from slurm_gpu_exporter.report.prometheus.queries import (
     Filters,
     fetch_jobs,
@@ -60,10 +61,15 @@ async def job_report(prom: PrometheusClient, window: Window, jobids: list[str],
         if jobid not in found:
             continue
         usage, nodes = found[jobid]
-        detail = JobDetail(usage=usage, nodes=nodes, accounting=acct.get(jobid), now=now,
-                           gco2e_per_kwh=config.emissions_gco2e_per_kwh)
+        details.append(JobDetail(usage=usage, nodes=nodes, accounting=acct.get(jobid),
+                                 now=now, gco2e_per_kwh=config.emissions_gco2e_per_kwh))
+    said: dict[str, str] = {}
+    if config.emissions_series and details:
+        said = await apply_series_factor(prom, window, details, filters, config)
+    for detail in details:
         detail.notes = notes_for(job_facts(detail, config), config.notes)
-        details.append(detail)
+        if detail.usage.jobid in said:
+            detail.notes.append(said[detail.usage.jobid])
     unknown = [j for j in jobids if j not in found]
     return details, unknown
 

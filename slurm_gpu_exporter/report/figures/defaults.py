@@ -25,6 +25,10 @@ time_headroom = 0.2     # --time suggestions: the run time plus this share
 # figure): the job report and the job-end summary show each job's energy times it.
 # 0 shows no emissions. Nothing is fetched from anywhere.
 emissions_gco2e_per_kwh = 0
+# Or a series in Prometheus that the site fills (a metric name or a PromQL selector of
+# one series, in gCO2e/kWh, say from its grid operator): each step's energy times the
+# series then. Where it has no data, the constant above stands in (the report says so).
+emissions_series = ""
 
 [notify]
 repeat_after_days = 7   # a job is not reported to its user again within this

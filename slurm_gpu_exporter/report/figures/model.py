@@ -299,6 +299,33 @@ class UsageGroup:
     gpm_allocated_s: float = 0.0
     energy_j: float = 0.0
     cpu_s: float = 0.0
+    tensor_active_s: float = 0.0
+    dram_active_s: float = 0.0
+    cpu_energy_j: float = 0.0  # the jobs' CPU and DRAM shares (RAPL)
+    emissions_g: float = 0.0  # as archived: GPU + CPU energy at the factor of the time
+
+    SUMMED = ("allocated_s", "busy_s", "sm_active_s", "gpm_allocated_s", "energy_j", "cpu_s",
+              "tensor_active_s", "dram_active_s", "cpu_energy_j", "emissions_g")
+
+    def sums(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in self.SUMMED}
+
+    def add(self, sums: dict[str, float]) -> None:
+        """Add another group's (or a query row's) sums, by name."""
+        for name, value in sums.items():
+            setattr(self, name, getattr(self, name) + value)
+
+    @property
+    def tensor_active_gpu_hours(self) -> float:
+        return self.tensor_active_s / 3600
+
+    @property
+    def dram_active_gpu_hours(self) -> float:
+        return self.dram_active_s / 3600
+
+    @property
+    def cpu_energy_kwh(self) -> float:
+        return self.cpu_energy_j / 3.6e6
 
     @property
     def gpu_hours(self) -> float:
@@ -340,3 +367,4 @@ class UsageReport:
     months: list[UsageGroup] = field(default_factory=list)  # key () per month, in order
     source: str = ""  # the archive, without its password
     gco2e_per_kwh: float | None = None  # the configured emissions factor, if any
+    emissions_archived: bool = False  # some job in it was archived with its emissions

@@ -66,6 +66,9 @@ class Config:
     job_line: str
     notes: tuple[Rule, ...]
     emissions_gco2e_per_kwh: float | None = None  # None: no emissions shown
+    # A PromQL expression of one series in gCO2e/kWh that the site fills; the constant
+    # above is the fall-back where it has no data.
+    emissions_series: str | None = None
 
 
 class _FactFormatter(string.Formatter):
@@ -211,7 +214,16 @@ def _config(data: dict[str, Any]) -> Config:
         job_line=str(notify["job_line"]),
         notes=tuple(_rule(n) for n in data["notes"] if n.get("enabled", True)),
         emissions_gco2e_per_kwh=_emissions_factor(data.get("energy", {})),
+        emissions_series=_emissions_series(data.get("energy", {})),
     )
+
+
+def _emissions_series(energy: dict[str, Any]) -> str | None:
+    series = energy.get("emissions_series", "")
+    if not isinstance(series, str) or len(series) > 1000 or "\n" in series:
+        raise ValueError("energy.emissions_series must be one line of PromQL (a metric name "
+                         "or selector in gCO2e/kWh), at most 1000 characters")
+    return series.strip() or None
 
 
 def _emissions_factor(energy: dict[str, Any]) -> float | None:

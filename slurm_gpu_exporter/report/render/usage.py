@@ -14,14 +14,16 @@ from slurm_gpu_exporter.report.render import html, text
 from slurm_gpu_exporter.report.render.svg import hbar_chart
 from slurm_gpu_exporter.report.render.values import HEADINGS, when
 
-FIGURES = ("jobs", "gpu_hours", "busy_gpu_hours", "sm_active_gpu_hours", "wasted_gpu_hours",
-           "busy_ratio", "energy_kwh", "cpu_hours")
+FIGURES = ("jobs", "gpu_hours", "busy_gpu_hours", "sm_active_gpu_hours",
+           "tensor_active_gpu_hours", "dram_active_gpu_hours", "wasted_gpu_hours",
+           "busy_ratio", "energy_kwh", "cpu_energy_kwh", "cpu_hours")
 USAGE_HEADINGS = {
     **HEADINGS, "account": "Account", "user": "User", "partition": "Partition",
     "cluster": "Cluster", "month": "Month", "gpu_hours": "GPU-h held",
     "busy_gpu_hours": "Busy GPU-h", "sm_active_gpu_hours": "SM-active GPU-h",
-    "wasted_gpu_hours": "Wasted GPU-h", "busy_ratio": "Busy", "energy_kwh": "Energy kWh",
-    "cpu_hours": "CPU-h", "emissions_kg": "GPU kgCO2e",
+    "wasted_gpu_hours": "Wasted GPU-h", "busy_ratio": "Busy", "energy_kwh": "GPU kWh",
+    "cpu_hours": "CPU-h", "emissions_kg": "kgCO2e", "tensor_active_gpu_hours": "Tensor GPU-h",
+    "dram_active_gpu_hours": "DRAM-active GPU-h", "cpu_energy_kwh": "CPU+DRAM kWh",
 }
 CHART_GROUPS = 30
 
@@ -34,11 +36,26 @@ def usage_row(report: UsageReport, group: UsageGroup) -> dict[str, Any]:
     row.update({"jobs": group.jobs, "gpu_hours": group.gpu_hours,
                 "busy_gpu_hours": group.busy_gpu_hours,
                 "sm_active_gpu_hours": group.sm_active_gpu_hours,
+                "tensor_active_gpu_hours": group.tensor_active_gpu_hours,
+                "dram_active_gpu_hours": group.dram_active_gpu_hours,
                 "wasted_gpu_hours": group.wasted_gpu_hours, "busy_ratio": group.busy_ratio,
-                "energy_kwh": group.energy_kwh, "cpu_hours": group.cpu_hours})
-    if report.gco2e_per_kwh:  # the archived energy times the configured factor
-        row["emissions_kg"] = group.energy_kwh * report.gco2e_per_kwh / 1000
+                "energy_kwh": group.energy_kwh, "cpu_energy_kwh": group.cpu_energy_kwh,
+                "cpu_hours": group.cpu_hours})
+    if _shows_emissions(report):
+        row["emissions_kg"] = _emissions_kg(report, group)
     return row
+
+
+def _shows_emissions(report: UsageReport) -> bool:
+    return bool(report.gco2e_per_kwh) or report.emissions_archived
+
+
+def _emissions_kg(report: UsageReport, group: UsageGroup) -> float:
+    """With --config's factor: the archived GPU and CPU energy times it; without: the
+    emissions as archived (at the factor of the time each job was archived)."""
+    if report.gco2e_per_kwh:
+        return (group.energy_kwh + group.cpu_energy_kwh) * report.gco2e_per_kwh / 1000
+    return group.emissions_g / 1000
 
 
 def usage_title(report: UsageReport) -> str:
@@ -55,7 +72,7 @@ def usage_summary(report: UsageReport) -> str:
 
 
 def _figures(report: UsageReport) -> tuple[str, ...]:
-    return (*FIGURES, "emissions_kg") if report.gco2e_per_kwh else FIGURES
+    return (*FIGURES, "emissions_kg") if _shows_emissions(report) else FIGURES
 
 
 def _columns(report: UsageReport) -> tuple[str, ...]:
