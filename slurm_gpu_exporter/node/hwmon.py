@@ -86,7 +86,9 @@ class HwmonPowerMeter:
         if not self.files:
             self._until_rediscover -= 1
             if self._absent is not None and self._until_rediscover > 0:
-                raise self._absent
+                # A new exception each time: raising the stored one again would grow
+                # its traceback by these frames on every read, without end.
+                raise MeterDown(str(self._absent), absent=True)
             try:
                 self.files = find_power_files(self.root, self.names)
                 self._absent = None

@@ -138,6 +138,21 @@ def test_a_node_without_a_meter_is_down_counted_once_and_shows_no_energy(tmp_pat
     assert errors.snapshot()["nodepower"] == 1
 
 
+def test_an_absent_meter_read_again_and_again_keeps_its_error_small(tmp_path: Path) -> None:
+    # Raising one stored exception again grows its traceback by a frame per read: an
+    # agent on a node without a meter leaked about 6 KiB a sample that way.
+    meter = HwmonPowerMeter(tmp_path / "none")
+    depths = []
+    for _ in range(200):
+        with pytest.raises(MeterDown) as caught:
+            meter.read()
+        tb, depth = caught.value.__traceback__, 0
+        while tb is not None:
+            tb, depth = tb.tb_next, depth + 1
+        depths.append(depth)
+    assert max(depths) <= 3, depths[-1]
+
+
 def test_an_unreadable_meter_is_down_and_its_interval_not_counted(tmp_path: Path) -> None:
     tree = HwmonTree(tmp_path)
     errors = SourceErrors()
