@@ -36,6 +36,20 @@ class CpuEnergyPart:
     outside_jobs: tuple[tuple[str, float], ...] = ()  # (domain, joules)
 
 
+def forget_gone_runs(jobs: dict[RunKey, Any], unclaimed: dict[RunKey, int],
+                     alive: set[RunKey]) -> None:
+    """Drop from ``jobs`` the runs not ``alive``; a run restored from the state dir
+    (``unclaimed``: samples of grace left) stays until its grace runs out."""
+    for key in alive:
+        unclaimed.pop(key, None)
+    for key in list(unclaimed):
+        unclaimed[key] -= 1
+        if unclaimed[key] <= 0:
+            del unclaimed[key]
+    for key in [k for k in jobs if k not in alive and k not in unclaimed]:
+        del jobs[key]
+
+
 class EnergySharer:
     """Pure bookkeeping: shares one sample's energy by CPU time, keeps the counters."""
 
@@ -71,14 +85,7 @@ class EnergySharer:
 
     def keep_only(self, alive: set[RunKey]) -> None:
         """Forget the runs that are gone (restored ones after a grace of samples)."""
-        for key in alive:
-            self.unclaimed.pop(key, None)
-        for key in list(self.unclaimed):
-            self.unclaimed[key] -= 1
-            if self.unclaimed[key] <= 0:
-                del self.unclaimed[key]
-        for key in [k for k in self.jobs if k not in alive and k not in self.unclaimed]:
-            del self.jobs[key]
+        forget_gone_runs(self.jobs, self.unclaimed, alive)
 
 
 class CpuEnergySource:

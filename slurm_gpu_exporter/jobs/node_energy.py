@@ -25,10 +25,10 @@ from slurm_gpu_exporter.exposition.snapshot import (
     JobInfo,
     JobNodeEnergySample,
 )
+from slurm_gpu_exporter.jobs.cpu_energy import RunKey, forget_gone_runs
 from slurm_gpu_exporter.node.hwmon import MeterDown
 from slurm_gpu_exporter.node.source_health import SourceErrors
 
-RunKey = tuple[str, float | None]
 RESTORED_GRACE = 60  # samples a run restored from the state dir may take to show again
 
 
@@ -150,22 +150,12 @@ class NodeEnergySource:
 
     def _part(self, up: bool, watts: float | None, running: list[JobInfo]) -> NodeEnergyPart:
         alive = {(j.jobid, j.start_time): j for j in running}
-        self._forget(set(alive))
+        forget_gone_runs(self.jobs, self.unclaimed, set(alive))
         return NodeEnergyPart(
             up=up, power_watts=watts, energy_joules=self.total if self.measured else None,
             jobs=tuple(JobNodeEnergySample(alive[k], joules)
                        for k, joules in self.jobs.items() if k in alive),
             outside_jobs_joules=self.outside if self.measured else None)
-
-    def _forget(self, alive: set[RunKey]) -> None:
-        for key in alive:
-            self.unclaimed.pop(key, None)
-        for key in list(self.unclaimed):
-            self.unclaimed[key] -= 1
-            if self.unclaimed[key] <= 0:
-                del self.unclaimed[key]
-        for key in [k for k in self.jobs if k not in alive and k not in self.unclaimed]:
-            del self.jobs[key]
 
     def export_state(self) -> dict[str, Any]:
         if not self.measured:
