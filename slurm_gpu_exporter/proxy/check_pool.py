@@ -17,6 +17,8 @@ import collections
 import contextlib
 import json
 import logging
+import os
+import signal
 import sys
 
 from slurm_gpu_exporter.proxy.check_worker import HEADER, encode_message
@@ -53,16 +55,18 @@ class _Worker:
         size = HEADER.unpack(await stdout.readexactly(HEADER.size))[0]
         return json.loads(await stdout.readexactly(size))
 
-    async def kill(self, grace_s: float = 0.0) -> None:
-        """End the worker: at once, or after ``grace_s`` for one that is exiting (its
-        output ended). Killing an exited worker before asyncio has reaped it would reap
-        it in the kill and lose its exit status (asyncio then reports 255)."""
-        if grace_s and self.process.returncode is None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(grace_s):
-                    await self.process.wait()
+    def signal_kill(self) -> None:
+        """SIGKILL the worker without reaping it. ``Process.kill`` polls the child first
+        (``Popen.send_signal``); that poll can reap a dead worker before asyncio's child
+        watcher does, which then reports exit 255 and loses the real status."""
         if self.process.returncode is None:
-            self.process.kill()
+            # asyncio has not seen it exit, so the pid is still this child's (a zombie
+            # at most), bar the instant between its watcher's reap and the callback.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGKILL)
+
+    async def kill(self) -> None:
+        self.signal_kill()
         # Close both pipes (stdout by reading it to its end), so the transport closes
         # now rather than when it is collected, perhaps after its loop.
         if self.process.stdin is not None:
@@ -141,8 +145,7 @@ class CheckPool:
                 await worker.ask({"kind": "query", "text": "1", "admin": True, "users": [],
                                   "public": []})
         except BaseException as exc:  # cancelled too (the pool closing): no orphan left
-            ended = isinstance(exc, (asyncio.IncompleteReadError, ConnectionError))
-            await worker.kill(grace_s=1.0 if ended else 0.0)
+            await worker.kill()
             if isinstance(exc, (TimeoutError, asyncio.IncompleteReadError, ConnectionError)):
                 raise OSError(f"the query checker {' '.join(self.command)} did not start "
                               f"({type(exc).__name__}, exit {process.returncode})") from None
@@ -183,8 +186,7 @@ class CheckPool:
     def _replace(self, worker: _Worker, why: str) -> None:
         log.warning("query checker %d %s; starting another", worker.process.pid, why)
         self._all.discard(worker)
-        if worker.process.returncode is None:
-            worker.process.kill()  # now: it may be spinning on the CPU
+        worker.signal_kill()  # now: it may be spinning on the CPU
 
         async def replace() -> None:
             await worker.kill()
