@@ -43,21 +43,19 @@ class JobGpuCounters:
     processes: int = 0
     activity: dict[str, float] = field(default_factory=dict)  # GPM activity seconds by name
     unknown: float = 0.0  # seconds held where the driver's samples may have been lost
-    # How far allocated runs ahead of held - unknown: a sample period or so, where the
-    # driver's windows ran ahead of the wall clock (see hold).
-    lead: float = 0.0
 
     @property
     def allocated(self) -> float:
-        """Measured time held, never below the sampled window."""
-        return max(self.held - self.unknown + self.lead, self.window)
+        # Measured time held. Never below the sampled window, so that busy / allocated
+        # stays <= 1 where the driver's clock runs a little ahead of the wall clock.
+        # It only grows: each poll's unknown time is at most the time it adds to held.
+        return max(self.held - self.unknown, self.window)
 
     def hold(self, now: float, start: float | None, first_poll: float, window: float,
              unknown: float = 0.0) -> None:
         """Count wall time (and the sampled window) for a job that holds the GPU, and the
         part of it that nothing measured (``unknown``: samples lost), which stays out of
         allocated and busy time, counted on its own."""
-        before = self.allocated
         added = held_seconds(self.held_until, start, first_poll, now)
         self.held += added
         self.held_until = now
@@ -65,12 +63,6 @@ class JobGpuCounters:
         # At most what the poll held beyond its sampled window: driver and host clocks
         # differ by a sample period or so, and measured time comes first.
         self.unknown += min(max(0.0, unknown), max(0.0, added - window))
-        # Each poll adds at least its window, so that busy / allocated stays <= 1 over
-        # any interval, not only in the totals: a poll whose window is longer than the
-        # wall time it adds (the newest sample came sooner after it than the last
-        # one's) takes the lead, and the next polls' wall time pays it back.
-        measured = self.held - self.unknown
-        self.lead = max(before + window, measured) - measured
 
     def accrue(self, *, window: float, busy: float | None, energy: float | None,
                memory: int, processes: int) -> None:
@@ -93,7 +85,7 @@ class JobGpuCounters:
 
     def to_state(self) -> list[Any]:
         return [self.gpu, self.held, self.window, self.busy, self.energy, self.peak,
-                self.held_until, self.activity, self.unknown, self.lead]
+                self.held_until, self.activity, self.unknown]
 
     @classmethod
     def from_state(cls, data: Any) -> JobGpuCounters | None:
@@ -103,7 +95,6 @@ class JobGpuCounters:
         try:
             activity: Any = {}
             unknown: Any = 0.0
-            lead: Any = 0.0
             if len(data) == 5:  # before 0.2: one allocated total, no time held until
                 gpu, allocated, busy, energy, peak = data
                 held = window = float(allocated)
@@ -112,15 +103,12 @@ class JobGpuCounters:
                 gpu, held, window, busy, energy, peak, held_until = data
             elif len(data) == 8:  # before unknown time
                 gpu, held, window, busy, energy, peak, held_until, activity = data
-            elif len(data) == 9:  # before the lead
-                gpu, held, window, busy, energy, peak, held_until, activity, unknown = data
             else:
-                (gpu, held, window, busy, energy, peak, held_until, activity, unknown,
-                 lead) = data
+                gpu, held, window, busy, energy, peak, held_until, activity, unknown = data
             return cls(str(gpu), float(held), float(window), opt(busy), opt(energy),
                        int(peak), opt(held_until), fresh=False,
                        activity={str(n): float(v) for n, v in dict(activity).items()},
-                       unknown=float(unknown), lead=float(lead))
+                       unknown=float(unknown))
         except (TypeError, ValueError):
             return None
 
