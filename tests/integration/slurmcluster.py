@@ -281,6 +281,16 @@ class SlurmCluster:
         """Wait until the job ended, whatever the way; return its final state."""
         return self.wait_state(jobid, FINISHED_STATES, timeout)
 
+    def wait_no_jobs(self, timeout: float = 30.0) -> None:
+        """Wait until the controller has no pending, running or completing job (a job an
+        earlier test cancelled ends a moment after its scancel)."""
+        deadline = time.monotonic() + timeout
+        while self.run(["squeue", "-h", "-t", "PD,R,CG,S", "-o", "%A"], check=False).strip():
+            if time.monotonic() > deadline:
+                raise SlurmError(f"jobs still active after {timeout}s:\n"
+                                 f"{self.run(['squeue'], check=False)}")
+            time.sleep(0.2)
+
     def cancel(self, jobid: int) -> None:
         """Cancel a job (no error when it already ended)."""
         self.run(["scancel", str(jobid)], check=False)

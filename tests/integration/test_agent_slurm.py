@@ -98,14 +98,6 @@ def running_job(
             cluster.wait_finished(jobid, timeout=30)
 
 
-def wait_no_jobs(cluster: SlurmCluster, timeout: float = 30.0) -> None:
-    """Wait until the controller has no pending, running or completing job."""
-    wait_until(
-        lambda: not cluster.run(["squeue", "-h", "-t", "PD,R,CG,S", "-o", "%A"],
-                                check=False).strip(),
-        timeout, "no active job", poll=0.2, log=lambda: cluster.run(["squeue"], check=False))
-
-
 def scontrol_job(cluster: SlurmCluster, jobid: int) -> dict[str, str]:
     """``scontrol -o show job`` of one job as a dict."""
     records = [r for r in cluster.job_info(jobid) if r.get("JobId") == str(jobid)]
@@ -670,11 +662,11 @@ def cluster_without_cpuacct(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluste
     """
     previous = slurm_cluster.jobacct
     try:
-        wait_no_jobs(slurm_cluster)
+        slurm_cluster.wait_no_jobs()
         slurm_cluster.up(jobacct="none")
         yield slurm_cluster
     finally:
-        wait_no_jobs(slurm_cluster)
+        slurm_cluster.wait_no_jobs()
         slurm_cluster.up(jobacct=previous)
 
 

@@ -98,12 +98,7 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
     devices = [Device(index=i, minor=i) for i in range(4)]
     fake.write(NvmlState(devices=devices))
     _slurm_env.update(slurm_cluster.env)
-    # The job that times out first: its minute overlaps all the rest.
-    submitted_at = time.time() - 1
     ids: dict[str, int] = {}
-    for name in ("timeout", "completed", "failed", "cancelled"):
-        user, extra, script, _ = JOBS[name]
-        ids[name] = slurm_cluster.submit(script, user=user, gres="gpu:1", extra_args=extra)
     agent = prom = empty = pg = None
     try:
         agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir),
@@ -117,6 +112,17 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
         pg = PostgresServer()
         agent.wait_ready()
         prom.wait_ready()
+        # The jobs start once the agent samples: it counts a GPU's time from its first
+        # sample, while the truth below counts from the job's start (a loaded machine
+        # took over a second to start the agent, and the idle part of a job's first
+        # seconds went uncounted).
+        # A job an earlier test cancelled may still be ending: it would end in the window.
+        slurm_cluster.wait_no_jobs()
+        # The job that times out first: its minute overlaps all the rest.
+        submitted_at = time.time()
+        for name in ("timeout", "completed", "failed", "cancelled"):
+            user, extra, script, _ = JOBS[name]
+            ids[name] = slurm_cluster.submit(script, user=user, gres="gpu:1", extra_args=extra)
         started = time.monotonic()
         for jobid in ids.values():
             slurm_cluster.wait_state(jobid, "RUNNING", timeout=30)
@@ -242,7 +248,7 @@ def test_job_from_the_archive_matches_the_live_report_and_sacct(
 def test_usage_from_the_archive_gives_the_live_gpu_hours_per_account(
         scenario: Scenario, backend: str) -> None:
     got = report("usage", "--by", "account", "user", "--start",
-                 f"{scenario.submitted_at:.0f}", "--format", "json", "--db", scenario.dbs[backend])
+                 f"{scenario.submitted_at:.3f}", "--format", "json", "--db", scenario.dbs[backend])
     assert got.returncode == 0, got.stderr
     groups = {(g["account"], g["user"]): g for g in json.loads(got.stdout)["groups"]}
     expected: dict[tuple[str, str], list[float]] = {}
@@ -260,7 +266,7 @@ def test_usage_from_the_archive_gives_the_live_gpu_hours_per_account(
 
 
 def test_low_util_past_retention_comes_from_the_archive_and_says_so(scenario: Scenario) -> None:
-    got = report("low-util", "--start", f"{scenario.submitted_at:.0f}", "--threshold", "0.6",
+    got = report("low-util", "--start", f"{scenario.submitted_at:.3f}", "--threshold", "0.6",
                  "--format", "json",
                  "--db", scenario.dbs["sqlite"], "--prometheus-url", scenario.empty_prometheus)
     assert got.returncode == 0, got.stderr
