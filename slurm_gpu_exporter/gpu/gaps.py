@@ -60,7 +60,7 @@ def integrate_gaps(samples: tuple[UtilSample, ...], cursor_us: int | None,
     samples, else ``period_us``) and the rest of the gap counts as idle: in the
     window, not busy. A gap is left out of both instead where samples may have been
     lost: from a cursor this agent did not read ``continuous``-ly (restored from the
-    state dir, NVML frozen) or before a sample in ``breaks`` (the first of a read
+    state dir, re-based) or before a sample in ``breaks`` (the first of a read
     that found the driver's buffer full: it may have overwritten samples), counted
     as ``unknown``; or longer than ``max_gap_us`` (the clock jumped: not time at
     all). Time before ``not_before_us`` (a job's start) or ``counted_us`` (counted

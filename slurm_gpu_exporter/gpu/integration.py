@@ -276,13 +276,6 @@ class DeviceIntegrator:
         self.cursors.clear()
         self.buffers.stashes.clear()  # what was read between polls is on the old clocks
 
-    def interrupted(self) -> None:
-        """NVML was frozen or down for a while: the gap up to each GPU's next sample may
-        hold samples nobody read, and is not idle time."""
-        for c in self.cursors.values():
-            c.continuous = False
-            c.dry_since = None
-
     def prune(self, present: set[str]) -> None:
         """Forget GPUs no longer present (a MIG layout changed, a GPU was removed)."""
         self.events.prune(present)

@@ -96,7 +96,9 @@ class GpuSampler:
         self.devices.driver_seen(self.link.generation, self.link.driver)
         self.energy.driver_seen(self.link.driver)
         if readings is None:
-            self.devices.interrupted()
+            # Down, or a read still in flight. Nothing is lost while the driver's buffers
+            # hold what the next read finds: its lateness decides (gpu/buffers.py), as for
+            # a stalled agent. A driver that comes back is a new init: cursors start over.
             self._last_part = self._frozen(jobs, now)
             return self._last_part
         if self.cgroups is not None:

@@ -178,6 +178,36 @@ def test_allocated_time_goes_on_while_the_driver_is_stuck(
     assert one(part).allocated_seconds == pytest.approx(before + 4.0)
 
 
+def test_a_slow_read_over_an_idle_gpu_loses_no_time(
+    sampler: GpuSampler, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One read still running at the next sample (a loaded node, a slow driver) over a GPU
+    that idles between two bursts: the driver's buffer held everything, so the idle gap is
+    idle time, not unknown. Before, the slow read marked the gap up to the next burst
+    unknown: 4.1 s of the slow poll's 5 s here."""
+    backend.percent = 100.0
+    jobs = [job()]
+    poll(sampler, backend, jobs)
+    for _ in range(3):
+        backend.advance(1.0)
+        poll(sampler, backend, jobs)
+    backend.no_samples = True  # idle: the driver takes no samples
+    assert sampler.link._poller is not None
+    real = sampler.link._poller.poll
+    for i in range(6):
+        backend.advance(1.0)
+        if i == 2:
+            monkeypatch.setattr(sampler.link._poller, "poll", lambda cursors, timeout: None)
+        poll(sampler, backend, jobs)
+        monkeypatch.setattr(sampler.link._poller, "poll", real)
+    backend.no_samples, backend.lost_before = False, backend.t + 4.0  # busy from then on
+    backend.advance(5.0)  # a late poll: 1 s of samples after 4 s more idle
+    got = one(poll(sampler, backend, jobs))
+    assert got.unknown_seconds == 0.0
+    assert got.allocated_seconds == pytest.approx(14.0)
+    assert got.busy_seconds == pytest.approx(4.0)
+
+
 # ------------------------------------------------------- 5. clock domains
 
 
