@@ -44,6 +44,14 @@ def poll(sampler: GpuSampler, backend: FakeBackend, jobs: list[Job]) -> GpuPartR
     return sampler.sample(jobs, backend.t)
 
 
+def polls_a_second_apart(sampler: GpuSampler, backend: FakeBackend, jobs: list[Job],
+                         n: int) -> None:
+    poll(sampler, backend, jobs)
+    for _ in range(n - 1):
+        backend.advance(1.0)
+        poll(sampler, backend, jobs)
+
+
 def one(part: GpuPartResult, jobid: str = "7") -> JobGpuSample:
     [found] = [s for s in part.job_gpus if s.jobid == jobid]
     return found
@@ -150,10 +158,7 @@ def test_allocated_time_includes_a_gap_in_the_samples_busy_time_does_not(
 ) -> None:
     backend.percent = 100.0
     jobs = [job()]
-    poll(sampler, backend, jobs)
-    for _ in range(3):
-        backend.advance(1.0)
-        poll(sampler, backend, jobs)
+    polls_a_second_apart(sampler, backend, jobs, 4)
     backend.advance(5.0)
     backend.lost_before = backend.t - 1.0  # the driver lost 4 s of samples
     got = one(poll(sampler, backend, jobs))
@@ -187,10 +192,7 @@ def test_a_slow_read_over_an_idle_gpu_loses_no_time(
     unknown: 4.1 s of the slow poll's 5 s here."""
     backend.percent = 100.0
     jobs = [job()]
-    poll(sampler, backend, jobs)
-    for _ in range(3):
-        backend.advance(1.0)
-        poll(sampler, backend, jobs)
+    polls_a_second_apart(sampler, backend, jobs, 4)
     backend.no_samples = True  # idle: the driver takes no samples
     assert sampler.link._poller is not None
     real = sampler.link._poller.poll
