@@ -178,6 +178,13 @@ def node(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def installed(node: Node) -> PlayResult:
     """The role applied once from the checkout; later tests reuse this install."""
+    # The wheel cache holds a wheel of older sources, and what other tools keep there.
+    cache = node.base / "wheel-cache"
+    (cache / "0123456789abcdef").mkdir(parents=True)
+    (cache / "0123456789abcdef" / "slurm_gpu_exporter-0.0.1-py3-none-any.whl").write_bytes(b"")
+    (cache / "fakenvml" / "fedcba9876543210").mkdir(parents=True)
+    (cache / "fakenvml" / "fedcba9876543210" / "libnvidia-ml.so.1").write_bytes(b"")
+    (cache / "notes").write_text("the site's\n")
     result = node.play()
     assert result.rc == 0, result.output[-4000:]
     return result
@@ -237,6 +244,17 @@ def test_run_tag_alone_on_a_fresh_node_says_what_to_do(node: Node) -> None:
     assert "is not installed on localhost; run the role with the install and configure tags" \
         in result.output
     assert node.leftovers() == []
+
+
+def test_the_wheel_cache_loses_only_the_wheels_of_older_sources(
+        node: Node, installed: PlayResult) -> None:
+    cache = node.base / "wheel-cache"
+    [built] = [p for p in cache.iterdir() if re.fullmatch("[0-9a-f]{16}", p.name)]
+    assert list(built.glob("slurm_gpu_exporter-*.whl")) and built.name != "0123456789abcdef"
+    # Other tools' files stay (the role took every other directory, a test library's
+    # cache among them, while that library's tests ran).
+    assert (cache / "fakenvml" / "fedcba9876543210" / "libnvidia-ml.so.1").is_file()
+    assert (cache / "notes").read_text() == "the site's\n"
 
 
 def test_install_from_the_checkout(node: Node, installed: PlayResult) -> None:
