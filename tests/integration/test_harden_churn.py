@@ -2,7 +2,7 @@
 soon as the agent has shown it: as fast as the agent samples.
 
 Every job shows up, none stays after the linger, the jobs still running at the end
-are exactly those exposed, and the agent's memory ends within 5 MB of its baseline.
+are exactly those exposed, and the agent's memory does not grow with each churn.
 """
 
 from __future__ import annotations
@@ -94,16 +94,24 @@ def test_thousand_jobs_churn_exactly_and_memory_returns(tmp_path: Path) -> None:
         started = time.monotonic()
         seen: set[str] = set()
         _churn(node, agent, 200_000, JOBS, seen)
-        keep = {str(j) for j in range(300_000, 300_010)}
+        churn_s = time.monotonic() - started
+        _settle(agent, set())
+        after_one = rss_kib(agent.proc.pid)
+        _churn(node, agent, 300_000, JOBS, seen)
+        keep = {str(j) for j in range(400_000, 400_010)}
         for jobid in keep:
             node.add_job(int(jobid), [int(jobid)])
-        churn_s = time.monotonic() - started
         text = _settle(agent, keep)
         seen |= _jobids(text)
         end = rss_kib(agent.proc.pid)
     finally:
         agent.stop()
-    print(f"churn: {JOBS} jobs in {churn_s:.1f} s; RSS baseline {baseline} KiB, "
-          f"end {end} KiB, growth {end - baseline} KiB")
+    first, second = after_one - baseline, end - after_one
+    print(f"churn: {JOBS} jobs in {churn_s:.1f} s; RSS baseline {baseline} KiB, growth "
+          f"{first} KiB over the first churn, {second} KiB over the second")
     assert {str(j) for j in range(200_000, 200_000 + JOBS)} <= seen
-    assert end - baseline < 2 * 1024  # measured 8 to 20 KiB, three busy loops beside it
+    assert {str(j) for j in range(300_000, 300_000 + JOBS)} <= seen
+    # What a churn leaves behind grows with each churn, so a leak shows in both; the
+    # allocator's pools can still grow once past the warm-up's peak on a loaded machine
+    # (2.1 MiB seen in one churn, 8 to 20 KiB in most).
+    assert min(first, second) < 2 * 1024, (first, second)
