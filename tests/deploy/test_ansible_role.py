@@ -167,7 +167,17 @@ def node(tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("role-node")
     saved = {path: move_aside(path) for path in GLOBAL_PATHS}
     try:
-        yield Node(base)
+        node = Node(base)
+        # Before the module's first build, the wheel cache holds a wheel of older sources
+        # and what other tools keep there.
+        cache = base / "wheel-cache"
+        (cache / "0123456789abcdef").mkdir(parents=True)
+        (cache / "0123456789abcdef" / "slurm_gpu_exporter-0.0.1-py3-none-any.whl").write_bytes(
+            b"")
+        (cache / "fakenvml" / "fedcba9876543210").mkdir(parents=True)
+        (cache / "fakenvml" / "fedcba9876543210" / "libnvidia-ml.so.1").write_bytes(b"")
+        (cache / "notes").write_text("the site's\n")
+        yield node
     finally:
         for path, sibling in saved.items():
             _remove(path)
@@ -178,13 +188,6 @@ def node(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def installed(node: Node) -> PlayResult:
     """The role applied once from the checkout; later tests reuse this install."""
-    # The wheel cache holds a wheel of older sources, and what other tools keep there.
-    cache = node.base / "wheel-cache"
-    (cache / "0123456789abcdef").mkdir(parents=True)
-    (cache / "0123456789abcdef" / "slurm_gpu_exporter-0.0.1-py3-none-any.whl").write_bytes(b"")
-    (cache / "fakenvml" / "fedcba9876543210").mkdir(parents=True)
-    (cache / "fakenvml" / "fedcba9876543210" / "libnvidia-ml.so.1").write_bytes(b"")
-    (cache / "notes").write_text("the site's\n")
     result = node.play()
     assert result.rc == 0, result.output[-4000:]
     return result
@@ -249,8 +252,9 @@ def test_run_tag_alone_on_a_fresh_node_says_what_to_do(node: Node) -> None:
 def test_the_wheel_cache_loses_only_the_wheels_of_older_sources(
         node: Node, installed: PlayResult) -> None:
     cache = node.base / "wheel-cache"
-    [built] = [p for p in cache.iterdir() if re.fullmatch("[0-9a-f]{16}", p.name)]
-    assert list(built.glob("slurm_gpu_exporter-*.whl")) and built.name != "0123456789abcdef"
+    built = [p for p in cache.iterdir() if re.fullmatch("[0-9a-f]{16}", p.name)]
+    assert built and all(list(p.glob("slurm_gpu_exporter-*.whl")) for p in built), built
+    assert not (cache / "0123456789abcdef").exists()
     # Other tools' files stay (the role took every other directory, a test library's
     # cache among them, while that library's tests ran).
     assert (cache / "fakenvml" / "fedcba9876543210" / "libnvidia-ml.so.1").is_file()
