@@ -92,11 +92,12 @@ class Node:
         values = [v for labels, v in series(self.text, DEVICE_ENERGY) if labels["uuid"] in uuids]
         return values[0] if len(values) == 1 else None
 
-    def first_reading(self, agent: Agent) -> tuple[float, float] | None:
-        """(the job's energy, the GPU's counter) in the first scrape that has both."""
+    def reading(self, agent: Agent) -> tuple[float, float, float] | None:
+        """(the job's energy, its allocated time, the GPU's counter) in one scrape; None
+        until the agent has read the GPU."""
         got = self.scrape(agent)
         device = self.device_energy() if got is not None else None
-        return (got[0], device) if got is not None and device is not None else None
+        return (got[0], got[1], device) if got is not None and device is not None else None
 
     def after_samples(self, agent: Agent, n: int) -> tuple[float, float, float]:
         """A scrape ``n`` samples after the first one that had the job's series."""
@@ -169,18 +170,15 @@ def test_job_energy_is_power_times_allocated_time_across_sigkill_restarts_and_a_
         # The driver's counter as the new agent first read it, and the job's energy then:
         # on a loaded machine that first reading can come samples after the first scrape,
         # whose GPU figures are the restored ones.
-        job_first, device_first = wait_until(partial(node.first_reading, agent), 10,
-                                             "the GPU's energy after the reload", log=agent.log)
+        job_first, _, device_first = wait_until(partial(node.reading, agent), 10,
+                                                "the GPU's energy after the reload",
+                                                log=agent.log)
 
         def later_reading() -> tuple[float, float, float] | None:
             # A reading at least two samples' energy on (one 100 ms step short at most).
-            got = node.scrape(agent)
-            device = node.device_energy() if got is not None else None
-            if got is None or device is None:
-                return None
-            if device < device_first + 2 * SAMPLE_S * POWER_W - 20:
-                return None
-            return got[0], got[1], device
+            got = node.reading(agent)
+            return got if got is not None and (
+                got[2] >= device_first + 2 * SAMPLE_S * POWER_W - 20) else None
 
         energy2, allocated2, device2 = wait_until(later_reading, 10, "two more samples' energy",
                                                   log=agent.log)
