@@ -137,7 +137,7 @@ def _elapsed(log: str, jobid: int) -> float:
 
 def test_end_mail_carries_the_jobs_summary_then_goes_unchanged_without_prometheus(
         mails: Mails) -> None:
-    jobid = _run_job(mails, 20, busy=True)
+    jobid = _run_job(mails, 14, busy=True)
     mail = mails.of(jobid)
     subject = mail["argv"][1]
     assert mail["argv"][0] == "-s" and mail["argv"][2:] == [USER], mail["argv"]
