@@ -101,6 +101,14 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
     ids: dict[str, int] = {}
     agent = prom = empty = pg = None
     try:
+        # A job an earlier test cancelled may still be ending: it would end in the window.
+        slurm_cluster.wait_no_jobs()
+        # The job that times out first, before the daemons start: its minute (and up to
+        # 30 s more, until slurmctld's next check) covers everything else. Only the
+        # completed job's busy time is held to a truth counted from its start.
+        submitted_at = time.time()
+        user, extra, script, _ = JOBS["timeout"]
+        ids["timeout"] = slurm_cluster.submit(script, user=user, gres="gpu:1", extra_args=extra)
         agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir),
                        "--state-dir", str(work / "state"), "--sample-interval", "1",
                        "--slurm-lookup", "cli", "--node-name", slurm_cluster.node_name],
@@ -112,15 +120,11 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
         pg = PostgresServer()
         agent.wait_ready()
         prom.wait_ready()
-        # The jobs start once the agent samples: it counts a GPU's time from its first
+        # The others start once the agent samples: it counts a GPU's time from its first
         # sample, while the truth below counts from the job's start (a loaded machine
         # took over a second to start the agent, and the idle part of a job's first
         # seconds went uncounted).
-        # A job an earlier test cancelled may still be ending: it would end in the window.
-        slurm_cluster.wait_no_jobs()
-        # The job that times out first: its minute overlaps all the rest.
-        submitted_at = time.time()
-        for name in ("timeout", "completed", "failed", "cancelled"):
+        for name in ("completed", "failed", "cancelled"):
             user, extra, script, _ = JOBS[name]
             ids[name] = slurm_cluster.submit(script, user=user, gres="gpu:1", extra_args=extra)
         started = time.monotonic()
