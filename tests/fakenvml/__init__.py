@@ -50,6 +50,9 @@ __all__ = [
 
 SOURCE = Path(__file__).with_name("fake_nvml.c")
 LIB_NAME = "libnvidia-ml.so.1"
+# A device buffer's ring reaches back at most this many times buffer_samples sample
+# periods (RING_REACH in fake_nvml.c): the pattern history kept covers that much.
+RING_REACH = 64
 CFLAGS = (
     "-std=c11",
     "-shared",
@@ -639,7 +642,7 @@ class FakeNvml:
             raise ValueError("buffer_samples must be within 1..100000")
         if state.process_util_mode not in ("grid", "latest"):
             raise ValueError("process_util_mode must be 'grid' or 'latest'")
-        horizon = state.buffer_samples * state.sample_period_ms / 1000.0 + 60.0
+        horizon = RING_REACH * state.buffer_samples * state.sample_period_ms / 1000.0 + 60.0
         out = [
             "fakenvml 1",
             f"driver_version {_word(state.driver_version, 'driver_version')}",

@@ -1192,16 +1192,24 @@ static unsigned pct_round(double v)
     return r < 0 ? 0u : r > 100 ? 100u : (unsigned)r;
 }
 
-/* Range of sample indices k (t_k = k * period) that a query with
- * lastSeenTimeStamp may return: the newest complete one and those still in
- * the buffer.  Returns 0 when there is none. */
+/* First sample index k (t_k = k * period) a read with lastSeenTimeStamp may
+ * return: the one after the period of last_seen. */
+static unsigned long long after_k(const state_t *st, unsigned long long last_seen)
+{
+    return last_seen / ((unsigned long long)st->period_ms * 1000ull) + 1;
+}
+
+/* Range of process sample indices k that a query with lastSeenTimeStamp may
+ * return: the newest complete one and those of the newest buffer_samples
+ * periods (a time window; device samples keep a ring instead, see
+ * device_ring()).  Returns 0 when there is none. */
 static int sample_range(const state_t *st, unsigned long long last_seen, unsigned long long *k_lo,
                         unsigned long long *k_hi)
 {
     unsigned long long per = (unsigned long long)st->period_ms * 1000ull;
     unsigned long long hi = now_us() / per;
     unsigned long long lo = hi >= st->buffer_samples ? hi - st->buffer_samples + 1 : 0;
-    unsigned long long after = last_seen / per + 1;
+    unsigned long long after = after_k(st, last_seen);
     if (after > lo)
         lo = after;
     *k_lo = lo;
@@ -1949,6 +1957,78 @@ static int device_sample(const fdev_t *d, nvmlSamplingType_t type, unsigned long
     return 1;
 }
 
+/* A device buffer is a ring of buffer_samples slots of samples taken: a
+ * missing sample or (idle_samples 0) an idle one takes no slot, so on a bursty
+ * GPU the ring reaches back further than buffer_samples periods.  The walk back
+ * that finds the ring's oldest sample looks at no more than RING_REACH times
+ * buffer_samples periods: a GPU that took fewer samples than that over so long
+ * holds only those of the last RING_REACH * buffer_samples periods. */
+#define RING_REACH 64ull
+
+/* The first sample index at which d can take a sample of this type (lock
+ * held).  Power samples are always taken, and so are all samples with
+ * idle_samples 1: 0.  Otherwise a sample of 0 % is not taken, and until the
+ * device's data begins (the earliest FROM of its util patterns and its
+ * processes' sm patterns, derived and "none" entries aside) it is idle: the
+ * period before that one, conservatively; ULLONG_MAX without any pattern (an
+ * idle GPU takes none). */
+static unsigned long long first_sample_k(const fdev_t *d, nvmlSamplingType_t type)
+{
+    if (type == NVML_TOTAL_POWER_SAMPLES || !g_state->idle_dry)
+        return 0;
+    double from = INFINITY;
+    for (int i = 0; i < d->util.n; i++)
+        if (!d->util.v[i].derived) {
+            from = d->util.v[i].from; /* FROM does not decrease */
+            break;
+        }
+    for (int p = 0; p < d->nproc; p++) {
+        const tracelist_t *tl = &d->procs[p].sm;
+        for (int i = 0; i < tl->n; i++)
+            if (!tl->v[i].derived) {
+                from = fmin(from, tl->v[i].from);
+                break;
+            }
+    }
+    if (!isfinite(from))
+        return ULLONG_MAX;
+    /* Sample k ends by (k + 1) * period (jitter below one period), so none
+     * before this one can cover any of the data. */
+    double k = floor(from * 1e6 / ((double)g_state->period_ms * 1000.0)) - 1.0;
+    return k <= 0 ? 0ull : k < 1.8e19 ? (unsigned long long)k : ULLONG_MAX;
+}
+
+/* The samples a read of d's ring returns (lock held): those with index k >=
+ * after among its buffer_samples newest taken ones, in [*k_lo, *k_hi] (not
+ * every k there is taken); returns how many.  A walk back from the newest
+ * period through device_sample(), so it counts exactly what the read returns. */
+static unsigned long long device_ring(const fdev_t *d, nvmlSamplingType_t type,
+                                      unsigned long long after, unsigned long long now,
+                                      unsigned long long floor_us, unsigned long long *k_lo,
+                                      unsigned long long *k_hi)
+{
+    unsigned long long per = (unsigned long long)g_state->period_ms * 1000ull;
+    unsigned long long hi = now / per, n = g_state->buffer_samples;
+    unsigned long long bound = first_sample_k(d, type);
+    unsigned long long reach = RING_REACH * n;
+    if (hi >= reach && hi - reach + 1 > bound)
+        bound = hi - reach + 1;
+    if (floor_us / per > bound) /* none is older than floor_us */
+        bound = floor_us / per;
+    if (after > bound)
+        bound = after;
+    unsigned long long taken = 0, lo = hi + 1;
+    unsigned v;
+    for (unsigned long long k = hi + 1; k-- > bound && taken < n;)
+        if (device_sample(d, type, k, now, floor_us, &v)) {
+            taken++;
+            lo = k;
+        }
+    *k_lo = lo;
+    *k_hi = hi;
+    return taken;
+}
+
 nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
                                   unsigned long long lastSeenTimeStamp,
                                   nvmlValueType_t *sampleValType, unsigned int *sampleCount,
@@ -1968,14 +2048,12 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
     unsigned long long lo, hi, now = now_us();
     int boot = g_state->device_boot;
     double shift = driver_shift_us(boot);
-    if (!sample_range(g_state, from_driver_us(lastSeenTimeStamp, shift), &lo, &hi))
-        return done(NVML_ERROR_NOT_FOUND);
     /* On the boot clock nothing is older than the boot. */
     unsigned long long floor_us = boot && shift < 0 ? (unsigned long long)-shift : 0;
-    unsigned long long avail = 0;
+    unsigned long long avail =
+        device_ring(t.dev, type, after_k(g_state, from_driver_us(lastSeenTimeStamp, shift)),
+                    now, floor_us, &lo, &hi);
     unsigned v;
-    for (unsigned long long k = lo; k <= hi; k++)
-        avail += device_sample(t.dev, type, k, now, floor_us, &v);
     if (!avail)
         return done(NVML_ERROR_NOT_FOUND);
     *sampleValType = NVML_VALUE_TYPE_UNSIGNED_INT;

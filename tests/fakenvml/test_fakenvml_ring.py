@@ -1,0 +1,172 @@
+"""The fake's device sample buffers are rings of samples taken, as a driver keeps.
+
+A driver keeps the newest ``buffer_samples`` samples it took and overwrites the
+oldest. Where it takes no sample while the GPU is idle (``idle_samples 0``, the
+real-driver default) or misses one, that sample takes no slot: the ring of a GPU
+busy now and then reaches back far more than ``buffer_samples`` periods, and it
+holds still while the GPU is idle. Driven through the real nvidia-ml-py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fakenvml import Device, FakeNvml, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.fakenvml.test_fakenvml import run
+
+pytestmark = pytest.mark.fakenvml
+
+N = 30
+PERIOD_S = 0.167
+PERIOD_US = 167_000
+GRID = {"sample_jitter": 0.0, "sample_missing_every": 0}
+# 1 s busy every 20 s: about six samples a burst, so 30 slots reach back five bursts.
+BURST_S, EVERY_S = 1.0, 20.0
+
+@pytest.fixture
+def fake(tmp_path: Path) -> FakeNvml:
+    return fake_nvml_or_skip(tmp_path / "nvml")
+
+
+READS = """
+N.nvmlInit()
+h = N.nvmlDeviceGetHandleByIndex(0)
+
+def read(kind, since):
+    got = call(N.nvmlDeviceGetSamples, h, kind, since)
+    return got if isinstance(got, str) else [[s.timeStamp, s.sampleValue.uiVal] for s in got[1]]
+
+util = read(N.NVML_GPU_UTILIZATION_SAMPLES, 0)
+"""
+
+
+def _bursty(fake: FakeNvml, **state: object) -> Pattern:
+    """A GPU whose last burst ended a second ago and whose next is 18 s away; its
+    idle samples are not taken (the default)."""
+    now = time.time()
+    pattern = Pattern.square(BURST_S, EVERY_S, origin=now - BURST_S - 1.0)
+    fake.write(NvmlState(buffer_samples=N, device_clock="epoch", **state,  # type: ignore[arg-type]
+                         devices=[Device(0, power_w=150.0, util=pattern)]))
+    return pattern
+
+
+def _in_a_burst(pattern: Pattern, ts_us: int) -> bool:
+    """A sample that covers some busy time: stamped in a burst or within two periods
+    (the one after it may be missing) and a jitter after one."""
+    phase = (ts_us / 1e6 - pattern.origin) % EVERY_S
+    return phase <= BURST_S + 2.5 * PERIOD_S
+
+
+def test_a_bursty_gpu_s_ring_holds_n_samples_from_far_more_than_n_periods_back(
+    fake: FakeNvml,
+) -> None:
+    pattern = _bursty(fake)  # jittered samples, some missing: the real-driver defaults
+    got = run(fake, READS + """
+time.sleep(1.0)  # idle: nothing is taken, so nothing is overwritten
+again = read(N.NVML_GPU_UTILIZATION_SAMPLES, 0)
+out({"util": util, "again": again})
+""")
+    util = got["util"]
+    stamps = [ts for ts, _ in util]
+    assert len(util) == N
+    assert stamps == sorted(set(stamps))
+    span_periods = (stamps[-1] - stamps[0]) / PERIOD_US
+    assert span_periods > 3 * N, span_periods  # five bursts 20 s apart: about 480 periods
+    assert all(v > 0 for _, v in util)  # idle samples take no slot
+    assert all(_in_a_burst(pattern, ts) for ts in stamps), [
+        round((ts / 1e6 - pattern.origin) % EVERY_S, 3) for ts in stamps]
+    assert abs(stamps[-1] / 1e6 - (pattern.origin + BURST_S)) < 2.5 * PERIOD_S  # the last burst
+    assert got["again"] == util  # an idle GPU's ring holds still
+
+
+def test_a_gpu_busy_all_the_time_holds_n_samples_n_minus_1_periods_apart(
+    fake: FakeNvml,
+) -> None:
+    now = time.time()
+    fake.write(NvmlState(buffer_samples=N, device_clock="epoch", **GRID, devices=[
+        Device(0, processes=[Process(7, sm=Pattern.constant(100), start_time=now - 60)])]))
+    got = run(fake, READS + """
+out({"util": util, "mem": read(N.NVML_MEMORY_UTILIZATION_SAMPLES, 0), "now": time.time()})
+""")
+    stamps = [ts for ts, _ in got["util"]]
+    assert len(stamps) == N
+    assert all(b - a == PERIOD_US for a, b in itertools.pairwise(stamps))  # N - 1 periods
+    assert 0 <= got["now"] - stamps[-1] / 1e6 < 2 * PERIOD_S
+    assert {v for _, v in got["util"]} == {100}
+    assert [ts for ts, _ in got["mem"]] == stamps and {v for _, v in got["mem"]} == {50}
+
+
+def test_missing_samples_take_no_slot(fake: FakeNvml) -> None:
+    now, slots = time.time(), 120  # enough for some to be missing, whatever the hour
+    fake.write(NvmlState(buffer_samples=slots, device_clock="epoch", sample_missing_every=4,
+                         devices=[Device(0, processes=[
+                             Process(7, sm=Pattern.constant(100), start_time=now - 60)])]))
+    got = run(fake, READS + 'out({"util": util})')
+    stamps = [ts for ts, _ in got["util"]]
+    missing = sum(round((b - a) / PERIOD_US) - 1 for a, b in itertools.pairwise(stamps))
+    assert len(stamps) == slots
+    assert missing >= 5  # about one in six (one in four, never two in a row): 20 or so
+    # The slots, and a period for each missing sample, give or take a sample's jitter.
+    assert abs((stamps[-1] - stamps[0]) / PERIOD_US - (slots - 1 + missing)) < 0.31
+
+
+def test_a_read_on_from_a_timestamp_gets_only_newer_samples_of_the_ring(
+    fake: FakeNvml,
+) -> None:
+    _bursty(fake)
+    got = run(fake, READS + """
+U = N.NVML_GPU_UTILIZATION_SAMPLES
+out({"util": util, "from_middle": read(U, util[9][0]),
+     "from_before": read(U, util[0][0] - 167_000),
+     "from_long_before": read(U, util[0][0] - 10 ** 9), "from_newest": read(U, util[-1][0])})
+""")
+    util = got["util"]
+    assert len(util) == N
+    assert got["from_middle"] == util[10:]
+    # Nothing older than the ring's oldest sample, however far back a read starts.
+    assert got["from_before"] == util
+    assert got["from_long_before"] == util
+    assert got["from_newest"] == "ERR:NOT_FOUND"
+
+
+def test_power_samples_are_taken_while_idle_so_their_ring_spans_n_periods(
+    fake: FakeNvml,
+) -> None:
+    _bursty(fake, **GRID)
+    got = run(fake, READS + """
+out({"util": util, "power": read(N.NVML_TOTAL_POWER_SAMPLES, 0), "now": time.time()})
+""")
+    power = [ts for ts, _ in got["power"]]
+    assert len(power) == N
+    assert all(b - a == PERIOD_US for a, b in itertools.pairwise(power))
+    assert 0 <= got["now"] - power[-1] / 1e6 < 2 * PERIOD_S  # taken while idle too
+    assert {v for _, v in got["power"]} == {150_000}  # mW
+    util = [ts for ts, _ in got["util"]]
+    assert len(util) == N and (util[-1] - util[0]) / PERIOD_US > 3 * N
+
+
+def test_the_agent_learns_a_bursty_gpu_s_buffer_length_exactly(fake: FakeNvml) -> None:
+    """gpu/buffers.py takes the samples a whole read holds as the buffer's length once
+    its oldest moves on: over the ring that is buffer_samples, burst after burst."""
+    fake.write(NvmlState(buffer_samples=N, time_scale=10.0,
+                         devices=[Device(0, util=Pattern.square(BURST_S, 10.0))]))
+    got = run(fake, """
+from slurm_gpu_exporter.gpu.buffers import BufferStash
+from slurm_gpu_exporter.gpu.nvml_samples import util_samples_after
+N.nvmlInit()
+h = N.nvmlDeviceGetHandleByIndex(0)
+stash, errors, held, end = BufferStash(), [], set(), time.time() + 3.5  # 35 s: 3 bursts
+while time.time() < end:
+    _, shape = util_samples_after(h, 0, errors)
+    stash.whole(shape)
+    held.add(shape.held)
+    time.sleep(0.05)
+out({"full": stash.full, "capacity": stash.capacity, "held": sorted(held), "errors": errors})
+""", timeout=60)
+    assert got["errors"] == []
+    assert got["held"] == [N]
+    assert got["full"] == N and got["capacity"] == N
