@@ -1192,24 +1192,17 @@ static unsigned pct_round(double v)
     return r < 0 ? 0u : r > 100 ? 100u : (unsigned)r;
 }
 
-/* First sample index k (t_k = k * period) a read with lastSeenTimeStamp may
- * return: the one after the period of last_seen. */
-static unsigned long long after_k(const state_t *st, unsigned long long last_seen)
-{
-    return last_seen / ((unsigned long long)st->period_ms * 1000ull) + 1;
-}
-
-/* Range of process sample indices k that a query with lastSeenTimeStamp may
- * return: the newest complete one and those of the newest buffer_samples
- * periods (a time window; device samples keep a ring instead, see
- * device_ring()).  Returns 0 when there is none. */
+/* Range of process sample indices k (t_k = k * period, stamped on the grid)
+ * that a query with lastSeenTimeStamp may return: the newest complete one and
+ * those of the newest buffer_samples periods (a time window; device samples
+ * keep a ring instead, see device_ring()).  Returns 0 when there is none. */
 static int sample_range(const state_t *st, unsigned long long last_seen, unsigned long long *k_lo,
                         unsigned long long *k_hi)
 {
     unsigned long long per = (unsigned long long)st->period_ms * 1000ull;
     unsigned long long hi = now_us() / per;
     unsigned long long lo = hi >= st->buffer_samples ? hi - st->buffer_samples + 1 : 0;
-    unsigned long long after = after_k(st, last_seen);
+    unsigned long long after = last_seen / per + 1;
     if (after > lo)
         lo = after;
     *k_lo = lo;
@@ -1998,14 +1991,18 @@ static unsigned long long first_sample_k(const fdev_t *d, nvmlSamplingType_t typ
     return k <= 0 ? 0ull : k < 1.8e19 ? (unsigned long long)k : ULLONG_MAX;
 }
 
-/* The samples a read of d's ring returns (lock held): those with index k >=
- * after among its buffer_samples newest taken ones, in [*k_lo, *k_hi] (not
+/* The samples a read of d's ring returns (lock held): those whose reported
+ * stamp (shift: driver_shift_us) is after last_seen (as the caller passed it;
+ * 0: all) among its buffer_samples newest taken ones, in [*k_lo, *k_hi] (not
  * every k there is taken); returns how many.  A walk back from the newest
- * period through device_sample(), so it counts exactly what the read returns. */
+ * period through device_sample(), so it counts exactly what the read returns.
+ * Stamps grow with k (jitter below one period); sample k may be stamped after
+ * a last_seen in its own period, and the reported stamps are compared, as a
+ * stamp taken back to the fake clock may come out a microsecond early. */
 static unsigned long long device_ring(const fdev_t *d, nvmlSamplingType_t type,
-                                      unsigned long long after, unsigned long long now,
-                                      unsigned long long floor_us, unsigned long long *k_lo,
-                                      unsigned long long *k_hi)
+                                      unsigned long long last_seen, double shift,
+                                      unsigned long long now, unsigned long long floor_us,
+                                      unsigned long long *k_lo, unsigned long long *k_hi)
 {
     unsigned long long per = (unsigned long long)g_state->period_ms * 1000ull;
     unsigned long long hi = now / per, n = g_state->buffer_samples;
@@ -2015,15 +2012,19 @@ static unsigned long long device_ring(const fdev_t *d, nvmlSamplingType_t type,
         bound = hi - reach + 1;
     if (floor_us / per > bound) /* none is older than floor_us */
         bound = floor_us / per;
-    if (after > bound)
-        bound = after;
+    unsigned long long seen_k = from_driver_us(last_seen, shift) / per;
+    if (seen_k > 0 && seen_k - 1 > bound)
+        bound = seen_k - 1;
     unsigned long long taken = 0, lo = hi + 1;
     unsigned v;
-    for (unsigned long long k = hi + 1; k-- > bound && taken < n;)
+    for (unsigned long long k = hi + 1; k-- > bound && taken < n;) {
+        if (last_seen && to_driver_us(sample_us(g_state, k), shift) <= last_seen)
+            break;
         if (device_sample(d, type, k, now, floor_us, &v)) {
             taken++;
             lo = k;
         }
+    }
     *k_lo = lo;
     *k_hi = hi;
     return taken;
@@ -2051,8 +2052,7 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
     /* On the boot clock nothing is older than the boot. */
     unsigned long long floor_us = boot && shift < 0 ? (unsigned long long)-shift : 0;
     unsigned long long avail =
-        device_ring(t.dev, type, after_k(g_state, from_driver_us(lastSeenTimeStamp, shift)),
-                    now, floor_us, &lo, &hi);
+        device_ring(t.dev, type, lastSeenTimeStamp, shift, now, floor_us, &lo, &hi);
     unsigned v;
     if (!avail)
         return done(NVML_ERROR_NOT_FOUND);

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -23,9 +24,9 @@ pytestmark = pytest.mark.fakenvml
 N = 30
 PERIOD_S = 0.167
 PERIOD_US = 167_000
-GRID = {"sample_jitter": 0.0, "sample_missing_every": 0}
 # 1 s busy every 20 s: about six samples a burst, so 30 slots reach back five bursts.
 BURST_S, EVERY_S = 1.0, 20.0
+
 
 @pytest.fixture
 def fake(tmp_path: Path) -> FakeNvml:
@@ -44,13 +45,17 @@ util = read(N.NVML_GPU_UTILIZATION_SAMPLES, 0)
 """
 
 
-def _bursty(fake: FakeNvml, **state: object) -> Pattern:
+def _bursty(fake: FakeNvml, clock: Literal["boot", "epoch"] = "epoch",
+            grid: bool = False) -> Pattern:
     """A GPU whose last burst ended a second ago and whose next is 18 s away; its
-    idle samples are not taken (the default)."""
-    now = time.time()
-    pattern = Pattern.square(BURST_S, EVERY_S, origin=now - BURST_S - 1.0)
-    fake.write(NvmlState(buffer_samples=N, device_clock="epoch", **state,  # type: ignore[arg-type]
-                         devices=[Device(0, power_w=150.0, util=pattern)]))
+    idle samples are not taken (the default). Jittered samples, some missing (the
+    defaults), unless on the grid."""
+    pattern = Pattern.square(BURST_S, EVERY_S, origin=time.time() - BURST_S - 1.0)
+    state = NvmlState(buffer_samples=N, device_clock=clock,
+                      devices=[Device(0, power_w=150.0, util=pattern)])
+    if grid:
+        state.sample_jitter, state.sample_missing_every = 0.0, 0
+    fake.write(state)
     return pattern
 
 
@@ -64,7 +69,7 @@ def _in_a_burst(pattern: Pattern, ts_us: int) -> bool:
 def test_a_bursty_gpu_s_ring_holds_n_samples_from_far_more_than_n_periods_back(
     fake: FakeNvml,
 ) -> None:
-    pattern = _bursty(fake)  # jittered samples, some missing: the real-driver defaults
+    pattern = _bursty(fake)
     got = run(fake, READS + """
 time.sleep(1.0)  # idle: nothing is taken, so nothing is overwritten
 again = read(N.NVML_GPU_UTILIZATION_SAMPLES, 0)
@@ -87,8 +92,9 @@ def test_a_gpu_busy_all_the_time_holds_n_samples_n_minus_1_periods_apart(
     fake: FakeNvml,
 ) -> None:
     now = time.time()
-    fake.write(NvmlState(buffer_samples=N, device_clock="epoch", **GRID, devices=[
-        Device(0, processes=[Process(7, sm=Pattern.constant(100), start_time=now - 60)])]))
+    fake.write(NvmlState(buffer_samples=N, device_clock="epoch", sample_jitter=0.0,
+                         sample_missing_every=0, devices=[Device(0, processes=[
+                             Process(7, sm=Pattern.constant(100), start_time=now - 60)])]))
     got = run(fake, READS + """
 out({"util": util, "mem": read(N.NVML_MEMORY_UTILIZATION_SAMPLES, 0), "now": time.time()})
 """)
@@ -114,29 +120,31 @@ def test_missing_samples_take_no_slot(fake: FakeNvml) -> None:
     assert abs((stamps[-1] - stamps[0]) / PERIOD_US - (slots - 1 + missing)) < 0.31
 
 
+@pytest.mark.parametrize("clock", ["epoch", "boot"])
 def test_a_read_on_from_a_timestamp_gets_only_newer_samples_of_the_ring(
-    fake: FakeNvml,
+    fake: FakeNvml, clock: Literal["boot", "epoch"]
 ) -> None:
-    _bursty(fake)
+    _bursty(fake, clock)
     got = run(fake, READS + """
 U = N.NVML_GPU_UTILIZATION_SAMPLES
-out({"util": util, "from_middle": read(U, util[9][0]),
-     "from_before": read(U, util[0][0] - 167_000),
-     "from_long_before": read(U, util[0][0] - 10 ** 9), "from_newest": read(U, util[-1][0])})
+out({"util": util, "from_each": [read(U, ts) for ts, _ in util],
+     "from_just_before": read(U, util[0][0] - 1), "from_before": read(U, util[0][0] - 167_000),
+     "from_long_before": read(U, util[0][0] - 10 ** 9)})
 """)
     util = got["util"]
     assert len(util) == N
-    assert got["from_middle"] == util[10:]
+    # Each stamp read on from gives the samples after it, once each; none after the newest.
+    assert got["from_each"] == [util[i + 1:] for i in range(N - 1)] + ["ERR:NOT_FOUND"]
     # Nothing older than the ring's oldest sample, however far back a read starts.
+    assert got["from_just_before"] == util  # within the oldest one's period, before its stamp
     assert got["from_before"] == util
     assert got["from_long_before"] == util
-    assert got["from_newest"] == "ERR:NOT_FOUND"
 
 
 def test_power_samples_are_taken_while_idle_so_their_ring_spans_n_periods(
     fake: FakeNvml,
 ) -> None:
-    _bursty(fake, **GRID)
+    _bursty(fake, grid=True)
     got = run(fake, READS + """
 out({"util": util, "power": read(N.NVML_TOTAL_POWER_SAMPLES, 0), "now": time.time()})
 """)
@@ -170,3 +178,22 @@ out({"full": stash.full, "capacity": stash.capacity, "held": sorted(held), "erro
     assert got["errors"] == []
     assert got["held"] == [N]
     assert got["full"] == N and got["capacity"] == N
+
+
+def test_a_read_on_from_the_newest_stamp_on_the_boot_clock_returns_none_again(
+    fake: FakeNvml,
+) -> None:
+    """Grid stamps on a boot clock whose boot is not on a whole microsecond: a stamp
+    taken back to the fake's clock comes out 1 µs early, which made the sample it
+    stamps come back again when compared there."""
+    now = time.time()
+    fake.write(NvmlState(buffer_samples=N, boot_time=now - 1000.3, sample_jitter=0.0,
+                         sample_missing_every=0, devices=[Device(0, processes=[
+                             Process(7, sm=Pattern.constant(100), start_time=now - 60)])]))
+    got = run(fake, READS + """
+U = N.NVML_GPU_UTILIZATION_SAMPLES
+out({"util": util, "again": [read(U, ts) for ts, _ in util[-3:-1]]})
+""")
+    util = got["util"]
+    assert len(util) == N
+    assert got["again"] == [util[-2:], util[-1:]]
