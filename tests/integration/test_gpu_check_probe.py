@@ -17,13 +17,14 @@ pytestmark = [pytest.mark.process, pytest.mark.fakenvml]
 
 REPO = Path(__file__).resolve().parents[2]
 
-# The buffer holds 120 sample slots of 167 ms: 119 periods from oldest to newest. The
-# oldest may be a missing one, the newest not taken yet and the one before it missing
-# (never two in a row), so the span is 116 to 119 periods, each end up to 0.3 of a
-# period late (the fake's jitter).
+# The buffer is a ring of 120 slots of samples taken 167 ms apart: 119 periods from
+# oldest to newest, and one more for each sample missing between them (the fake leaves
+# out about one in 7, never two in a row: 17 or so in 136 periods; 40 is past anything
+# its hash gives over such a run), each end up to 0.3 of a period late (its jitter).
 PERIOD_S = 0.167  # the fake's sample_period_ms
-SPAN_MIN_S = (116 - 0.3) * PERIOD_S
-SPAN_MAX_S = (119 + 0.3) * PERIOD_S
+SLOTS = 120  # the fake's buffer_samples
+SPAN_MIN_S = (SLOTS - 1 - 0.3) * PERIOD_S
+SPAN_MAX_S = (SLOTS - 1 + 40 + 0.3) * PERIOD_S
 
 
 def test_probe_records_clocks_spacing_idle_samples_process_reads_energy_and_gpm(
@@ -56,6 +57,7 @@ def test_probe_records_clocks_spacing_idle_samples_process_reads_energy_and_gpm(
     assert device["clock"] == "boottime"
     assert device["spacing_s"]["median"] == pytest.approx(0.167, abs=0.02)
     assert SPAN_MIN_S <= device["buffer_span_s"] <= SPAN_MAX_S
+    assert device["buffer_samples"] == SLOTS  # busy for 30 s: the ring is full
     process = gpu["before_load"]["process_samples"]
     assert process["clock"] == "realtime"
     assert process["samples_per_process_per_read"]["max"] == 1
@@ -66,13 +68,13 @@ def test_probe_records_clocks_spacing_idle_samples_process_reads_energy_and_gpm(
     assert gpu["gpm"]["supported"] is True and gpu["gpm"]["call"] == "NVML_SUCCESS"
     assert gpu["gpm"]["metrics"]["sm_util"] == {"return": "NVML_SUCCESS", "value": 40.0}
 
-    # The whole buffer, busy for 30 s: 120 sample periods of 1/6 s (the fake leaves about
-    # one in 7 out, as drivers do), stamped the same when read again.
+    # The whole buffer, busy for 30 s: 120 samples of 1/6 s (missing ones take no slot,
+    # as on drivers), stamped the same when read again.
     full = gpu["full_buffer"]
     assert full["under_load"] is (ctypes.util.find_library("cuda") is not None)
     assert SPAN_MIN_S <= full["span_s"] <= SPAN_MAX_S
     assert full["period_s"] == pytest.approx(0.167, abs=0.02)
-    assert 90 <= full["samples"] <= 120 and full["restamped_on_reread"] == 0
+    assert full["samples"] == SLOTS and full["restamped_on_reread"] == 0
 
     [dry] = idle["gpus"]
     assert dry["full_buffer"] == {"under_load": False, "read": "NVML_ERROR_NOT_FOUND",
