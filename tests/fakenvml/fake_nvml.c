@@ -1301,7 +1301,10 @@ static unsigned long long from_driver_us(unsigned long long us, double shift)
 {
     if (us == 0)
         return 0; /* "everything in the buffer" */
-    double v = (double)us - shift;
+    /* Up, not down: to_driver_us() truncated, so with a shift that is not a whole
+     * microsecond a stamp taken back comes out 1 us early, and the sample it
+     * stamps would be newer than itself. */
+    double v = ceil((double)us - shift);
     return v > 0 ? (unsigned long long)v : 1ull;
 }
 

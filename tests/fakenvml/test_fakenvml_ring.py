@@ -197,3 +197,29 @@ out({"util": util, "again": [read(U, ts) for ts, _ in util[-3:-1]]})
     util = got["util"]
     assert len(util) == N
     assert got["again"] == [util[-2:], util[-1:]]
+
+
+def test_a_process_read_on_from_its_newest_stamp_on_the_boot_clock_returns_none_again(
+    fake: FakeNvml,
+) -> None:
+    """The same for process samples (grid mode, process samples on that boot clock):
+    a read on from the newest stamp must not return the sample it stamps."""
+    now = time.time()
+    fake.write(NvmlState(buffer_samples=N, boot_time=now - 1000.3, process_clock="boot",
+                         process_util_mode="grid", process_stagger_s=0.0,
+                         devices=[Device(0, processes=[
+                             Process(7, sm=Pattern.constant(100), start_time=now - 60)])]))
+    got = run(fake, """
+N.nvmlInit()
+h = N.nvmlDeviceGetHandleByIndex(0)
+
+def stamps(since):
+    got = call(N.nvmlDeviceGetProcessUtilization, h, since)
+    return got if isinstance(got, str) else sorted(s.timeStamp for s in got)
+
+every = stamps(0)
+out({"every": every, "again": [stamps(ts) for ts in every[-3:]]})
+""")
+    every = got["every"]
+    assert len(every) >= 3, every
+    assert got["again"] == [every[-2:], every[-1:], "ERR:NOT_FOUND"]
