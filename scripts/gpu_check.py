@@ -16,7 +16,8 @@ Run through ``scripts/gpu-check`` on any machine with an NVIDIA GPU and driver
 Both loads print the GPM figures (SM activity, occupancy, tensor, DRAM) next to busy.
 On a GPU whose architecture has GPM (Hopper and later) missing GPM figures fail the
 check. ``--probe`` instead records the raw driver facts into a JSON file
-(scripts/gpu_probe.py). The agent runs from this checkout (no installed entry point);
+(scripts/gpu_probe.py), and ``--shared`` checks two jobs sharing the GPU
+(scripts/gpu_shared.py). The agent runs from this checkout (no installed entry point);
 on any failure its log is printed.
 """
 
@@ -116,10 +117,21 @@ def gpm_required(architecture: int | None) -> bool:
     return architecture is not None and architecture >= NVML_DEVICE_ARCH_HOPPER
 
 
+def first_start(now: float, period: float, phase: float | None) -> float:
+    """When a load's first burst starts, on the clock ``now`` is read from: at once
+    without a phase; else at the next ``phase`` of a period (a fraction of it) counted
+    from the epoch, so loads in different processes keep their bursts apart."""
+    if phase is None:
+        return now
+    start = (now // period) * period + phase * period
+    return start if start > now else start + period
+
+
 def run_load(duty: float, period: float, seconds: float, memory_mib: int,
-             blocks: int = 1) -> None:
+             blocks: int = 1, phase: float | None = None) -> None:
     """The GPU load: device 0 of CUDA_VISIBLE_DEVICES, busy ``duty`` of each period on
-    ``blocks`` one-thread blocks. Prints the GPU's SM count first (one JSON line)."""
+    ``blocks`` one-thread blocks, from ``phase`` of a period on the wall clock where one
+    is given. Prints the GPU's SM count first (one JSON line)."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError as exc:
@@ -144,8 +156,10 @@ def run_load(duty: float, period: float, seconds: float, memory_mib: int,
                 "cuMemAlloc")
     spin_ns = ctypes.c_uint64(int(duty * period * 1e9))
     params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(spin_ns), ctypes.c_void_p))
-    deadline = time.monotonic() + seconds
-    next_start = time.monotonic()
+    wall = time.time()
+    next_start = time.monotonic() + first_start(wall, period, phase) - wall
+    deadline = next_start + seconds
+    time.sleep(max(0.0, next_start - time.monotonic()))
     while time.monotonic() < deadline:
         if duty > 0:
             _cuda_check(cuda.cuLaunchKernel(function, blocks, 1, 1, 1, 1, 1, 0, None, params,
@@ -200,16 +214,18 @@ def _gpu_identity(index: int) -> tuple[str, int, str, int | None]:
             name.decode() if isinstance(name, bytes) else name, architecture)
 
 
-def _start_load(args: argparse.Namespace, uuid: str, duty: float, blocks: int
+def _start_load(args: argparse.Namespace, uuid: str, duty: float, blocks: int,
+                jobid: str = JOBID, phase: float | None = None
                 ) -> tuple[subprocess.Popen[str], int]:
-    """A load process on the GPU, as a process of the made-up job; (process, SM count)."""
-    env = {**os.environ, "SLURM_JOB_ID": JOBID, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    """A load process on the GPU, as a process of a made-up job; (process, SM count)."""
+    env = {**os.environ, "SLURM_JOB_ID": jobid, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
            "CUDA_VISIBLE_DEVICES": uuid}
     load = subprocess.Popen(
         [sys.executable, __file__, "--load", "--duty", str(duty), "--period",
          str(args.period), "--seconds", str(args.seconds + 30), "--memory-mib",
-         str(args.memory_mib), "--blocks", str(blocks)], env=env, stdout=subprocess.PIPE,
-        text=True)
+         str(args.memory_mib), "--blocks", str(blocks),
+         *(("--phase", str(phase)) if phase is not None else ())], env=env,
+        stdout=subprocess.PIPE, text=True)
     assert load.stdout is not None
     line = load.stdout.readline()
     try:
@@ -289,9 +305,33 @@ def load_rows(title: str, ratios: dict[str, float | None], busy_truth: float,
     return rows
 
 
-def check(args: argparse.Namespace) -> int:
+def hold(work: Path, jobid: str, minor: int) -> None:
+    """A spool record under ``work`` for a made-up job holding the GPU ``minor``."""
     from slurm_gpu_exporter.hooks import spool
 
+    (work / "cgroup").mkdir(exist_ok=True)
+    fd = spool.open_spool_dir(str(work / "spool"), create=True)
+    try:
+        spool.write_record(fd, spool.JobRecord(
+            jobid=jobid, uid=os.getuid(), user="gpucheck", job_gpus=str(minor),
+            cuda_visible_devices=str(minor), start_time=time.time()))
+    finally:
+        os.close(fd)
+
+
+def start_agent(work: Path, port: int, interval: float) -> subprocess.Popen[bytes]:
+    """The agent from this checkout over the spool under ``work``, logging to agent.log
+    there; an empty cgroup root, so jobs are found through their SLURM_JOB_ID."""
+    return subprocess.Popen(
+        [sys.executable, "-c", AGENT_MAIN,
+         "--web.listen-address", f"127.0.0.1:{port}", "--spool-dir", str(work / "spool"),
+         "--state-dir", str(work / "state"), "--cgroup-root", str(work / "cgroup"),
+         "--sample-interval", str(interval), "--slurm-lookup", "off"],
+        stdout=(work / "agent.log").open("wb"), stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def check(args: argparse.Namespace) -> int:
     try:
         uuid, minor, name, architecture = _gpu_identity(args.gpu)
     except Exception as exc:
@@ -299,20 +339,9 @@ def check(args: argparse.Namespace) -> int:
               "with nvidia-smi", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="sge-gpu-check-"))
-    (work / "cgroup").mkdir()
-    fd = spool.open_spool_dir(str(work / "spool"), create=True)
-    spool.write_record(fd, spool.JobRecord(
-        jobid=JOBID, uid=os.getuid(), user="gpucheck", job_gpus=str(minor),
-        cuda_visible_devices=str(minor), start_time=time.time()))
-    os.close(fd)
+    hold(work, JOBID, minor)
     port = free_port()
-    agent = subprocess.Popen(
-        [sys.executable, "-c", AGENT_MAIN,
-         "--web.listen-address", f"127.0.0.1:{port}", "--spool-dir", str(work / "spool"),
-         "--state-dir", str(work / "state"), "--cgroup-root", str(work / "cgroup"),
-         "--sample-interval", str(args.interval), "--slurm-lookup", "off"],
-        stdout=(work / "agent.log").open("wb"), stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+    agent = start_agent(work, port, args.interval)
     labels = {"jobid": JOBID, "gpu": str(args.gpu)}
     load = None
     ok = False
@@ -416,17 +445,27 @@ def main() -> int:
     p.add_argument("--wheels", metavar="DIR",
                    help="(scripts/gpu-check) make .venv from the wheels in DIR, offline; see "
                         "docs/gpu-check.md")
+    p.add_argument("--shared", action="store_true",
+                   help="two made-up jobs share the GPU: each one's load busy --duty of every "
+                        "period, half a period apart (--duty 0.5 at most); each job must get "
+                        "its own load's busy time")
     p.add_argument("--load", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--phase", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.load:
         try:
-            run_load(args.duty, args.period, args.seconds, args.memory_mib, max(1, args.blocks))
+            run_load(args.duty, args.period, args.seconds, args.memory_mib, max(1, args.blocks),
+                     args.phase)
         except RuntimeError as exc:  # to the parent, which says it in one line
             print(json.dumps({"error": str(exc)}), flush=True)
             return 1
         return 0
     if args.probe:
         return probe(args)
+    if args.shared:
+        import gpu_shared
+
+        return gpu_shared.check_shared(args)
     return check(args)
 
 

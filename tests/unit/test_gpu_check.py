@@ -13,13 +13,24 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
 
 
-@pytest.fixture(scope="module")
-def gpu_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+def _load(name: str) -> ModuleType:
+    # gpu_shared imports gpu_check by name, as it does beside it in scripts/.
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.with_name(f"{name}.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def gpu_check() -> ModuleType:
+    return _load("gpu_check")
+
+
+@pytest.fixture(scope="module")
+def gpu_shared(gpu_check: ModuleType) -> ModuleType:
+    return _load("gpu_shared")
 
 
 def test_expected_sm_activity_is_duty_times_the_share_of_sms_held(gpu_check: ModuleType) -> None:
@@ -59,4 +70,40 @@ def test_script_help_runs_without_a_gpu() -> None:
     out = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True,
                          text=True, timeout=30, check=False)
     assert out.returncode == 0, out.stderr
-    assert "--blocks" in out.stdout
+    assert "--blocks" in out.stdout and "--shared" in out.stdout
+
+
+@pytest.mark.process
+def test_shared_check_refuses_a_duty_whose_bursts_would_overlap() -> None:
+    out = subprocess.run([sys.executable, str(SCRIPT), "--shared", "--duty", "0.6"],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 2 and "at most 0.5" in out.stderr, out.stderr
+
+
+def test_a_phased_load_starts_at_its_phase_of_the_next_period(gpu_check: ModuleType) -> None:
+    assert gpu_check.first_start(100.3, 2.0, None) == 100.3  # no phase: at once
+    assert gpu_check.first_start(100.3, 2.0, 0.0) == 102.0
+    assert gpu_check.first_start(100.3, 2.0, 0.5) == 101.0
+    assert gpu_check.first_start(101.5, 2.0, 0.5) == 103.0  # its phase is past: the next
+    # Two loads, half a period apart, whenever each process starts.
+    a, b = gpu_check.first_start(7.9, 2.0, 0.0), gpu_check.first_start(8.2, 2.0, 0.5)
+    assert (b - a) % 2.0 == pytest.approx(1.0)
+
+
+def test_shared_check_holds_each_job_to_its_duty_and_adds_up_the_split(
+    gpu_shared: ModuleType,
+) -> None:
+    tolerance = gpu_shared.shared_tolerance(0.3, 2.0, 60.0, 1 / 6)
+    assert tolerance == pytest.approx(0.005 + 0.007 + 0.0039 + 0.02, abs=1e-3)
+    jobs = {"A": {"busy": 0.31, "allocated": 60.0}, "B": {"busy": 0.29, "allocated": 60.0}}
+    rows, ok = gpu_shared.shared_rows(jobs, 0.3, tolerance, 36.1, 60.0)
+    table = dict(rows)
+    assert ok and table["job A: busy error, percentage points"] == "+1.00"
+    assert table["jobs' busy seconds, together"] == "36.00"
+    assert table["GPU's busy seconds"] == "36.10"
+    # One job given the other's share too (the split failed): the check fails.
+    jobs["A"]["busy"], jobs["B"]["busy"] = 0.6, 0.0
+    assert not gpu_shared.shared_rows(jobs, 0.3, tolerance, 36.0, 60.0)[1]
+    # A job without series fails it too.
+    assert not gpu_shared.shared_rows({"A": {"busy": None, "allocated": None}}, 0.3,
+                                      tolerance, None, 60.0)[1]
