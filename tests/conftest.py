@@ -28,7 +28,7 @@ SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm_lock"})
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    groups = {}
+    groups: dict[pytest.Item, str] = {}
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if any(item.get_closest_marker(m) for m in COMPONENT_MARKERS) or (
