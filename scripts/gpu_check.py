@@ -331,6 +331,15 @@ def start_agent(work: Path, port: int, interval: float) -> subprocess.Popen[byte
         env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+def print_table(rows: list[tuple[str, object]], as_json: bool) -> None:
+    """The check's table, a row a line (and once more as JSON where asked)."""
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value if value is not None else 'absent'}")
+    if as_json:
+        print(json.dumps(dict(rows), default=str))
+
+
 def check(args: argparse.Namespace) -> int:
     try:
         uuid, minor, name, architecture = _gpu_identity(args.gpu)
@@ -392,11 +401,7 @@ def check(args: argparse.Namespace) -> int:
                                                source="total")),
             ("nvml_up", _value(second, "slurm_gpu_exporter_nvml_up")),
         ]
-        width = max(len(k) for k, _ in rows)
-        for key, value in rows:
-            print(f"{key:<{width}}  {value if value is not None else 'absent'}")
-        if args.json:
-            print(json.dumps(dict(rows), default=str))
+        print_table(rows, args.json)
         return 0 if ok else 1
     except RuntimeError as exc:
         print(f"gpu-check: {exc}; the agent's log follows", file=sys.stderr)

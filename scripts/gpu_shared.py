@@ -12,7 +12,6 @@ by two jobs gets no job activity counters (docs/metrics.md).
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -111,11 +110,7 @@ def check_shared(args: argparse.Namespace) -> int:
         rows.insert(0, ("GPU", f"{args.gpu} {name} {uuid} (minor {minor}), shared by jobs "
                            f"{jobs['A']} and {jobs['B']}, each busy {args.duty:.0%} of "
                            f"{args.period:g} s, half a period apart"))
-        width = max(len(k) for k, _ in rows)
-        for key, value in rows:
-            print(f"{key:<{width}}  {value if value is not None else 'absent'}")
-        if args.json:
-            print(json.dumps(dict(rows), default=str))
+        gc.print_table(rows, args.json)
         return 0 if ok else 1
     except RuntimeError as exc:
         print(f"gpu-check: {exc}; the agent's log follows", file=sys.stderr)
