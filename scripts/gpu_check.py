@@ -258,22 +258,27 @@ def _ready(port: int, agent: subprocess.Popen[bytes]) -> bool:
         return False
 
 
-def _measure(args: argparse.Namespace, port: int, load: subprocess.Popen[str],
-             labels: dict[str, str]) -> tuple[dict, dict, float]:  # type: ignore[type-arg]
-    """Two scrapes ``args.seconds`` apart, once the job's busy time has started to
-    grow (its first window is behind it); raises if the load died."""
+def _measure(args: argparse.Namespace, port: int, loads: list[subprocess.Popen[str]],
+             jobs: list[dict[str, str]]) -> tuple[dict, dict, float]:  # type: ignore[type-arg]
+    """Two scrapes ``args.seconds`` apart, once every job's busy time (``jobs``: their
+    labels) has started to grow (their first windows are behind them); raises if a
+    load died."""
+    def alive() -> None:
+        for load in loads:
+            if load.poll() is not None:
+                raise RuntimeError(f"the GPU load exited early ({load.returncode})")
+
     def counting() -> bool:
-        if load.poll() is not None:
-            raise RuntimeError(f"the GPU load exited early ({load.returncode})")
-        busy = _value(_scrape(port), "slurm_job_gpu_busy_seconds_total", **labels)
-        return busy is not None and busy > 0
-    _wait(counting, 60, "the job's busy time to grow")
+        alive()
+        metrics = _scrape(port)
+        return all((_value(metrics, "slurm_job_gpu_busy_seconds_total", **labels) or 0) > 0
+                   for labels in jobs)
+    _wait(counting, 60, "the jobs' busy time to grow")
     first = _scrape(port)
     t0 = time.time()
     time.sleep(args.seconds)
     second = _scrape(port)
-    if load.poll() is not None:
-        raise RuntimeError(f"the GPU load exited early ({load.returncode})")
+    alive()
     return first, second, time.time() - t0
 
 
@@ -357,7 +362,7 @@ def check(args: argparse.Namespace) -> int:
     try:
         _wait(lambda: _ready(port, agent), 30, "the agent to be ready")
         load, sm_count = _start_load(args, uuid, args.duty, 1)
-        first, second, elapsed = _measure(args, port, load, labels)
+        first, second, elapsed = _measure(args, port, [load], [labels])
         _stop(load)
         spin = window_ratios(first, second, labels)
         energy = _delta(first, second, "slurm_job_gpu_energy_joules_total", labels)
@@ -387,7 +392,7 @@ def check(args: argparse.Namespace) -> int:
         else:
             blocks = args.blocks or max(1, sm_count // 4)
             load, _ = _start_load(args, uuid, 1.0, blocks)
-            first, second, _ = _measure(args, port, load, labels)
+            first, second, _ = _measure(args, port, [load], [labels])
             full = window_ratios(first, second, labels)
             expected = expected_sm_active(1.0, blocks, sm_count)
             rows += load_rows(f"{blocks} blocks/{sm_count} SMs", full, 1.0, expected)

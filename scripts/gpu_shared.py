@@ -15,7 +15,6 @@ import argparse
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import gpu_check as gc
@@ -59,16 +58,6 @@ def shared_rows(jobs: dict[str, dict[str, float | None]], duty: float, tolerance
     return rows, ok
 
 
-def _both_counting(port: int, loads: list[subprocess.Popen[str]],
-                   labels: list[dict[str, str]]) -> bool:
-    for load in loads:
-        if load.poll() is not None:
-            raise RuntimeError(f"a GPU load exited early ({load.returncode})")
-    metrics = gc._scrape(port)
-    return all((gc._value(metrics, "slurm_job_gpu_busy_seconds_total", **one) or 0) > 0
-               for one in labels)
-
-
 def check_shared(args: argparse.Namespace) -> int:
     if not 0 < args.duty <= 0.5:
         print("gpu-check: --shared needs --duty above 0 and at most 0.5 (the two loads' "
@@ -93,14 +82,7 @@ def check_shared(args: argparse.Namespace) -> int:
         gc._wait(lambda: gc._ready(port, agent), 30, "the agent to be ready")
         for jobid, phase in zip(jobs.values(), (0.0, 0.5), strict=True):
             loads.append(gc._start_load(args, uuid, args.duty, 1, jobid=jobid, phase=phase)[0])
-        gc._wait(lambda: _both_counting(port, loads, labels), 60, "both jobs' busy time to grow")
-        first = gc._scrape(port)
-        t0 = time.time()
-        time.sleep(args.seconds)
-        second = gc._scrape(port)
-        elapsed = time.time() - t0
-        if any(load.poll() is not None for load in loads):
-            raise RuntimeError("a GPU load exited early")
+        first, second, elapsed = gc._measure(args, port, loads, labels)
         ratios = {n: gc.window_ratios(first, second, one)
                   for n, one in zip(jobs, labels, strict=True)}
         gpu_busy = gc._delta(first, second, "slurm_gpu_busy_seconds_total",
