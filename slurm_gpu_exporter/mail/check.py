@@ -29,8 +29,10 @@ def is_check(args: list[str]) -> bool:
 
 
 def _program(key: str, path: str) -> ConfigProblem | None:
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         return ConfigProblem(key, f"{path} does not exist")
+    if not os.path.isfile(path):
+        return ConfigProblem(key, f"{path} is no file")
     if not os.access(path, os.X_OK):
         return ConfigProblem(key, f"{path} is not executable")
     return None

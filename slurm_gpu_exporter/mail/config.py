@@ -32,6 +32,8 @@ DEFAULT_MAILER = "/usr/bin/mail"
 # any [table]) as a plain double-quoted absolute path, nothing but a comment after it.
 SALVAGED_MAILER = re.compile(r'[ \t]*mailer[ \t]*=[ \t]*"(/[^"\\\x00-\x1f]*)"[ \t]*(?:#.*)?')
 TABLE_HEADER = re.compile(r"[ \t]*\[")
+# A key is written back in log lines: a quoted TOML key may hold a newline.
+UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _default_report() -> str:
@@ -59,7 +61,8 @@ class ConfigProblem:
     message: str
 
     def line(self, path: Path) -> str:
-        return f"{path}: {self.key}: {self.message}" if self.key else f"{path}: {self.message}"
+        key = UNPRINTABLE.sub("?", self.key[:100])
+        return f"{path}: {key}: {self.message}" if key else f"{path}: {self.message}"
 
 
 @dataclass(frozen=True)

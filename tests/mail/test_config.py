@@ -92,6 +92,12 @@ def test_a_mailer_that_is_no_absolute_path_falls_back_to_usr_bin_mail(
     assert "/usr/bin/mail" in loaded.problems[0].message
 
 
+def test_a_quoted_key_cannot_start_a_log_line_of_its_own(tmp_path: Path) -> None:
+    loaded = _load(tmp_path, '"x\\njob 1: mail sent" = 1\n')
+    [line] = [problem.line(tmp_path / "m.toml") for problem in loaded.problems]
+    assert "\n" not in line and line.startswith(f"{tmp_path / 'm.toml'}: x?job 1: mail sent: ")
+
+
 def test_a_syntax_error_keeps_a_plain_mailer_line(tmp_path: Path) -> None:
     loaded = _load(tmp_path, f'# site\nmailer = "{SITE_MAILER}"   # ours\n'
                              "prometheus_url = http://unquoted:9090\n")
