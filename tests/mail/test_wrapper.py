@@ -132,7 +132,7 @@ def test_a_toml_syntax_error_keeps_the_sites_mailer_and_slurms_mail(tmp_path: Pa
 
 @pytest.mark.parametrize("env, config_text", [
     ({**ENV, "SLURM_JOB_MAIL_TYPE": "Began", "SLURM_JOB_STATE": "RUNNING"}, ""),  # no summary
-    (ENV, "summary_timeout_seconds = 1\nreport = 'x'\n"),  # a bad report path: no summary
+    (ENV, "report = '/nonexistent/slurm-gpu-report'\n"),  # the report cannot run
 ])
 def test_a_mail_without_a_summary_keeps_slurms_body_whole(
         tmp_path: Path, env: dict[str, str], config_text: str) -> None:
@@ -156,3 +156,16 @@ def test_a_failing_mailer_is_logged_as_mail_not_sent(tmp_path: Path) -> None:
     assert run.returncode == 3, log  # the mailer's own status, as before
     assert f"job 42: mail NOT sent: the mailer {mailer} exited with 3" in log, log
     assert "mail sent" not in log, log
+
+
+def test_a_mailer_past_its_time_is_stopped_and_logged_as_mail_not_sent(
+        tmp_path: Path) -> None:
+    mailer = _script(tmp_path / "slow-mailer", "exec sleep 60\n")
+    config = tmp_path / "mail.toml"
+    config.write_text(f'mailer = "{mailer}"\nmailer_timeout_seconds = 1\n')
+    run, took = _wrapper(config, b"x\n", env={**ENV, "SLURM_JOB_MAIL_TYPE": "Began",
+                                               "SLURM_JOB_STATE": "RUNNING"})
+    log = run.stderr.decode()
+    assert run.returncode == 1, log
+    assert f"mail NOT sent: the mailer {mailer} did not finish within 1.0 s" in log, log
+    assert took < 30, took
