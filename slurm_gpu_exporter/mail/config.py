@@ -175,20 +175,20 @@ def load_mail_config(path: Path) -> LoadedConfig:
     """The settings in ``path`` and what is wrong there; the defaults when it does not
     exist. Never raises for what the file holds."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         return LoadedConfig(MailConfig(), found=False)
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+    except OSError as exc:
         return LoadedConfig(MailConfig(), (ConfigProblem(
-            "", f"cannot be read ({why}); every setting is at its default"),))
+            "", f"cannot be read ({exc.strerror}); every setting is at its default"),))
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        mailer = salvage_mailer(text)
+        data = tomllib.loads(raw.decode())
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # TOMLDecodeError
+        why = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)[:200]
+        mailer = salvage_mailer(raw.decode(errors="replace"))
         kept = (f"mailer {mailer} read from its line, every other setting at its default"
                 if mailer else "every setting at its default")
         return LoadedConfig(MailConfig(mailer=mailer or DEFAULT_MAILER), (ConfigProblem(
-            "", f"not valid TOML ({exc}); {kept}"),))
+            "", f"not valid TOML ({why}); {kept}"),))
     config, problems = settings_from(data)
     return LoadedConfig(config, tuple(problems))

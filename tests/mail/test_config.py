@@ -106,6 +106,14 @@ def test_a_syntax_error_keeps_a_plain_mailer_line(tmp_path: Path) -> None:
     assert "not valid TOML" in problem.message and SITE_MAILER in problem.message
 
 
+def test_a_file_that_is_not_utf8_keeps_its_plain_mailer_line(tmp_path: Path) -> None:
+    path = tmp_path / "mail.toml"
+    path.write_bytes(f'mailer = "{SITE_MAILER}"\n# caf\xe9\n'.encode("latin-1"))
+    loaded = load_mail_config(path)
+    assert loaded.config.mailer == SITE_MAILER
+    assert "not valid TOML (not UTF-8)" in loaded.problems[0].message
+
+
 @pytest.mark.parametrize("text", [
     'mailer = "/a"\nmailer = "/b"\nx = \n',  # which one? neither
     '[table]\nmailer = "/a"\nx = \n',  # not the top-level key
