@@ -1,13 +1,10 @@
-"""The mail wrapper's pure parts: which mails get a summary, the summary's lines, the
-config file."""
+"""The mail wrapper's pure parts: which mails get a summary, the summary's lines (the
+config file: test_config.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from slurm_gpu_exporter.mail.config import MailConfigError, load_mail_config
 from slurm_gpu_exporter.mail.summary import NoSummary, jobid_to_summarize, summary_text
 
 JOB = {"job": "42", "gpus": 4, "gpu_hours": 8.0, "busy_ratio": 0.25, "sm_active_ratio": 0.2,
@@ -49,21 +46,6 @@ def test_user_text_in_a_figure_stays_inert() -> None:
 def test_a_job_without_figures_has_no_summary() -> None:
     with pytest.raises(NoSummary):
         summary_text({"job": "1", "gpus": 0, "notes": []})
-
-
-def test_config_defaults_and_refusals(tmp_path: Path) -> None:
-    assert load_mail_config(tmp_path / "absent.toml").mailer == "/usr/bin/mail"
-    good = tmp_path / "mail.toml"
-    good.write_text('mailer = "/usr/sbin/sendmail"\nsummary_timeout_seconds = 5\n'
-                    'report_args = ["--no-sacct"]\n')
-    config = load_mail_config(good)
-    assert (config.mailer, config.summary_timeout_s, config.report_args) == (
-        "/usr/sbin/sendmail", 5.0, ("--no-sacct",))
-    for text in ('mailer = "mail"\n', "summary_timeout_seconds = 0\n", "mailr = 1\n",
-                 "summary_timeout_seconds = 600\n", "not toml"):
-        good.write_text(text)
-        with pytest.raises(MailConfigError):
-            load_mail_config(good)
 
 
 def test_summary_shows_the_emissions_the_report_computed() -> None:

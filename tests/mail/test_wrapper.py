@@ -30,22 +30,40 @@ def _script(path: Path, body: str) -> str:
     return str(path)
 
 
+def _wrapper(config: Path, stdin: bytes = b"", env: dict[str, str] | None = None
+             ) -> tuple[subprocess.CompletedProcess[bytes], float]:
+    """The wrapper run as slurmctld runs MailProg: Slurm's arguments, SLURM_* variables
+    only (no PATH), Slurm's text on stdin."""
+    started = time.monotonic()
+    run = subprocess.run([WRAPPER, *ARGS], input=stdin, capture_output=True, timeout=60,
+                         env={**(ENV if env is None else env),
+                              "SLURM_GPU_MAIL_CONFIG": str(config)}, check=False)
+    return run, time.monotonic() - started
+
+
+def _mailer(tmp_path: Path, exit_status: int = 0) -> tuple[str, Path]:
+    """A site mailer (not /usr/bin/mail) that records its argv and stdin."""
+    inbox = tmp_path / "inbox"
+    return _script(tmp_path / "site-mailer", f'printf "%s\\n" "$@" > {inbox}.args\n'
+                                             f"cat > {inbox}.body\nexit {exit_status}\n"
+                   ), inbox
+
+
+def _received(inbox: Path) -> tuple[list[str], bytes]:
+    return Path(f"{inbox}.args").read_text().splitlines(), Path(f"{inbox}.body").read_bytes()
+
+
 def _send(tmp_path: Path, report_body: str, timeout: float = 2.0,
           stdin: bytes = b"") -> tuple[list[str], bytes, float, str]:
-    inbox = tmp_path / "inbox"
-    mailer = _script(tmp_path / "mail", f'printf "%s\\n" "$@" > {inbox}.args\n'
-                                         f"cat > {inbox}.body\n")
+    mailer, inbox = _mailer(tmp_path)
     report = _script(tmp_path / "report", report_body)
     config = tmp_path / "mail.toml"
     config.write_text(f'mailer = "{mailer}"\nreport = "{report}"\n'
                       f"summary_timeout_seconds = {timeout}\n")
-    started = time.monotonic()
-    run = subprocess.run([WRAPPER, *ARGS], input=stdin, capture_output=True, timeout=60,
-                         env={**ENV, "SLURM_GPU_MAIL_CONFIG": str(config)}, check=False)
-    took = time.monotonic() - started
+    run, took = _wrapper(config, stdin)
     assert run.returncode == 0, run.stderr
-    args = Path(f"{inbox}.args").read_text().splitlines()
-    return args, Path(f"{inbox}.body").read_bytes(), took, run.stderr.decode()
+    args, body = _received(inbox)
+    return args, body, took, run.stderr.decode()
 
 
 def test_summary_is_added_and_slurms_arguments_pass_unchanged(tmp_path: Path) -> None:
@@ -76,3 +94,78 @@ def test_a_newline_in_the_subject_cannot_start_a_header() -> None:
     assert inert_arguments(["-s", "Slurm Job_id=1 Name=x\nBcc: evil@example.org Ended",
                             "alice"]) == [
         "-s", "Slurm Job_id=1 Name=x Bcc: evil@example.org Ended", "alice"]
+
+
+def _answering_report(tmp_path: Path) -> str:
+    (tmp_path / "answer.json").write_text(json.dumps(REPORT_JSON))
+    return _script(tmp_path / "report", f"cat {tmp_path / 'answer.json'}\n")
+
+
+def test_a_misspelt_key_still_sends_slurms_mail_whole_through_the_sites_mailer(
+        tmp_path: Path) -> None:
+    mailer, inbox = _mailer(tmp_path)
+    config = tmp_path / "mail.toml"
+    config.write_text(f'mailer = "{mailer}"\nreport = "{_answering_report(tmp_path)}"\n'
+                      "sumary_timeout_seconds = 5\n")
+    run, _ = _wrapper(config, b"Slurm's own text\n")
+    log = run.stderr.decode()
+    assert run.returncode == 0, log
+    args, body = _received(inbox)
+    assert args == ARGS
+    assert body.startswith(b"Slurm's own text\n\nGPU and CPU efficiency of job 42"), body
+    assert f"{config}: sumary_timeout_seconds: unknown key" in log, log
+    assert "summary of job 42 added" in log and "as Slurm wrote it" not in log, log
+
+
+def test_a_toml_syntax_error_keeps_the_sites_mailer_and_slurms_mail(tmp_path: Path) -> None:
+    mailer, inbox = _mailer(tmp_path)
+    config = tmp_path / "mail.toml"
+    config.write_text(f'mailer = "{mailer}"\nprometheus_url = http://unquoted:9090\n')
+    # a start mail: no summary, so the default report is not run
+    run, _ = _wrapper(config, b"as is\n", env={**ENV, "SLURM_JOB_MAIL_TYPE": "Began",
+                                                "SLURM_JOB_STATE": "RUNNING"})
+    log = run.stderr.decode()
+    assert run.returncode == 0, log
+    assert _received(inbox) == (ARGS, b"as is\n")
+    assert "not valid TOML" in log and f"mailer {mailer} read from its line" in log, log
+
+
+@pytest.mark.parametrize("env, config_text", [
+    ({**ENV, "SLURM_JOB_MAIL_TYPE": "Began", "SLURM_JOB_STATE": "RUNNING"}, ""),  # no summary
+    (ENV, "report = '/nonexistent/slurm-gpu-report'\n"),  # the report cannot run
+])
+def test_a_mail_without_a_summary_keeps_slurms_body_whole(
+        tmp_path: Path, env: dict[str, str], config_text: str) -> None:
+    mailer, inbox = _mailer(tmp_path)
+    config = tmp_path / "mail.toml"
+    config.write_text(f'mailer = "{mailer}"\n{config_text}')
+    text = b"Slurm's text\nline two, no newline at the end"
+    run, _ = _wrapper(config, text, env=env)
+    assert run.returncode == 0, run.stderr
+    assert _received(inbox) == (ARGS, text)
+    assert "mail sent as Slurm wrote it" in run.stderr.decode()
+
+
+def test_a_failing_mailer_is_logged_as_mail_not_sent(tmp_path: Path) -> None:
+    mailer, _ = _mailer(tmp_path, exit_status=3)
+    config = tmp_path / "mail.toml"
+    config.write_text(f'mailer = "{mailer}"\nsumary = 1\n')
+    run, _ = _wrapper(config, b"x\n", env={**ENV, "SLURM_JOB_MAIL_TYPE": "Began",
+                                            "SLURM_JOB_STATE": "RUNNING"})
+    log = run.stderr.decode()
+    assert run.returncode == 3, log  # the mailer's own status, as before
+    assert f"job 42: mail NOT sent: the mailer {mailer} exited with 3" in log, log
+    assert "mail sent" not in log, log
+
+
+def test_a_mailer_past_its_time_is_stopped_and_logged_as_mail_not_sent(
+        tmp_path: Path) -> None:
+    mailer = _script(tmp_path / "slow-mailer", "exec sleep 60\n")
+    config = tmp_path / "mail.toml"
+    config.write_text(f'mailer = "{mailer}"\nmailer_timeout_seconds = 1\n')
+    run, took = _wrapper(config, b"x\n", env={**ENV, "SLURM_JOB_MAIL_TYPE": "Began",
+                                               "SLURM_JOB_STATE": "RUNNING"})
+    log = run.stderr.decode()
+    assert run.returncode == 1, log
+    assert f"mail NOT sent: the mailer {mailer} did not finish within 1.0 s" in log, log
+    assert took < 30, took
