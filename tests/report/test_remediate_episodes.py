@@ -234,7 +234,14 @@ def test_a_post_of_many_alerts_asks_prometheus_once_and_counts_each() -> None:
             results = (await (await client.post("/alerts", json=body)).json())["results"]
             return results, await (await client.get("/metrics")).text()
 
+    async def resolved_only() -> list[str]:
+        async with TestClient(TestServer(make_app(rem, confirm))) as client:
+            body = {"alerts": [alert() | {"status": "resolved"}]}
+            return (await (await client.post("/alerts", json=body)).json())["results"]
+
     results, metrics = asyncio.run(run())
     assert len(asked) == 1 and slurm.lookups == ["gpu07"] and len(results) == 150
+    assert asyncio.run(resolved_only())[0].startswith("ignored: not firing")
+    assert len(asked) == 1  # nothing to confirm: Prometheus not asked
     for reason, count in (("drained", 1), ("same_drain", 99), ("post_cap", 50)):
         assert f'reason="{reason}"}} {count:.1f}' in metrics, reason
