@@ -28,7 +28,7 @@ import yaml
 
 from tests.agent import Agent
 from tests.daemons import Alertmanager, Daemon, Prometheus, WebhookReceiver, http_json
-from tests.fakenvml import Device, NvmlState, XidEvent, fake_nvml_or_skip
+from tests.fakenvml import Device, FakeNvml, NvmlState, XidEvent, fake_nvml_or_skip
 from tests.integration.slurmcluster import SlurmCluster
 from tests.observe.conftest import alertmanager_config, generate_alerts
 from tests.support import free_port, wait_until
@@ -49,6 +49,11 @@ class Rig:
     alertmanager: Alertmanager
     prometheus: Prometheus
     drained_reason: str
+    fake: FakeNvml  # the fake NVML, and the state it serves
+    nvml: NvmlState
+    alerts: Path  # the rule file Prometheus runs
+    remediate_argv: list[str]
+    started: list[Any]  # stopped by the fixture, last first
 
 
 def auth_headers() -> dict[str, str]:
@@ -132,11 +137,12 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                                     "labels": {"node": slurm_cluster.node_name}}]}],
         }, base / "prometheus")
         started.append(prom)
-        remediate = Daemon("remediate", [
+        remediate_argv = [
             *with_slurm_env(slurm_cluster), str(REPORT), "remediate",
             "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web_config),
             "--node-label", "node", "--prometheus-url", prom.url,
-        ], port, base)
+            "--state-file", str(base / "remediate-state" / "remediate.json")]
+        remediate = Daemon("remediate", remediate_argv, port, base)
         started.append(remediate)
         agent.wait_ready()
         remediate.wait_ready("/-/healthy")
@@ -149,7 +155,8 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                    poll=0.5, log=remediate.log)
         reason = node_line(slurm_cluster).split("Reason=", 1)[1]
         print(f"remediate rig, Xid to drained node: {time.monotonic() - began:.1f} s")
-        yield Rig(slurm_cluster, agent, remediate, am, prom, reason)
+        yield Rig(slurm_cluster, agent, remediate, am, prom, reason, fake, state, alerts,
+                  remediate_argv, started)
     finally:
         for thing in reversed(started):
             thing.stop()
@@ -166,19 +173,22 @@ def firing_payload(rig: Rig) -> dict[str, Any]:
          "startsAt": a["startsAt"], "fingerprint": a["fingerprint"]} for a in ours]}
 
 
+def active_since(prom: Prometheus) -> float | None:
+    """When the alert's firing began, as Prometheus keeps it; None while it is not
+    active."""
+    found = prom.vector(f'ALERTS_FOR_STATE{{alertname="{ALERT}"}}')
+    return float(found[0]["value"][1]) if found else None
+
+
+def utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
 def test_xid_alert_from_alertmanager_drains_the_node_naming_the_alert(rig: Rig) -> None:
     assert ALERT in rig.drained_reason
     assert "xid 79" in rig.drained_reason and "gpu 1" in rig.drained_reason
-
-
-def acted_on_payload(rig: Rig) -> dict[str, Any]:
-    """The alert remediate drained for, by the start its reason names: the test asks
-    about that alert, whatever Alertmanager holds by now."""
-    payload = firing_payload(rig)
-    since = rig.drained_reason.split(" since ", 1)[1].split()[0]
-    for alert in payload["alerts"]:
-        alert["startsAt"] = since
-    return payload
+    since = active_since(rig.prometheus)
+    assert since is not None and f" since {utc(since)}" in rig.drained_reason
 
 
 def _rfc3339(text: str) -> float:
@@ -200,11 +210,14 @@ def evaluated_after(prom: Prometheus, t: float) -> dict[str, Any] | None:
     return rule if _rfc3339(rule["lastEvaluation"]) > t else None
 
 
+ACTED_ON = "ignored: acted on this firing of the alert before"
+
+
 def test_second_post_of_the_same_alert_does_not_act_again(rig: Rig) -> None:
     resume(rig.cluster)  # the admin reset the GPU and put the node back
-    status, body = post(rig, acted_on_payload(rig))
+    status, body = post(rig, firing_payload(rig))
     assert status == 200 and isinstance(body, dict)
-    assert body["results"] == ["ignored: acted on this alert before"]
+    assert [r.split(" (", 1)[0] for r in body["results"]] == [ACTED_ON]
     assert not drained(rig.cluster)
 
 
@@ -292,7 +305,7 @@ def test_missed_scrapes_do_not_make_it_a_new_alert_that_drains_again(rig: Rig) -
     assert payload["alerts"][0]["startsAt"] == before
     status, body = post(rig, payload)
     assert status == 200 and isinstance(body, dict)
-    assert body["results"] == ["ignored: acted on this alert before"]
+    assert [r.split(" (", 1)[0] for r in body["results"]] == [ACTED_ON]
     assert not drained(rig.cluster)
 
 
@@ -340,3 +353,93 @@ def test_alerts_forged_through_alertmanagers_api_drain_nothing_and_say_why(rig: 
            f"for node={node}" in log
     assert "refused SlurmGpuLost (node=gpu-node-17): Prometheus shows no firing" in log
     assert "refused SlurmGpuLost (node=ALL): not a node name" in log
+
+
+def counted(rig: Rig, outcome: str, reason: str) -> float:
+    """One of remediate's alert counters, from its /metrics."""
+    request = urllib.request.Request(f"{rig.remediate.url}/metrics", headers=auth_headers())
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        text = resp.read().decode()
+    series = f'slurm_gpu_remediate_alerts_total{{outcome="{outcome}",reason="{reason}"}} '
+    return sum(float(line[len(series):]) for line in text.splitlines()
+               if line.startswith(series))
+
+
+def post_to_alertmanager(rig: Rig, alerts: list[dict[str, Any]]) -> None:
+    request = urllib.request.Request(f"{rig.alertmanager.url}/api/v2/alerts", method="POST",
+                                     data=json.dumps(alerts).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert resp.status == 200
+
+
+def restart_remediate(rig: Rig) -> None:
+    rig.remediate.stop()
+    again = Daemon("remediate-restarted", rig.remediate_argv, rig.remediate.port,
+                   rig.remediate.log_path.parent)
+    rig.started.append(again)
+    rig.remediate = again
+    again.wait_ready("/-/healthy")
+
+
+def assert_acted_on_before(rig: Rig, payload: dict[str, Any]) -> None:
+    status, body = post(rig, payload)
+    assert not drained(rig.cluster), body
+    assert status == 200 and isinstance(body, dict), body
+    assert body["results"] and all(r.startswith(ACTED_ON) for r in body["results"]), body
+
+
+def test_a_resumed_node_is_drained_again_only_for_a_new_firing(rig: Rig) -> None:
+    """Issue 42: after the admin resumed the node, posts of the same firing drain
+    nothing, whatever their fingerprint, start or extra labels, through remediate's
+    restart; once the alert resolved in Prometheus and fires again, it drains."""
+    prom, node = rig.prometheus, rig.cluster.node_name
+    first = active_since(prom)
+    assert first is not None, "the alert no longer fires: nothing tested"
+    payload = firing_payload(rig)
+    post(rig, payload)  # remediate has acted on this firing, whatever came before
+    resume(rig.cluster)  # the admin: scontrol update NodeName=... State=RESUME
+    assert not drained(rig.cluster)
+    reposted = json.loads(json.dumps(payload))
+    for alert in reposted["alerts"]:
+        alert["fingerprint"] = "0123456789abcdef"
+        alert["startsAt"] = utc(time.time())
+        alert["labels"]["poster"] = "someone"
+    assert_acted_on_before(rig, payload)
+    assert_acted_on_before(rig, reposted)
+    # The same alert with one extra label through Alertmanager's open API: a new alert
+    # (a new fingerprint) there, routed to remediate with its credentials.
+    before = counted(rig, "ignored", "same_episode")
+    extra = [{"labels": {**a["labels"], "extra": "1"}} for a in payload["alerts"]]
+    post_to_alertmanager(rig, extra)
+    wait_until(lambda: counted(rig, "ignored", "same_episode") > before, 30,
+               "remediate to get the re-post from Alertmanager", poll=0.5,
+               log=rig.remediate.log)
+    # Resolved again, so that it cannot keep the group's next notification back.
+    post_to_alertmanager(rig, [e | {"endsAt": utc(time.time() - 1)} for e in extra])
+    assert not drained(rig.cluster)
+    restart_remediate(rig)  # what it acted on is in its state file
+    assert_acted_on_before(rig, reposted)
+    assert "acted on this firing before" in rig.remediate.log()
+
+    # The fault ends: the rule's keep_firing_for is shortened (5m is too long for a
+    # test) and Prometheus reloads it, keeping the alert's state.
+    rules = rig.alerts.read_text()
+    assert "keep_firing_for: 5m" in rules
+    rig.alerts.write_text(rules.replace("keep_firing_for: 5m", "keep_firing_for: 5s"))
+    os.kill(prom.proc.pid, signal.SIGHUP)
+    wait_until(lambda: active_since(prom) is None, 180,
+               "the alert to resolve in Prometheus", poll=1, log=prom.log)
+    status, body = post(rig, payload)  # over in Prometheus: nothing to confirm
+    assert status == 200 and isinstance(body, dict)
+    assert body["results"] == [f"refused: Prometheus shows no firing {ALERT} for "
+                               f"node={node}"]
+    # A new Xid on the same GPU: the alert fires again, a new firing, from the real
+    # rule through Alertmanager.
+    rig.nvml.devices[1].xid_events.append(XidEvent(seq=2, xid=79))
+    rig.fake.write(rig.nvml)
+    wait_until(lambda: drained(rig.cluster), 90, "remediate to drain for the new firing",
+               poll=0.5, log=rig.remediate.log)
+    second = active_since(prom)
+    assert second is not None and second > first
+    assert f" since {utc(second)}" in node_line(rig.cluster).split("Reason=", 1)[1]

@@ -22,7 +22,12 @@ from slurm_gpu_exporter.report.figures.window import parse_duration
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
 from slurm_gpu_exporter.report.remediate.budget import DrainBudget
 from slurm_gpu_exporter.report.remediate.confirm import ALERT_NAME_RE, firing_alerts
-from slurm_gpu_exporter.report.remediate.remediator import DEFAULT_ALERTS, Remediator
+from slurm_gpu_exporter.report.remediate.memory import ActedOn
+from slurm_gpu_exporter.report.remediate.remediator import (
+    DEFAULT_ALERTS,
+    DEFAULT_MAX_ALERTS,
+    Remediator,
+)
 from slurm_gpu_exporter.report.remediate.webhook import make_app
 from slurm_gpu_exporter.web.config import WebConfig, WebConfigError, load_web_config
 from slurm_gpu_exporter.web.server import ListenError, parse_listen_address, start_server
@@ -30,6 +35,7 @@ from slurm_gpu_exporter.web.server import ListenError, parse_listen_address, sta
 DEFAULT_LISTEN = "127.0.0.1:9818"
 DEFAULT_MAX_DRAINS = 2
 DEFAULT_DRAIN_WINDOW = "1h"
+DEFAULT_STATE = "/var/lib/slurm-gpu-report/remediate.json"
 # The client certificate setting that authenticates every client.
 CLIENT_CERT_REQUIRED = "RequireAndVerifyClientCert"
 
@@ -63,6 +69,12 @@ def add_remediate_command(sub: argparse._SubParsersAction  # type: ignore[type-a
     remediate.add_argument("--drain-window", default=DEFAULT_DRAIN_WINDOW,
                            help=f"the sliding window of --max-drains (default "
                                 f"{DEFAULT_DRAIN_WINDOW})")
+    remediate.add_argument("--max-alerts-per-post", type=int, default=DEFAULT_MAX_ALERTS,
+                           help="alerts of one post acted on; the rest are refused and "
+                                f"counted (default {DEFAULT_MAX_ALERTS})")
+    remediate.add_argument("--state-file", default=DEFAULT_STATE,
+                           help="the firing episodes acted on, kept across restarts "
+                                f"(default {DEFAULT_STATE}; not written with --dry-run)")
     return remediate
 
 
@@ -101,10 +113,8 @@ def check_exposure(listen: list[str], config: WebConfig, insecure: bool) -> None
 
 
 async def _serve(args: argparse.Namespace, web_config: WebConfig,
-                 prom: PrometheusClient, budget: DrainBudget) -> None:
-    allowed = frozenset(args.alerts or DEFAULT_ALERTS)
-    remediator = Remediator(allowed=allowed, node_label=args.node_label,
-                            dry_run=args.dry_run, budget=budget)
+                 prom: PrometheusClient, remediator: Remediator) -> None:
+    allowed = remediator.allowed
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -123,6 +133,19 @@ async def _serve(args: argparse.Namespace, web_config: WebConfig,
             await runner.cleanup()
 
 
+def _remediator(args: argparse.Namespace) -> Remediator:
+    """The Remediator the flags ask for, with what it acted on before (read here: a
+    broken state file stops the start)."""
+    if args.max_alerts_per_post < 1:
+        raise ReportError("bad --max-alerts-per-post: give 1 or more")
+    budget = _budget(args)
+    # A dry run remembers in memory only: it never changes what the real one knows.
+    acted_on = ActedOn(None if args.dry_run else Path(args.state_file))
+    return Remediator(allowed=frozenset(args.alerts or DEFAULT_ALERTS),
+                      node_label=args.node_label, dry_run=args.dry_run, budget=budget,
+                      acted_on=acted_on, max_alerts=args.max_alerts_per_post)
+
+
 def _budget(args: argparse.Namespace) -> DrainBudget:
     if args.max_drains < 0:
         raise ReportError("bad --max-drains: give 0 or more")
@@ -134,14 +157,14 @@ def _budget(args: argparse.Namespace) -> DrainBudget:
 
 def run_remediate(args: argparse.Namespace,
                   prometheus: Callable[[argparse.Namespace], PrometheusClient]) -> int:
-    """Serve until SIGTERM; 2 for a bad flag, web config or address, or an exposed
-    listener without client authentication."""
+    """Serve until SIGTERM; 2 for a bad flag, web config or address, an exposed
+    listener without client authentication, or a state file it cannot read."""
     logging.getLogger("slurm_gpu_exporter").setLevel(logging.INFO)
     try:
-        budget = _budget(args)
+        remediator = _remediator(args)
         web_config = load_web_config(Path(args.web_config)) if args.web_config else WebConfig()
         check_exposure(args.listen or [DEFAULT_LISTEN], web_config, args.insecure_no_auth)
-        asyncio.run(_serve(args, web_config, prometheus(args), budget))
+        asyncio.run(_serve(args, web_config, prometheus(args), remediator))
     except ReportError as exc:
         print(f"slurm-gpu-report: {exc}", file=sys.stderr)
         return exc.exit_code

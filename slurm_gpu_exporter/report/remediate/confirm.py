@@ -1,10 +1,15 @@
-"""Asking Prometheus which GPU alerts fire now: the second source ``remediate`` needs.
+"""Asking Prometheus which GPU alerts fire now, and since when: the second source
+``remediate`` needs.
 
 Alertmanager takes alerts from anyone who can reach its API, so a webhook post proves
-nothing alone. Prometheus keeps every alert its rules fire as the series
-``ALERTS{alertstate="firing", alertname=…, <labels>…}``; an alert in a post acts only
-where that series is there now with the same alert name and the same node label value.
-One query per post, whatever the number of alerts in it.
+nothing alone. Prometheus keeps, for every alert its rules hold, the series
+``ALERTS{alertstate="firing", alertname=…, <labels>…}`` (value 1) and
+``ALERTS_FOR_STATE{alertname=…, <labels>…}`` whose value is the time the alert became
+active (Unix seconds). That time stays the same while the alert fires, also through
+``keep_firing_for``, and is new once the alert resolved and fires again: it names one
+firing episode. An alert in a post acts only where Prometheus shows the same alert name
+firing now for the same node label value. One query per post, whatever the number of
+alerts in it.
 """
 
 from __future__ import annotations
@@ -12,29 +17,62 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
 from slurm_gpu_exporter.report.prometheus.queries import selector
 
-# (alert name, node label value) -> the labels of the firing series.
-Firing = dict[tuple[str, str], dict[str, str]]
 ALERT_NAME_RE = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+# Labels of the series that are not the alert's own: the metric name and the state.
+_NOT_IDENTIFYING = frozenset({"__name__", "alertstate"})
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One firing of one alert series, as Prometheus knows it: the series' labels (the
+    rule's own, never a post's) and when it became active."""
+
+    labels: tuple[tuple[str, str], ...]
+    since: float
+
+    @classmethod
+    def of(cls, labels: dict[str, str], since: float) -> Episode:
+        return cls(tuple(sorted((k, v) for k, v in labels.items()
+                                if k not in _NOT_IDENTIFYING)), since)
+
+    def label(self, name: str, default: str = "") -> str:
+        return dict(self.labels).get(name, default)
+
+    @property
+    def since_text(self) -> str:
+        """The active-since time, RFC 3339 in UTC to the second."""
+        return datetime.fromtimestamp(self.since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# (alert name, node label value) -> the firing episodes of that alert there.
+Firing = dict[tuple[str, str], list[Episode]]
 
 
 def firing_query(names: Iterable[str]) -> str:
-    """``ALERTS{alertstate="firing", alertname=~"A|B"}`` for the allow-listed alerts."""
+    """The active-since times of the allow-listed alerts that fire now:
+    ``ALERTS_FOR_STATE{…} and ignoring(alertstate) ALERTS{alertstate="firing", …}`` (a
+    pending alert has ALERTS_FOR_STATE too, so the firing ones are picked by ALERTS)."""
     alternation = "|".join(sorted(re.escape(n) for n in names))
-    return selector("ALERTS", {"alertstate": "firing"}, {"alertname": alternation})
+    state = selector("ALERTS_FOR_STATE", {}, {"alertname": alternation})
+    firing = selector("ALERTS", {"alertstate": "firing"}, {"alertname": alternation})
+    return f"{state} and ignoring(alertstate) {firing}"
 
 
 async def firing_alerts(prom: PrometheusClient, names: Iterable[str], node_label: str,
                         now: float | None = None) -> Firing:
-    """The allow-listed alerts firing now, by name and node label value; a
-    ReportError when Prometheus cannot say (then nothing is confirmed)."""
+    """The allow-listed alerts firing now, by name and node label value, each with its
+    episodes; a ReportError when Prometheus cannot say (then nothing is confirmed)."""
     samples = await prom.instant(firing_query(names), time.time() if now is None else now)
     firing: Firing = {}
     for sample in samples:
         node = sample.labels.get(node_label)
-        if node:
-            firing.setdefault((sample.labels.get("alertname", ""), node), sample.labels)
+        if node and sample.value == sample.value:  # NaN is no time
+            key = (sample.labels.get("alertname", ""), node)
+            firing.setdefault(key, []).append(Episode.of(sample.labels, sample.value))
     return firing

@@ -1,22 +1,22 @@
-"""Which alert drains which node: ``Remediator`` turns each alert of a webhook post into
-a drain, or into a refusal that says why.
+"""Which alert drains which node: ``Remediator`` turns the alerts of a webhook post into
+drains, or into refusals that say why.
 
-An alert acts only when all of these hold, checked in this order: it is firing and in
-the allow-list; it was not acted on before (by its fingerprint and start); its node
-label is a plain host name; Prometheus shows the same alert firing now for the same
-node label value (``confirm.py``); Slurm lists a node under exactly that name (never
+An alert acts only when all of these hold, checked in this order: it is among the first
+``max_alerts`` of its post; it is firing and in the allow-list; its node label is a
+plain host name; Prometheus shows the same alert firing now for the same node label
+value (``confirm.py``); one of those firing episodes (the series and its active-since
+time, as Prometheus has them: never the post's fingerprint, start or extra labels) was
+not acted on before (``memory.py``); Slurm lists a node under exactly that name (never
 ``ALL``, a NodeSet or a name it does not know); the node is not drained already (an
-admin's reason is kept); and the drain budget of the window is not spent. Nothing here
-ever resumes a node. The reason Slurm records is made from the labels Prometheus gave,
-not from the post.
+admin's reason is kept); and the drain budget of the window is not spent. The alerts of
+a post are grouped by node: one Slurm look-up and at most one drain per node. Nothing
+here ever resumes a node. The reason Slurm records is made from what Prometheus shows.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +25,8 @@ from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.inert_text import plain, slurm_value
 from slurm_gpu_exporter.report.prometheus.queries import node_name
 from slurm_gpu_exporter.report.remediate.budget import DrainBudget
-from slurm_gpu_exporter.report.remediate.confirm import Firing
+from slurm_gpu_exporter.report.remediate.confirm import Episode, Firing
+from slurm_gpu_exporter.report.remediate.memory import ActedOn
 from slurm_gpu_exporter.report.slurm.actions import (
     SlurmNode,
     drain_node,
@@ -36,7 +37,7 @@ from slurm_gpu_exporter.report.slurm.actions import (
 log = logging.getLogger(__name__)
 
 DEFAULT_ALERTS = ("SlurmGpuLost", "SlurmGpuXidResetRequired", "SlurmGpuEccUncorrected")
-REMEMBERED_ALERTS = 10_000  # alerts acted on, kept to act once each (oldest forgotten)
+DEFAULT_MAX_ALERTS = 1000  # alerts per post; Alertmanager groups by node, so a few
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,15 @@ class Outcome:
     outcome: str  # drained, dry_run, ignored, refused, failed
     reason: str  # a short fixed word, for the counter
     text: str
+
+
+@dataclass
+class _Node:
+    """The confirmed alerts of one post for one node, and their episodes."""
+
+    name: str
+    indexes: list[int] = field(default_factory=list)
+    episodes: dict[Episode, str] = field(default_factory=dict)  # -> its alert name
 
 
 @dataclass
@@ -59,7 +69,8 @@ class Remediator:
     drain: Callable[[str, str], None] = drain_node
     lookup: Callable[[str], SlurmNode | None] = listed_node
     clock: Callable[[], float] = time.time
-    _done: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    acted_on: ActedOn = field(default_factory=lambda: ActedOn(None))
+    max_alerts: int = DEFAULT_MAX_ALERTS
 
     def screen(self, alert: dict[str, Any]) -> Outcome | None:
         """The outcome of an alert that needs no one asked, or None: ask Prometheus."""
@@ -71,56 +82,119 @@ class Remediator:
                            "ignored: not firing (remediate never resumes a node)")
         if str(labels.get("alertname", "")) not in self.allowed:
             return Outcome("ignored", "not_allowed", "ignored: alert not in the allow-list")
-        if _key(alert) in self._done:
-            return Outcome("ignored", "repeat", "ignored: acted on this alert before")
         node = node_name(str(labels.get(self.node_label, "")))
         if not is_node_name(node):
             return self._refused("not_a_node", "not a node name", alert)
         return None
 
+    def needs_prometheus(self, alerts: list[dict[str, Any]]) -> bool:
+        """Whether an alert of the post (within the cap) is to be confirmed."""
+        return any(self.screen(a) is None for a in alerts[:self.max_alerts])
+
     def handle(self, alert: dict[str, Any], firing: Firing | None) -> Outcome:
-        """Act on one alert, given what Prometheus has firing now (None: it could not be
-        asked); the outcome, logged where it acted or refused."""
-        screened = self.screen(alert)
-        if screened is not None:
-            return screened
+        """One alert alone: ``decide`` for a post of one."""
+        return self.decide([alert], firing)[0]
+
+    def decide(self, alerts: list[dict[str, Any]], firing: Firing | None) -> list[Outcome]:
+        """Each alert's outcome, given what Prometheus has firing now (None: it could not
+        be asked); acts once per node, logs where it acted or refused."""
+        out: list[Outcome | None] = [None] * len(alerts)
+        if len(alerts) > self.max_alerts:
+            excess = len(alerts) - self.max_alerts
+            log.warning("refused %d alerts past the first %d of one post (--max-alerts-per-"
+                        "post): Alertmanager groups alerts by node, a post this big is a "
+                        "flood or forged", excess, self.max_alerts)
+            for i in range(self.max_alerts, len(alerts)):
+                out[i] = Outcome("refused", "post_cap",
+                                 f"refused: more than {self.max_alerts} alerts in one post")
+        nodes: dict[str, _Node] = {}
+        for i, alert in enumerate(alerts[:self.max_alerts]):
+            out[i] = self.screen(alert) or self._confirm(alert, firing, i, nodes)
+        for node in nodes.values():
+            outcomes = self._act(node)
+            for i, outcome in zip(node.indexes, outcomes, strict=True):
+                out[i] = outcome
+        return [o for o in out if o is not None]
+
+    def _confirm(self, alert: dict[str, Any], firing: Firing | None, i: int,
+                 nodes: dict[str, _Node]) -> Outcome | None:
+        """A refusal, or None with the alert's episodes added to its node's."""
         labels = alert["labels"]
         name, value = str(labels["alertname"]), str(labels[self.node_label])
         if firing is None:
             return self._refused("prometheus_unavailable", "cannot confirm the alert: "
                                  "Prometheus did not answer", alert)
-        confirmed = firing.get((name, value))
-        if confirmed is None:
+        episodes = firing.get((name, value))
+        if not episodes:
             return self._refused("unconfirmed", f"Prometheus shows no firing {name} for "
                                  f"{self.node_label}={value}", alert)
-        node = node_name(value)
+        node = nodes.setdefault(node_name(value), _Node(node_name(value)))
+        node.indexes.append(i)
+        node.episodes.update((e, name) for e in episodes)
+        return None
+
+    def _act(self, node: _Node) -> list[Outcome]:
+        """The outcomes of one node's confirmed alerts: one drain at most."""
+        now = self.clock()
+        count = len(node.indexes)
+        new = [e for e in node.episodes if e not in self.acted_on]
+        if not new:
+            self.acted_on.heard_of(node.episodes, now)
+            since = ", ".join(sorted({f"{n} since {e.since_text}"
+                                      for e, n in node.episodes.items()}))
+            log.info("ignored %d alert(s) for %s: acted on this firing before (%s); a "
+                     "new firing drains again", count, node.name, plain(since, 300))
+            return [Outcome("ignored", "same_episode", "ignored: acted on this firing of "
+                            f"the alert before ({plain(since, 300)})")] * count
         try:
-            listed = self.lookup(node)
+            listed = self.lookup(node.name)
             if listed is None:
-                return self._refused("unknown_node", f"Slurm lists no node named {node}",
-                                     alert)
+                return self._refused_node(node, "unknown_node",
+                                          f"Slurm lists no node named {node.name}")
             if "DRAIN" in listed.state.upper():
-                self._remember(_key(alert))
-                return Outcome("ignored", "already_drained",
-                               f"ignored: {node} is already {plain(listed.state)}")
-            now = self.clock()
+                self._remember(node, now)
+                return [Outcome("ignored", "already_drained",
+                                f"ignored: {node.name} is already {plain(listed.state)}")
+                        ] * count
             if not self.budget.allows(now):
-                return self._refused("drain_cap", f"{self.budget.max_drains} drains in the "
-                                     f"last {self.budget.window_s:g} s already (--max-drains);"
-                                     f" drain {node} by hand if it needs it", alert)
-            reason = _reason(name, confirmed, alert)
+                return self._refused_node(
+                    node, "drain_cap", f"{self.budget.max_drains} drains in the last "
+                    f"{self.budget.window_s:g} s already (--max-drains); drain {node.name} "
+                    "by hand if it needs it")
+            # The newest new episode names the fault (its own labels and start).
+            episode = max(new, key=lambda e: (e.since, e.labels))
+            reason = _reason(node.episodes[episode], episode)
             if self.dry_run:
                 self.budget.spend(now)
-                log.info("dry run: would drain %s: %s", node, reason)
-                return Outcome("dry_run", "dry_run", f"dry run: would drain {node}")
-            self.drain(node, reason)
+                self._remember(node, now)
+                log.info("dry run: would drain %s: %s", node.name, reason)
+                return self._first_and_rest(node, Outcome(
+                    "dry_run", "dry_run", f"dry run: would drain {node.name}"))
+            self.drain(node.name, reason)
             self.budget.spend(now)
         except ReportError as exc:
-            log.error("cannot drain %s for %s: %s", node, name, plain(exc))
-            return Outcome("failed", "slurm", f"failed: {plain(exc)}")
-        self._remember(_key(alert))
-        log.info("drained %s: %s", node, reason)
-        return Outcome("drained", "drained", f"drained {node}")
+            log.error("cannot drain %s: %s", node.name, plain(exc))
+            return [Outcome("failed", "slurm", f"failed: {plain(exc)}")] * count
+        self._remember(node, now)
+        log.info("drained %s: %s", node.name, reason)
+        return self._first_and_rest(node, Outcome("drained", "drained",
+                                                  f"drained {node.name}"))
+
+    def _remember(self, node: _Node, now: float) -> None:
+        self.acted_on.remember(node.episodes, now)
+
+    @staticmethod
+    def _first_and_rest(node: _Node, first: Outcome) -> list[Outcome]:
+        """The drain goes to the first alert; the others of the node came with it."""
+        rest = Outcome("ignored", "same_drain",
+                       f"ignored: {node.name} drained for another alert of this post")
+        return [first] + [rest] * (len(node.indexes) - 1)
+
+    def _refused_node(self, node: _Node, reason: str, why: str) -> list[Outcome]:
+        names = ", ".join(sorted(set(node.episodes.values())))
+        log.warning("refused %s (node %s): %s", plain(names, 200), node.name,
+                    plain(why, 300))
+        return [Outcome("refused", reason, f"refused: {plain(why, 300)}")] * len(node.indexes)
 
     def _refused(self, reason: str, why: str, alert: dict[str, Any]) -> Outcome:
         labels = alert.get("labels", {})
@@ -129,19 +203,9 @@ class Remediator:
                     self.node_label, plain(labels.get(self.node_label, ""), 200), why)
         return Outcome("refused", reason, f"refused: {why}")
 
-    def _remember(self, key: str) -> None:
-        self._done[key] = None
-        while len(self._done) > REMEMBERED_ALERTS:
-            self._done.popitem(last=False)
 
-
-def _key(alert: dict[str, Any]) -> str:
-    return str(alert.get("fingerprint") or json.dumps(alert.get("labels"), sort_keys=True)) \
-        + "@" + str(alert.get("startsAt", ""))
-
-
-def _reason(name: str, confirmed: dict[str, str], alert: dict[str, Any]) -> str:
-    """What Slurm records: the alert as Prometheus has it, and when it started."""
-    return slurm_value(f"slurm-gpu-exporter {name} gpu {confirmed.get('gpu', '?')} "
-                       f"{confirmed.get('uuid', '')} xid {confirmed.get('xid', '-')} since "
-                       f"{alert.get('startsAt', '?')}")
+def _reason(name: str, episode: Episode) -> str:
+    """What Slurm records: the alert as Prometheus has it, and when it became active."""
+    return slurm_value(f"slurm-gpu-exporter {name} gpu {episode.label('gpu', '?')} "
+                       f"{episode.label('uuid')} xid {episode.label('xid', '-')} since "
+                       f"{episode.since_text}")

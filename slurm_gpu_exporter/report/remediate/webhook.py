@@ -2,7 +2,7 @@
 its own counters at ``GET /metrics``, health at ``GET /-/healthy``.
 
 A post is handled whole under one lock (a node is looked at, then drained): the alerts
-that need it are confirmed with one Prometheus query, then each goes to the
+that need it are confirmed with one Prometheus query, then the post goes to the
 ``Remediator`` (``remediator.py``), off the event loop since scontrol blocks. Where
 Prometheus could not be asked the answer is 503, so Alertmanager sends the post again.
 """
@@ -33,21 +33,17 @@ HEALTH_PATHS = frozenset({"/-/healthy", "/-/ready"})
 async def outcomes_of(remediator: Remediator, items: list[dict],  # type: ignore[type-arg]
                       confirm: Callable[[], Awaitable[Firing]]) -> list[Outcome]:
     """Each alert's outcome; Prometheus is asked once, and only when an alert needs it."""
-    screened = [remediator.screen(a) for a in items]
     firing: Firing | None = {}
-    if any(s is None for s in screened):
+    if remediator.needs_prometheus(items):
         try:
             firing = await confirm()
         except ReportError as exc:
             log.error("cannot confirm alerts with Prometheus, nothing drained: %s",
                       plain(exc))
             firing = None
-    loop = asyncio.get_running_loop()
-    out = []
-    for alert, done in zip(items, screened, strict=True):
-        # scontrol blocks: off the event loop, so health checks still answer.
-        out.append(done or await loop.run_in_executor(None, remediator.handle, alert, firing))
-    return out
+    # scontrol blocks: off the event loop, so health checks still answer.
+    return await asyncio.get_running_loop().run_in_executor(
+        None, remediator.decide, items, firing)
 
 
 def make_app(remediator: Remediator, confirm: Callable[[], Awaitable[Firing]],
