@@ -1,5 +1,7 @@
-"""A munge credential of whoever runs the report (``munge -n``), for a proxy that takes
-``Authorization: Munge <credential>``. One credential per request: munged refuses a
+"""A munge credential of whoever runs the report, for a proxy that takes
+``Authorization: Munge <credential>``. Its payload names the proxy it is for
+(report/munge_audience.py), so the proxy refuses a credential made for another service,
+and no other proxy takes this one. One credential per request: munged refuses a
 credential it has decoded before."""
 
 from __future__ import annotations
@@ -8,17 +10,24 @@ import shutil
 import subprocess
 
 from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.munge_audience import payload
 
 MUNGE_TIMEOUT_S = 5.0
 EXIT_NO_CREDENTIAL = 3
 
 
-def munge_credential(socket: str | None = None, munge: str | None = None) -> str:
-    """A fresh credential of the calling user, from the local munged."""
-    found = munge or shutil.which("munge") or "/usr/bin/munge"
-    argv = [found, "-n"] + ([f"--socket={socket}"] if socket else [])
+def munge_credential(proxy_url: str, socket: str | None = None,
+                     munge: str | None = None) -> str:
+    """A fresh credential of the calling user for the proxy at ``proxy_url`` (the
+    payload ``slurm-gpu-proxy <URL>``), from the local munged."""
     try:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        text = payload(proxy_url)
+    except ValueError as exc:
+        raise ReportError(f"--auth munge: bad proxy URL ({exc})", EXIT_NO_CREDENTIAL) from None
+    found = munge or shutil.which("munge") or "/usr/bin/munge"
+    argv = [found] + ([f"--socket={socket}"] if socket else [])  # payload on stdin
+    try:
+        proc = subprocess.run(argv, input=text, capture_output=True, text=True,
                               timeout=MUNGE_TIMEOUT_S, check=False, errors="replace")
     except FileNotFoundError:
         raise ReportError("--auth munge needs the munge command (Debian: apt-get install "
