@@ -41,7 +41,9 @@ REASONS = {
     15: ("munge_expired", "the munge credential has expired; make a fresh one"),
     16: ("munge_rewound", "the munge credential is from the future (clock skew)"),
     17: ("munge_replayed", "the munge credential was already used; make one per request"),
-    18: ("munge_unauthorized", "the munge credential is not for this decoder"),
+    18: ("munge_unauthorized", "the munge credential may be decoded by another uid or "
+                               "group only; munge_restrict_uid in the client config must be "
+                               "the proxy's uid"),
 }
 
 

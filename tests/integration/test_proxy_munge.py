@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.proxy.munge import MungeDecoder, MungeRefusal
+from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.prometheus.client import Connection, PrometheusClient
 from slurm_gpu_exporter.report.slurm.munge import munge_credential
 from tests.agent import Agent
@@ -141,18 +142,24 @@ def test_a_credential_made_for_another_service_is_refused(stack: Stack) -> None:
             "munge_wrong_audience")
 
 
-def test_a_credential_from_the_real_client_signs_in(stack: Stack) -> None:
-    # The report's own client: a credential per request from slurm/munge.py, sent as
-    # client.py sends it. root is an admin, so the query sees every user's series.
-    conn = Connection(url=stack.proxy.url + "/",  # a trailing slash names it as well
-                      munge_credential=lambda: munge_credential(stack.proxy.url + "/",
-                                                                str(SITE_SOCKET)))
+def _real_client_sees(stack: Stack, restrict_uid: int | None = None) -> set[str]:
+    """The users whose jobs root sees through the report's own client: a credential per
+    request from slurm/munge.py, sent as client.py sends it (root is an admin)."""
+    url = stack.proxy.url + "/"  # a trailing slash names the same proxy
+    conn = Connection(url=url, munge_credential=lambda: munge_credential(
+        url, str(SITE_SOCKET), restrict_uid=restrict_uid))
 
     async def ask() -> set[str]:
         async with PrometheusClient(conn) as prom:
             return {s.labels["user"] for s in await prom.instant(JOBS_BY_USER, time.time())}
 
-    assert {"alice", "bob"} <= asyncio.run(ask())
+    return asyncio.run(ask())
+
+
+def test_a_credential_from_the_real_client_signs_in(stack: Stack) -> None:
+    assert {"alice", "bob"} <= _real_client_sees(stack)
+    # Restricted to the proxy's uid (the tests': root), as munge_restrict_uid makes it.
+    assert {"alice", "bob"} <= _real_client_sees(stack, restrict_uid=os.geteuid())
 
 
 def test_a_credential_restricted_to_another_uid_is_refused(stack: Stack) -> None:
@@ -160,6 +167,8 @@ def test_a_credential_restricted_to_another_uid_is_refused(stack: Stack) -> None
     # tests' own: root, whom munged refuses such a credential too).
     other_uid = pwd.getpwnam(OTHER).pw_uid
     refused(stack.ask(stack.mine(USER, restrict_uid=other_uid)), "munge_unauthorized")
+    with pytest.raises(ReportError, match=r"munge_unauthorized.*munge_restrict_uid"):
+        _real_client_sees(stack, restrict_uid=other_uid)
     # The truth beside it: restricted to the proxy's own uid, it is taken.
     assert users_seen(stack.ask(stack.mine(USER, restrict_uid=os.geteuid()))) == set()
 

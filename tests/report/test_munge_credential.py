@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from slurm_gpu_exporter.report.cli import flags as cli_flags
-from slurm_gpu_exporter.report.cli.client_config import CLIENT_ENV
+from slurm_gpu_exporter.report.cli.client_config import CLIENT_ENV, load_client_config
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.munge_audience import audience
 from slurm_gpu_exporter.report.slurm import munge as client_munge
@@ -58,6 +58,8 @@ def test_the_credential_carries_the_proxy_url_as_its_payload(
     (call,) = calls
     assert call["input"] == "slurm-gpu-proxy https://metrics.example.org:9818"
     assert call["argv"] == ["/usr/bin/munge", "--socket=/run/m.sock"]  # no -n
+    client_munge.munge_credential("http://p:9818", restrict_uid=64123)
+    assert calls[-1]["argv"][1:] == ["--restrict-uid=64123"]
 
 
 def test_a_bad_proxy_url_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,7 +72,8 @@ def test_a_bad_proxy_url_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
 def test_the_report_signs_for_the_url_it_asks(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "client.toml"
-    config.write_text('prometheus_url = "https://proxy:9818"\nauth = "munge"\n')
+    config.write_text('prometheus_url = "https://proxy:9818"\nauth = "munge"\n'
+                      'munge_restrict_uid = 64123\n')
     monkeypatch.setenv(CLIENT_ENV, str(config))
     monkeypatch.delenv("SLURM_GPU_REPORT_PROMETHEUS_URL", raising=False)
     calls = _made(monkeypatch)
@@ -81,3 +84,12 @@ def test_the_report_signs_for_the_url_it_asks(tmp_path: Path,
         assert conn.munge_credential is not None
         conn.munge_credential()
         assert calls[-1]["input"] == f"slurm-gpu-proxy {url}"
+        assert calls[-1]["argv"][-1] == "--restrict-uid=64123"
+
+
+@pytest.mark.parametrize("value", ["-1", "4294967295", '"64123"', "true", "1.5"])
+def test_munge_restrict_uid_must_be_a_uid(tmp_path: Path, value: str) -> None:
+    config = tmp_path / "client.toml"
+    config.write_text(f"munge_restrict_uid = {value}\n")
+    with pytest.raises(ReportError, match="munge_restrict_uid"):
+        load_client_config(config)

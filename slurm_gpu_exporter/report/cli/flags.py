@@ -213,7 +213,8 @@ def connection(args: argparse.Namespace) -> Connection:
         bearer_token=read_secret(args.bearer_token_file), ca_file=args.ca_file or site.ca_file,
         cert_file=args.cert_file, key_file=args.key_file,
         insecure_skip_verify=args.insecure_skip_verify,
-        munge_credential=functools.partial(munge_credential, url, site.munge_socket)
+        munge_credential=functools.partial(munge_credential, url, site.munge_socket,
+                                           restrict_uid=site.munge_restrict_uid)
         if auth == "munge" else None,
         max_concurrent=args.max_concurrent_queries,
         retry=RetryPolicy(retries=args.retries))

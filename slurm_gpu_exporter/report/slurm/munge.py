@@ -17,15 +17,17 @@ EXIT_NO_CREDENTIAL = 3
 
 
 def munge_credential(proxy_url: str, socket: str | None = None,
-                     munge: str | None = None) -> str:
+                     munge: str | None = None, restrict_uid: int | None = None) -> str:
     """A fresh credential of the calling user for the proxy at ``proxy_url`` (the
-    payload ``slurm-gpu-proxy <URL>``), from the local munged."""
+    payload ``slurm-gpu-proxy <URL>``), from the local munged; with ``restrict_uid``
+    (the proxy's uid) no process of another uid can decode it."""
     try:
         text = payload(proxy_url)
     except ValueError as exc:
         raise ReportError(f"--auth munge: bad proxy URL ({exc})", EXIT_NO_CREDENTIAL) from None
     found = munge or shutil.which("munge") or "/usr/bin/munge"
     argv = [found] + ([f"--socket={socket}"] if socket else [])  # payload on stdin
+    argv += [f"--restrict-uid={restrict_uid}"] if restrict_uid is not None else []
     try:
         proc = subprocess.run(argv, input=text, capture_output=True, text=True,
                               timeout=MUNGE_TIMEOUT_S, check=False, errors="replace")
