@@ -14,13 +14,13 @@ from pathlib import Path
 from aiohttp import web
 
 from slurm_gpu_exporter import __version__
+from slurm_gpu_exporter.munge_audience import audience
 from slurm_gpu_exporter.proxy.app import make_app
 from slurm_gpu_exporter.proxy.archive import ArchiveReader, ArchiveSetupError
 from slurm_gpu_exporter.proxy.config import ConfigError, ProxyConfig, load_config
 from slurm_gpu_exporter.proxy.listener import ListenError, listen, parse_listen_address
 from slurm_gpu_exporter.proxy.munge import DEFAULT_SOCKET, MungeDecoder
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
-from slurm_gpu_exporter.report.munge_audience import audience
 from slurm_gpu_exporter.web.config import WebConfig, WebConfigError, load_web_config
 
 log = logging.getLogger("slurm_gpu_exporter.proxy")

@@ -3,7 +3,7 @@
 The credential is decoded by the site's munged, through Debian's ``unmunge``: munged
 checks the MAC (the site's key), the TTL, its replay cache and any uid or gid the
 credential is restricted to, and says whose it is. Its payload must name this proxy
-(``slurm-gpu-proxy <URL>``, report/munge_audience.py): any service that takes munge
+(``slurm-gpu-proxy <URL>``, munge_audience.py): any service that takes munge
 credentials sees them, and one made for another service must not sign in here.
 Nothing the client says besides the credential counts; the uid munged answers is
 mapped to a user name here, through the system's user database.
@@ -20,7 +20,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_gpu_exporter.report.munge_audience import PREFIX
+from slurm_gpu_exporter.munge_audience import PREFIX
 
 log = logging.getLogger(__name__)
 

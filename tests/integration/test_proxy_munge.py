@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpu_exporter.munge_audience import payload
 from slurm_gpu_exporter.proxy.munge import MungeDecoder, MungeRefusal
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.prometheus.client import Connection, PrometheusClient
@@ -147,7 +148,7 @@ def _real_client_sees(stack: Stack, restrict_uid: int | None = None) -> set[str]
     request from slurm/munge.py, sent as client.py sends it (root is an admin)."""
     url = stack.proxy.url + "/"  # a trailing slash names the same proxy
     conn = Connection(url=url, munge_credential=lambda: munge_credential(
-        url, str(SITE_SOCKET), restrict_uid=restrict_uid))
+        payload(url), str(SITE_SOCKET), restrict_uid=restrict_uid))
 
     async def ask() -> set[str]:
         async with PrometheusClient(conn) as prom:

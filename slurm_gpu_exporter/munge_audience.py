@@ -1,7 +1,8 @@
 """What a munge credential for slurm-gpu-proxy carries: ``slurm-gpu-proxy <URL>``, the
 proxy's base URL as the client reaches it, so that the proxy can tell a credential made
-for it from one made for another service (a plain ``munge -n`` names none). Shared by
-the client (report/slurm/munge.py) and the proxy (proxy/munge.py): one format."""
+for it from one made for another service (a plain ``munge -n`` names none). The one
+format of both products: slurm-gpu-report makes it (report/cli/flags.py), the proxy
+checks it (proxy/munge.py). Standard library only: the proxy loads no report code."""
 
 from __future__ import annotations
 
