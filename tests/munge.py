@@ -8,21 +8,33 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from tests.support import require, wait_until
 
 SITE_SOCKET = Path("/run/munge/munge.socket.2")
 
 
-def credential(user: str = "root", socket: Path = SITE_SOCKET, ttl: int | None = None) -> str:
-    """A fresh credential of ``user`` (``runuser -u USER -- munge -n``)."""
-    argv = ["munge", "-n", f"--socket={socket}"] + ([f"--ttl={ttl}"] if ttl else [])
+def credential(user: str = "root", socket: Path = SITE_SOCKET, ttl: int | None = None,
+               payload: str | None = None, restrict_uid: int | None = None) -> str:
+    """A fresh credential of ``user`` (``runuser -u USER -- munge``), with ``payload``
+    (none: ``munge -n``, as a service that asks for no payload takes them), decodable
+    only by ``restrict_uid`` when given."""
+    argv = ["munge", f"--socket={socket}"] + ([f"--ttl={ttl}"] if ttl else [])
+    argv += ["-n"] if payload is None else []
+    argv += [f"--restrict-uid={restrict_uid}"] if restrict_uid is not None else []
     if user != "root":
         argv = [shutil.which("runuser") or "/usr/sbin/runuser", "-u", user, "--", *argv]
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+    proc = subprocess.run(argv, input=payload or "", capture_output=True, text=True,
                           timeout=10, check=False)
     assert proc.returncode == 0, f"munge as {user} failed: {proc.stderr.strip()}"
     return proc.stdout.strip()
+
+
+def for_proxy(user: str, proxy_url: str, **options: Any) -> str:
+    """A credential of ``user`` made for the proxy at ``proxy_url``, with the payload the
+    proxy asks for, written out here (not the client's code)."""
+    return credential(user, payload=f"slurm-gpu-proxy {proxy_url}", **options)
 
 
 def site_munge_works() -> bool:

@@ -42,6 +42,7 @@ REQUEST_READ_TIMEOUT_S = 30.0
 # the URL stays short enough for any proxy on the way; longer ones as a POST form.
 UPSTREAM_GET_BYTES = 4096
 OPEN_PATHS = {"/-/healthy", "/-/ready"}
+OPEN_METHODS = ("GET", "HEAD")  # what the open paths take without authentication
 # Keys of what the authentication middleware leaves on a request (typed keys where
 # aiohttp has them, 3.13 on).
 _RequestKey = getattr(web, "RequestKey", None)
@@ -143,7 +144,19 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
     async def authenticate(request: web.Request,
                            handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                            ) -> web.StreamResponse:
+        if not request.raw_path.startswith("/"):
+            # Absolute-form ("GET http://host/path"), authority- or asterisk-form: the
+            # proxy forwards to its own store only, so it takes nothing but a path.
+            return refuse(request, 400, "request_target", "the request target must be a "
+                          "path such as /api/v1/query (origin-form), not a full URL or "
+                          "'*'; this proxy forwards only to its own store", "", "other")
         if request.path in OPEN_PATHS:
+            # Open for probes to read; anything else there is no request for the API.
+            if request.method not in OPEN_METHODS:
+                refused = refuse(request, 405, "method", f"{request.path} takes "
+                                 f"{' or '.join(OPEN_METHODS)} only", "", "other")
+                refused.headers["Allow"] = ", ".join(OPEN_METHODS)
+                return refused
             response = await handler(request)
         else:
             who = await identify(request, web_config, config.user_header, munge)

@@ -7,12 +7,14 @@ import asyncio
 import logging
 import shutil
 import signal
+import socket
 import sys
 from pathlib import Path
 
 from aiohttp import web
 
 from slurm_gpu_exporter import __version__
+from slurm_gpu_exporter.munge_audience import audience
 from slurm_gpu_exporter.proxy.app import make_app
 from slurm_gpu_exporter.proxy.archive import ArchiveReader, ArchiveSetupError
 from slurm_gpu_exporter.proxy.config import ConfigError, ProxyConfig, load_config
@@ -49,10 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="YAML file with the same settings, plus "
                    "coordinators and the trusted user header")
     p.add_argument("--munge", action="store_true",
-                   help="accept 'Authorization: Munge <credential>' (munge -n), decoded by "
-                        "the site's munged")
+                   help="accept 'Authorization: Munge <credential>' made for this proxy "
+                        "(its payload names it), decoded by the site's munged")
     p.add_argument("--munge.socket", dest="munge_socket", type=Path, default=DEFAULT_SOCKET,
                    help=f"munged's socket (default {DEFAULT_SOCKET})")
+    p.add_argument("--munge.audience", dest="munge_audience", action="append", default=[],
+                   metavar="URL", help="a URL clients reach the proxy by, which their munge "
+                   "credentials must name (repeatable; default: this host's names on each "
+                   "listen address's port)")
     p.add_argument("--archive.url", dest="archive_url", metavar="URL",
                    help="serve ended jobs from the job archive (sqlite:///PATH or "
                         "postgresql://…, read only) at /slurm-gpu/v1/jobs/<jobid>; needs "
@@ -66,11 +72,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def munge_audiences(given: list[str], addresses: list[str], tls: bool) -> frozenset[str]:
+    """The URLs a munge credential may name: the ``--munge.audience`` ones, else this
+    host's names (short and fully qualified; a listen address's own host where it has
+    one) on each listen address's port. Raises ValueError for a URL that is not one."""
+    try:
+        if given:
+            return frozenset(audience(url) for url in given)
+    except ValueError as exc:
+        raise ValueError(f"--munge.audience: {exc}") from None
+    scheme = "https" if tls else "http"
+    found = set()
+    for address in addresses:
+        host, port = parse_listen_address(address)
+        if host in (None, "0.0.0.0", "::"):
+            hosts = {socket.gethostname(), socket.getfqdn()}
+        else:
+            hosts = {host}
+        found |= {audience(f"{scheme}://{name if ':' not in name else f'[{name}]'}:{port}")
+                  for name in hosts}
+    return frozenset(found)
+
+
 async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str],
                 munge_socket: Path | None = None,
-                archive: ArchiveReader | None = None) -> int:
+                archive: ArchiveReader | None = None,
+                audiences: frozenset[str] = frozenset()) -> int:
     metrics = ProxyMetrics()
-    munge = MungeDecoder(munge_socket) if munge_socket else None
+    munge = MungeDecoder(munge_socket, audiences=audiences) if munge_socket else None
+    if munge is not None:
+        log.info("taking munge credentials made for %s", ", ".join(sorted(audiences)))
     if archive is not None:
         problem = await asyncio.to_thread(archive.check)
         if problem:  # it may be made later (the first archive run): serve, and say so
@@ -124,10 +155,15 @@ def main(argv: list[str] | None = None) -> int:
         addresses = args.listen or [DEFAULT_LISTEN]
         for address in addresses:
             parse_listen_address(address)
+        audiences = (munge_audiences(args.munge_audience, addresses,
+                                     web_config.tls is not None) if args.munge else frozenset())
         archive = (ArchiveReader(args.archive_url, args.archive_timeout)
                    if args.archive_url else None)
     except (ConfigError, WebConfigError, ValueError, ArchiveSetupError) as exc:
         print(f"slurm-gpu-proxy: {exc}", file=sys.stderr)
+        return 2
+    if args.munge_audience and not args.munge:
+        print("slurm-gpu-proxy: --munge.audience needs --munge", file=sys.stderr)
         return 2
     if not web_config.users and config.user_header is None and not args.munge:
         print("slurm-gpu-proxy: nobody could sign in: add basic_auth_users to "
@@ -138,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
               "install munge)", file=sys.stderr)
         return 2
     return asyncio.run(serve(config, web_config, addresses,
-                             args.munge_socket if args.munge else None, archive))
+                             args.munge_socket if args.munge else None, archive, audiences))
 
 
 if __name__ == "__main__":

@@ -80,7 +80,8 @@ async def identify(request: web.Request, web_config: WebConfig,
     if not web_config.users or not authorization:
         ways = ["basic auth with a user of the web config"] if web_config.users else []
         if munge is not None:
-            ways.append("'Authorization: Munge <credential>' (munge -n)")
+            ways.append("'Authorization: Munge <credential>' made for this proxy "
+                        "(slurm-gpu-report --auth munge)")
         how = " or ".join(ways) or "the user header from a client that proves itself"
         return Refusal(401, "unauthenticated", f"authentication required: {how}")
     try:

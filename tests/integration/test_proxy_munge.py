@@ -1,10 +1,14 @@
 """slurm-gpu-proxy --munge on the real munged of the test cluster: a good credential is
 its owner's identity with that user's limits; forged, expired, replayed and another
-key's credentials are 401."""
+key's credentials are 401, and so is one made for another service (issue 42: any
+`munge -n` credential was taken, so one handed to another service could be replayed
+here within its TTL) or restricted to another uid."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import pwd
 import sys
 import time
 from collections.abc import Iterator
@@ -12,11 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpu_exporter.munge_audience import payload
 from slurm_gpu_exporter.proxy.munge import MungeDecoder, MungeRefusal
+from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.prometheus.client import Connection, PrometheusClient
+from slurm_gpu_exporter.report.slurm.munge import munge_credential
 from tests.agent import Agent
 from tests.daemons import Daemon, Prometheus, tool
 from tests.integration.slurmcluster import SlurmCluster
-from tests.munge import SITE_SOCKET, OwnMunged, credential
+from tests.munge import SITE_SOCKET, OwnMunged, credential, for_proxy
 from tests.proxy.stack import Answer, prometheus_config, request, write_configs
 from tests.support import free_port, wait_until
 
@@ -45,6 +53,10 @@ class Stack:
     def ask(self, cred: str, expr: str = JOBS_BY_USER) -> Answer:
         return request(f"{self.proxy.url}/api/v1/query?query={expr.replace(' ', '%20')}",
                        {"Authorization": f"Munge {cred}"})
+
+    def mine(self, user: str, **options: object) -> str:
+        """A credential of ``user`` made for this proxy."""
+        return for_proxy(user, self.proxy.url, **options)
 
     def stop(self) -> None:
         for thing in (self.proxy, self.prometheus, self.agent):
@@ -76,16 +88,16 @@ def refused(answer: Answer, reason: str) -> None:
 
 
 def test_credential_is_its_owners_identity_with_their_limits(stack: Stack) -> None:
-    everyone = users_seen(stack.ask(credential("root")))  # root is an admin
+    everyone = users_seen(stack.ask(stack.mine("root")))  # root is an admin
     assert {"alice", "bob"} <= everyone
-    assert users_seen(stack.ask(credential(USER))) == set()  # sgeuser has no jobs there
+    assert users_seen(stack.ask(stack.mine(USER))) == set()  # sgeuser has no jobs there
     values = request(f"{stack.proxy.url}/api/v1/label/user/values",
-                     {"Authorization": f"Munge {credential(USER)}"})
+                     {"Authorization": f"Munge {stack.mine(USER)}"})
     assert values.status == 200 and values.body["data"] == [], values.text
 
 
 def test_forged_bytes_are_refused(stack: Stack) -> None:
-    good = credential(USER)
+    good = stack.mine(USER)
     middle = len(good) // 2
     forged = good[:middle] + ("A" if good[middle] != "A" else "B") + good[middle + 1:]
     refused(stack.ask(forged), "munge_invalid")
@@ -94,13 +106,13 @@ def test_forged_bytes_are_refused(stack: Stack) -> None:
 
 
 def test_another_users_expired_credential_is_refused(stack: Stack) -> None:
-    old = credential(OTHER, ttl=1)
+    old = stack.mine(OTHER, ttl=1)
     time.sleep(2.5)  # the credential's TTL running out, which is what is tested
     refused(stack.ask(old), "munge_expired")
 
 
 def test_replayed_credential_is_refused(stack: Stack) -> None:
-    once = credential(USER)
+    once = stack.mine(USER)
     assert stack.ask(once).status == 200
     refused(stack.ask(once), "munge_replayed")
 
@@ -108,10 +120,58 @@ def test_replayed_credential_is_refused(stack: Stack) -> None:
 def test_credential_of_another_key_is_refused(stack: Stack) -> None:
     other_site = OwnMunged()
     try:
-        foreign = credential("root", socket=other_site.socket)
+        foreign = credential("root", socket=other_site.socket,
+                             payload=f"slurm-gpu-proxy {stack.proxy.url}")
     finally:
         other_site.stop()
     refused(stack.ask(foreign), "munge_invalid")
+
+
+def test_a_credential_made_for_another_service_is_refused(stack: Stack) -> None:
+    # What another munge service takes: a plain `munge -n` (an older client made these).
+    plain = stack.ask(credential(USER))
+    refused(plain, "munge_no_audience")
+    assert "upgrade slurm-gpu-report" in plain.body["error"]
+    # Made for another proxy, or with another service's payload.
+    elsewhere = stack.ask(for_proxy(USER, "http://127.0.0.2:9818"))
+    refused(elsewhere, "munge_wrong_audience")
+    assert "'http://127.0.0.2:9818'" in elsewhere.body["error"]
+    assert stack.proxy.url in elsewhere.body["error"]  # what the proxy takes
+    refused(stack.ask(credential(USER, payload="job 1234 for slurmrestd")),
+            "munge_wrong_audience")
+    refused(stack.ask(credential(USER, payload=f"slurm-gpu-proxy {stack.proxy.url}/x")),
+            "munge_wrong_audience")
+
+
+def _real_client_sees(stack: Stack, restrict_uid: int | None = None) -> set[str]:
+    """The users whose jobs root sees through the report's own client: a credential per
+    request from slurm/munge.py, sent as client.py sends it (root is an admin)."""
+    url = stack.proxy.url + "/"  # a trailing slash names the same proxy
+    conn = Connection(url=url, munge_credential=lambda: munge_credential(
+        payload(url), str(SITE_SOCKET), restrict_uid=restrict_uid))
+
+    async def ask() -> set[str]:
+        async with PrometheusClient(conn) as prom:
+            return {s.labels["user"] for s in await prom.instant(JOBS_BY_USER, time.time())}
+
+    return asyncio.run(ask())
+
+
+def test_a_credential_from_the_real_client_signs_in(stack: Stack) -> None:
+    assert {"alice", "bob"} <= _real_client_sees(stack)
+    # Restricted to the proxy's uid (the tests': root), as munge_restrict_uid makes it.
+    assert {"alice", "bob"} <= _real_client_sees(stack, restrict_uid=os.geteuid())
+
+
+def test_a_credential_restricted_to_another_uid_is_refused(stack: Stack) -> None:
+    # Made for this proxy, but decodable only by sgeuser2, not by the proxy's uid (the
+    # tests' own: root, whom munged refuses such a credential too).
+    other_uid = pwd.getpwnam(OTHER).pw_uid
+    refused(stack.ask(stack.mine(USER, restrict_uid=other_uid)), "munge_unauthorized")
+    with pytest.raises(ReportError, match=r"munge_unauthorized.*munge_restrict_uid"):
+        _real_client_sees(stack, restrict_uid=other_uid)
+    # The truth beside it: restricted to the proxy's own uid, it is taken.
+    assert users_seen(stack.ask(stack.mine(USER, restrict_uid=os.geteuid()))) == set()
 
 
 def test_basic_auth_still_works_beside_munge(stack: Stack) -> None:

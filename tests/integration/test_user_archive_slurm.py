@@ -29,7 +29,7 @@ from tests.integration.user_jobs import (
     start_proxy,
     write_client_config,
 )
-from tests.munge import credential
+from tests.munge import for_proxy
 from tests.proxy.stack import request
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
@@ -125,8 +125,8 @@ def test_another_users_archived_job_is_a_clear_refusal(setup: Setup) -> None:
     assert run.stdout == ""
     # the endpoint itself, with the other user's own munge credential
     url = f"{setup.proxy.url}/slurm-gpu/v1/jobs/{setup.jobs[OWNER]}"
-    answer = request(url, {"Authorization": f"Munge {credential(OTHER)}"})
+    answer = request(url, {"Authorization": f"Munge {for_proxy(OTHER, setup.proxy.url)}"})
     assert answer.status == 403 and answer.body["errorType"] == "not_yours", answer.text
     assert OWNER not in answer.text
-    own = request(url, {"Authorization": f"Munge {credential(OWNER)}"})
+    own = request(url, {"Authorization": f"Munge {for_proxy(OWNER, setup.proxy.url)}"})
     assert own.status == 200 and own.body["data"]["jobs"][0]["user"] == OWNER

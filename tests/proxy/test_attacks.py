@@ -1,7 +1,8 @@
 """Issue 33's attacks on slurm-gpu-proxy, as written there, against the real proxy
 process in front of a real Prometheus: one query must not freeze the proxy for
 everyone, a wrong-password flood must not give real users 500, and a bad encoding is
-the client's error (400), not the proxy's (500)."""
+the client's error (400), not the proxy's (500). Issue 42's: a POST to a health path
+and an absolute-form request target, as raw HTTP."""
 
 from __future__ import annotations
 
@@ -192,3 +193,42 @@ def test_a_bad_encoding_is_400_not_500(stack: ProxyStack, method: str, target: b
     extra = b"Content-Type: application/x-www-form-urlencoded\r\n" if body else b""
     status, reply = _raw_http(stack.proxy.port, _head(method, target, body, extra), body)
     assert status == 400, reply[:300]
+
+
+def _log_since(stack: ProxyStack, start: int) -> str:
+    return stack.proxy.log_path.read_bytes()[start:].decode(errors="replace")
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", b"/-/healthy"), ("PUT", b"/-/ready")])
+def test_a_health_path_takes_get_and_head_only_without_a_traceback(
+        stack: ProxyStack, method: str, path: bytes) -> None:
+    # Issue 42: POST /-/healthy skipped authentication by its path, reached the API
+    # handler and logged a traceback (500).
+    start = stack.proxy.log_path.stat().st_size
+    status, reply = _raw_http(stack.proxy.port, _head(method, path, b"x=1"), b"x=1")
+    assert status == 405, reply[:300]
+    assert b"\r\nAllow: GET, HEAD\r\n" in reply
+    assert _raw_http(stack.proxy.port, _head("HEAD", path, b""))[0] == 200
+    log = _log_since(stack, start)
+    assert "Traceback" not in log and "Error handling request" not in log, log
+
+
+@pytest.mark.parametrize(("user", "target"), [
+    ("alice", b"http://127.0.0.1:1/api/v1/query?query=up"),
+    ("root", b"http://127.0.0.1:1/api/v1/status/flags"),  # an admin's: forwarded as it came
+], ids=["user-query", "admin-passthrough"])
+def test_an_absolute_form_target_is_400_and_never_forwarded(
+        stack: ProxyStack, user: str, target: bytes) -> None:
+    # Issue 42: `GET http://evil/… HTTP/1.1` was glued onto the store's URL.
+    start = stack.proxy.log_path.stat().st_size
+    head = (b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + b"Authorization: " + basic(user)["Authorization"].encode()
+            + b"\r\nConnection: close\r\nContent-Length: 0\r\n")
+    status, reply = _raw_http(stack.proxy.port, head)
+    assert status == 400, reply[:300]
+    assert b'"errorType": "request_target"' in reply
+    # The same request as a path is answered: the refusal is the target's form alone.
+    status, reply = _raw_http(stack.proxy.port, head.replace(b"http://127.0.0.1:1", b""))
+    assert status == 200, reply[:300]
+    log = _log_since(stack, start)
+    assert "Traceback" not in log and "upstream" not in log, log

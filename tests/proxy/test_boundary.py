@@ -13,7 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PROXY = ROOT / "slurm_gpu_exporter" / "proxy"
-ALLOWED = {"slurm_gpu_exporter", "slurm_gpu_exporter.web.config"}
+ALLOWED = {"slurm_gpu_exporter", "slurm_gpu_exporter.web.config",
+           "slurm_gpu_exporter.munge_audience"}
 # What archive.py may load, inside its functions only.
 ARCHIVE_ONLY = {"slurm_gpu_exporter.report.archive.store", "slurm_gpu_exporter.report.errors",
                 "slurm_gpu_exporter.report.figures.detail_data"}

@@ -18,6 +18,10 @@ PROXY = str(Path(sys.executable).parent / "slurm-gpu-proxy")
     (["--prometheus-url", "http://127.0.0.1:9090"], "nobody could sign in"),
     (["--prometheus-url", "ftp://x"], "must start with http:// or https://"),
     (["--prometheus-url", "http://127.0.0.1:9090", "--admin", "bad name"], "not a user name"),
+    (["--prometheus-url", "http://127.0.0.1:9090", "--munge.audience", "http://p:9818"],
+     "--munge.audience needs --munge"),
+    (["--prometheus-url", "http://127.0.0.1:9090", "--munge", "--munge.audience", "ftp://p"],
+     "--munge.audience: 'ftp://p' is not an http:// or https:// URL"),
 ])
 def test_the_proxy_says_what_is_wrong_and_exits_2(args: list[str], message: str) -> None:
     result = subprocess.run([PROXY, *args], capture_output=True, text=True, timeout=30,

@@ -57,14 +57,16 @@ MAY_IMPORT: dict[str, set[str]] = {
     "report.enforce": {"report", "report.figures", "report.prometheus", "report.slurm",
                        "report.render", "report.notify"},
     "report.remediate": {"report", "report.prometheus", "report.slurm", "web"},
-    "report.cli": {TOP, "web", "report", "report.figures", "report.prometheus",
-                   "report.slurm", "report.render", "report.notify", "report.archive",
-                   "report.enforce", "report.remediate"},
+    "report.cli": {TOP, "web", "munge_audience", "report", "report.figures",
+                   "report.prometheus", "report.slurm", "report.render", "report.notify",
+                   "report.archive", "report.enforce", "report.remediate"},
     # only web.config, and the job archive (with the figures it returns and its one
     # exception) inside functions, for --archive.url: tests/proxy/test_boundary.py
-    "proxy": {TOP, "web", "report", "report.figures", "report.archive"},
+    "proxy": {TOP, "web", "report", "report.figures", "report.archive", "munge_audience"},
     "mail": set(),  # MailProg: runs slurm-gpu-report as a command, imports none of it
     "training": set(),  # the client library jobs import: stdlib and prometheus-client
+    # what a munge credential for the proxy names: made by report.cli, checked by proxy
+    "munge_audience": set(),
 }
 # Modules a layer may not import though their layer is allowed: the sampler publishes
 # snapshots through a callback and renders nothing (the web holder does); check takes

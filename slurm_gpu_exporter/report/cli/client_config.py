@@ -8,6 +8,7 @@ path); every key optional, the command line wins over it::
     auth = "munge"                                        # or "none"
     ca_file = "/etc/ssl/certs/site-ca.pem"
     munge_socket = "/run/munge/munge.socket.2"
+    munge_restrict_uid = 64123          # the proxy's uid: only it may decode them
     timeout_seconds = 30
 """
 
@@ -32,6 +33,7 @@ class ClientConfig:
     auth: str | None = None
     ca_file: str | None = None
     munge_socket: str | None = None
+    munge_restrict_uid: int | None = None
     timeout_s: float | None = None
 
 
@@ -50,7 +52,7 @@ def load_client_config(path: Path | None = None) -> ClientConfig:
         raise ReportError(f"cannot read the client config {path}: {exc}; fix it or ask "
                           "the admins", EXIT_BAD_CLIENT_CONFIG) from None
     keys = {"prometheus_url": str, "auth": str, "ca_file": str, "munge_socket": str,
-            "timeout_seconds": (int, float)}
+            "munge_restrict_uid": int, "timeout_seconds": (int, float)}
     for key, value in data.items():
         if key not in keys:
             raise ReportError(f"{path}: unknown key {key!r} (known: "
@@ -60,7 +62,11 @@ def load_client_config(path: Path | None = None) -> ClientConfig:
     if data.get("auth", "none") not in AUTH_METHODS:
         raise ReportError(f"{path}: auth must be one of {', '.join(AUTH_METHODS)}",
                           EXIT_BAD_CLIENT_CONFIG)
+    if not 0 <= data.get("munge_restrict_uid", 0) < 2**32 - 1:
+        raise ReportError(f"{path}: munge_restrict_uid must be a uid (the proxy's)",
+                          EXIT_BAD_CLIENT_CONFIG)
     timeout = data.get("timeout_seconds")
     return ClientConfig(prometheus_url=data.get("prometheus_url"), auth=data.get("auth"),
                         ca_file=data.get("ca_file"), munge_socket=data.get("munge_socket"),
+                        munge_restrict_uid=data.get("munge_restrict_uid"),
                         timeout_s=float(timeout) if timeout is not None else None)

@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 
+from slurm_gpu_exporter.munge_audience import payload as munge_payload
 from slurm_gpu_exporter.report.cli.client_config import (
     AUTH_METHODS,
     CLIENT_ENV,
@@ -15,6 +16,7 @@ from slurm_gpu_exporter.report.cli.client_config import (
     load_client_config,
 )
 from slurm_gpu_exporter.report.cli.remediate import add_remediate_command
+from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.prometheus.client import Connection, PrometheusClient, read_secret
 from slurm_gpu_exporter.report.prometheus.retry import (
     DEFAULT_MAX_CONCURRENT,
@@ -213,10 +215,20 @@ def connection(args: argparse.Namespace) -> Connection:
         bearer_token=read_secret(args.bearer_token_file), ca_file=args.ca_file or site.ca_file,
         cert_file=args.cert_file, key_file=args.key_file,
         insecure_skip_verify=args.insecure_skip_verify,
-        munge_credential=functools.partial(munge_credential, site.munge_socket)
+        munge_credential=functools.partial(munge_credential, _munge_payload(url),
+                                           site.munge_socket,
+                                           restrict_uid=site.munge_restrict_uid)
         if auth == "munge" else None,
         max_concurrent=args.max_concurrent_queries,
         retry=RetryPolicy(retries=args.retries))
+
+
+def _munge_payload(url: str) -> str:
+    """What names the proxy at ``url`` in each munge credential (munge_audience.py)."""
+    try:
+        return munge_payload(url)
+    except ValueError as exc:
+        raise ReportError(f"bad --prometheus-url {url!r}: {exc}") from None
 
 
 def munge_auth(args: argparse.Namespace) -> bool:

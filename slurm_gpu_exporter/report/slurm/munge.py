@@ -1,6 +1,8 @@
-"""A munge credential of whoever runs the report (``munge -n``), for a proxy that takes
-``Authorization: Munge <credential>``. One credential per request: munged refuses a
-credential it has decoded before."""
+"""A munge credential of whoever runs the report, for a proxy that takes
+``Authorization: Munge <credential>``. Its payload names the proxy it is for
+(slurm_gpu_exporter/munge_audience.py, made by the caller), so the proxy refuses a
+credential made for another service, and no other proxy takes this one. One credential
+per request: munged refuses a credential it has decoded before."""
 
 from __future__ import annotations
 
@@ -13,12 +15,16 @@ MUNGE_TIMEOUT_S = 5.0
 EXIT_NO_CREDENTIAL = 3
 
 
-def munge_credential(socket: str | None = None, munge: str | None = None) -> str:
-    """A fresh credential of the calling user, from the local munged."""
+def munge_credential(payload: str, socket: str | None = None,
+                     munge: str | None = None, restrict_uid: int | None = None) -> str:
+    """A fresh credential of the calling user with ``payload`` (what names the proxy it
+    is for), from the local munged; with ``restrict_uid`` (the proxy's uid) no process
+    of another uid can decode it."""
     found = munge or shutil.which("munge") or "/usr/bin/munge"
-    argv = [found, "-n"] + ([f"--socket={socket}"] if socket else [])
+    argv = [found] + ([f"--socket={socket}"] if socket else [])  # payload on stdin
+    argv += [f"--restrict-uid={restrict_uid}"] if restrict_uid is not None else []
     try:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        proc = subprocess.run(argv, input=payload, capture_output=True, text=True,
                               timeout=MUNGE_TIMEOUT_S, check=False, errors="replace")
     except FileNotFoundError:
         raise ReportError("--auth munge needs the munge command (Debian: apt-get install "
