@@ -188,6 +188,18 @@ def build_parser() -> argparse.ArgumentParser:
     _window_options(use)
     _output_options(use)
     _db(use, DEFAULT_DB)
+    top = sub.add_parser("top", help="one running job, live: per node and GPU now and over "
+                                     "the job, until it ends")
+    top.add_argument("jobid", metavar="JOBID")
+    top.add_argument("--interval", type=float, default=5.0, metavar="SECONDS",
+                     help="seconds between frames (default 5; the store's scrape interval "
+                          "is the finest that changes anything)")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    _prometheus_options(top)
+    top.add_argument("--config", help="TOML file with thresholds and notes")
+    _cluster_options(top)
+    top.add_argument("--verbose", "-v", action="store_true",
+                     help="log each query on stderr")
     sub.add_parser("default-config", help="print the default configuration (TOML)")
     _add_enforce_commands(sub)
     return parser
