@@ -64,16 +64,16 @@ def send(message: Message, target: str, sender: str) -> None:
 
 
 def smtp_server(target: str, flag: str = "--smtp") -> tuple[str, int]:
-    """Host and port of ``smtp://host[:port]`` (port 25 when not given); ReportError
-    naming ``flag`` for anything else."""
+    """Host and port of ``smtp://host[:port]`` (localhost and 25 when not given);
+    ReportError naming ``flag`` for another scheme or a port that is not one."""
     url = urllib.parse.urlsplit(target)
     try:
         port = url.port or 25
     except ValueError:
         port = 0
-    if url.scheme != "smtp" or not url.hostname or not port or url.path not in ("", "/"):
+    if url.scheme != "smtp" or not port:
         raise ReportError(f"bad {flag} {target!r}: use smtp://host[:port]")
-    return url.hostname, port
+    return url.hostname or "localhost", port
 
 
 def send_mail(mail: EmailMessage, server: tuple[str, int], recipients: tuple[str, ...]
