@@ -5,8 +5,10 @@ last 15 s whatever the test's start-up took), and a job that ended."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemons import Prometheus, tool
+from tests.support import wait_until
 
 pytestmark = pytest.mark.prometheus
 
@@ -186,3 +189,29 @@ def test_an_unknown_job_or_a_bad_interval_is_one_line_and_an_error(
     assert fast.returncode == 2 and "bad --interval 0.2" in fast.stderr
     bad = _top(server, "1;drop", "--once")
     assert bad.returncode == 2 and "bad job id" in bad.stderr
+
+
+def test_a_running_job_is_redrawn_every_interval_until_interrupted(
+        prom: tuple[Prometheus, int]) -> None:
+    server, _ = prom
+    proc = subprocess.Popen([REPORT, "top", "8880001", "--interval", "1", "--prometheus-url",
+                             server.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")),  # type: ignore[union-attr]
+                              daemon=True)
+    reader.start()
+    try:
+        frames = wait_until(
+            lambda: [x for x in list(lines) if x.startswith("Job 8880001 (resnet)")][2:],
+            60, "three frames of top", poll=0.2)
+        assert frames
+        assert any("every 1 s" in x for x in lines)
+        proc.send_signal(signal.SIGINT)  # ^C: the way out of a live view
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=10)
+    assert proc.stderr is not None and proc.stderr.read() == ""
