@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
 import time
 
@@ -69,7 +70,9 @@ async def _top(args: argparse.Namespace, config: Config) -> int:
                 sys.stdout.write((CLEAR if tty and not args.once else "")
                                  + job_table([detail], color=color) + _ended(detail) + "\n")
                 return 0
-            page = frame(detail, live, at, None if args.once else args.interval, color=color)
+            width = shutil.get_terminal_size((110, 24)).columns if tty else 110
+            page = frame(detail, live, at, None if args.once else args.interval,
+                         width=max(80, width), color=color)
             if args.once:
                 sys.stdout.write(page)
                 return 0
