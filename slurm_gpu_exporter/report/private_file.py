@@ -18,8 +18,10 @@ from slurm_gpu_exporter.report.errors import ReportError
 FILE_MODE = 0o600
 
 
-def write_private(path: Path, body: bytes, what: str, exit_code: int = 2) -> None:
-    """Replace ``path`` with ``body``; ReportError naming ``what`` ("the enforce state")."""
+def write_private(path: Path, body: bytes, what: str, exit_code: int = 2,
+                  mode: int = FILE_MODE) -> None:
+    """Replace ``path`` with ``body``; ReportError naming ``what`` ("the enforce state").
+    ``mode`` widens 0600 where a group must read the file (the admins' review: 0640)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         dirfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
@@ -28,10 +30,10 @@ def write_private(path: Path, body: bytes, what: str, exit_code: int = 2) -> Non
                           exit_code) from None
     tmp = f".{path.name}.{os.getpid()}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE,
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode,
                      dir_fd=dirfd)
         try:
-            os.fchmod(fd, FILE_MODE)
+            os.fchmod(fd, mode)
             os.write(fd, body)
             os.fsync(fd)
         finally:

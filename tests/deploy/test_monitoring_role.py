@@ -43,6 +43,8 @@ class MonitoringHost:
         self.dashboards = base / "var" / "dashboards"
         self.systemd = self.etc / "systemd" / "system"
         self.systemd.mkdir(parents=True)
+        self.review_env = self.etc / "default" / "slurm-gpu-report-review"
+        self.review_env.parent.mkdir()
         self.inventory = base / "inventory.yml"
         self.inventory.write_text(json.dumps({"all": {"children": {
             "monitoring": {"hosts": {"localhost": {
@@ -60,6 +62,7 @@ class MonitoringHost:
             "slurm_gpu_monitoring_grafana_provisioning_dir": str(self.grafana),
             "slurm_gpu_monitoring_grafana_dashboards_dir": str(self.dashboards),
             "slurm_gpu_monitoring_systemd_dir": str(self.systemd),
+            "slurm_gpu_monitoring_review_env_file": str(self.review_env),
             "slurm_gpu_monitoring_proxy": True,
             # Installing the package (into /opt) is shown with the default paths, below.
             "slurm_gpu_monitoring_install": False,
@@ -203,6 +206,91 @@ def test_switching_the_proxy_off_removes_its_unit(host: MonitoringHost) -> None:
     rc, out, recap = host.play(slurm_gpu_monitoring_proxy=False)
     assert rc == 0 and recap["changed"] == 1, out[-4000:]
     assert not (host.systemd / "slurm-gpu-proxy.service").exists()
+
+
+REVIEW_UNITS = ("slurm-gpu-report-review.service", "slurm-gpu-report-review.timer")
+
+
+def _review_vars(host: MonitoringHost, **changed: object) -> dict[str, object]:
+    return {"slurm_gpu_monitoring_review_to": ["gpu-admins@example.org", "ops@example.org"],
+            "slurm_gpu_monitoring_review_out_dir": str(host.base / "srv" / "reviews"),
+            "slurm_gpu_monitoring_review_calendar": "Fri *-*-* 16:30",
+            "slurm_gpu_monitoring_review_threshold": 0.2,
+            "slurm_gpu_monitoring_review_smtp": "smtp://mail.example.org:587",
+            "slurm_gpu_monitoring_review_args": ["--prometheus-url", "http://prom:9090"],
+            **changed}
+
+
+def _env_words(path: Path) -> list[str]:
+    """The words systemd makes of the review's flags (one double-quoted assignment)."""
+    (line,) = [x for x in path.read_text().splitlines() if x and not x.startswith("#")]
+    name, _, value = line.partition("=")
+    assert name == "SLURM_GPU_REPORT_REVIEW_ARGS" and value[0] == value[-1] == '"', line
+    return value[1:-1].split()
+
+
+def test_recipients_switch_the_weekly_review_on_and_systemd_accepts_its_units(
+        host: MonitoringHost) -> None:
+    rc, out, recap = host.play(**_review_vars(host))
+    assert rc == 0 and recap["changed"] > 0, out[-4000:]
+    for unit in REVIEW_UNITS:
+        assert (host.systemd / unit).read_bytes() == (REPO / "deploy/systemd" / unit).read_bytes()
+    out_dir = host.base / "srv" / "reviews"
+    words = _env_words(host.review_env)
+    assert words == ["--since", "7d", "--threshold", "0.2",
+                     "--report-to", "gpu-admins@example.org,ops@example.org",
+                     "--smtp", "smtp://mail.example.org:587", "--mail-from", "slurm-gpu-report",
+                     "--out-dir", str(out_dir), "--prometheus-url", "http://prom:9090"]
+    # What the service runs parses as the review the role was asked for.
+    from slurm_gpu_exporter.report.cli.flags import build_parser
+    from slurm_gpu_exporter.report.cli.review import review_plan
+
+    plan = review_plan(build_parser().parse_args(["low-util", "--since", "7d", *words]))
+    assert plan is not None and plan.recipients == ("gpu-admins@example.org", "ops@example.org")
+    assert plan.server == ("mail.example.org", 587) and plan.out_dir == out_dir
+    schedule = host.systemd / "slurm-gpu-report-review.timer.d" / "schedule.conf"
+    assert "\nOnCalendar=\nOnCalendar=Fri *-*-* 16:30\n" in schedule.read_text()
+    drop_in = host.systemd / "slurm-gpu-report-review.service.d" / "out-dir.conf"
+    assert f"\nReadWritePaths={out_dir}\n" in drop_in.read_text()
+    assert oct(out_dir.stat().st_mode & 0o7777) == oct(0o2750)
+    require(shutil.which("systemd-analyze") is not None, "systemd-analyze (Debian's systemd)")
+    verify = subprocess.run(["systemd-analyze", "verify",
+                             *(str(host.systemd / u) for u in REVIEW_UNITS)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    problems = [line for line in verify.stderr.splitlines()
+                if "slurm-gpu-" in line and "Command /opt/" not in line]
+    assert not problems, verify.stderr
+    rc, out, recap = host.play(**_review_vars(host))
+    assert rc == 0 and recap["changed"] == 0, out[-4000:]
+
+
+@pytest.mark.parametrize(("changed", "said"), [
+    ({"slurm_gpu_monitoring_review_to": ["Admins <a@example.org>"]},
+     "give a list of plain addresses"),
+    ({"slurm_gpu_monitoring_review_args": ["--cluster", "west east"]},
+     "cannot be passed through systemd"),
+    ({"slurm_gpu_monitoring_review_out_dir": "reviews"}, "give an absolute path"),
+    ({"slurm_gpu_monitoring_review_calendar": "Mon\nExecStart=/bin/sh"},
+     "cannot be passed through systemd"),
+    ({"slurm_gpu_monitoring_review_calendar": "every full moon"},
+     "is not a systemd calendar event"),
+])
+def test_a_review_setting_systemd_cannot_carry_is_refused_first(
+        host: MonitoringHost, changed: dict[str, object], said: str) -> None:
+    before = host.review_env.read_bytes()
+    rc, out, _ = host.play(**_review_vars(host, **changed))
+    assert rc != 0 and said in out, out[-4000:]
+    assert host.review_env.read_bytes() == before
+
+
+def test_no_recipients_and_no_directory_switch_the_review_off(host: MonitoringHost) -> None:
+    rc, out, _ = host.play()
+    assert rc == 0, out[-4000:]
+    for path in (*(host.systemd / u for u in REVIEW_UNITS), host.review_env,
+                 host.systemd / "slurm-gpu-report-review.timer.d",
+                 host.systemd / "slurm-gpu-report-review.service.d"):
+        assert not path.exists(), path
+    assert (host.base / "srv" / "reviews").is_dir()  # the reviews written are the site's
 
 
 def test_state_absent_removes_everything_it_wrote(host: MonitoringHost) -> None:

@@ -1,5 +1,6 @@
-"""The shipped units for enforce and remediate: systemd accepts them, and enforce's
-service is a dry run until a site adds --cancel."""
+"""The shipped units for enforce, remediate and the admins' review: systemd accepts
+them, enforce's service is a dry run until a site adds --cancel, and the review runs
+weekly over the week before."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from tests.support import require
 pytestmark = pytest.mark.process
 
 SYSTEMD = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
-UNITS = ("slurm-gpu-enforce.service", "slurm-gpu-enforce.timer", "slurm-gpu-remediate.service")
+UNITS = ("slurm-gpu-enforce.service", "slurm-gpu-enforce.timer", "slurm-gpu-remediate.service",
+         "slurm-gpu-report-review.service", "slurm-gpu-report-review.timer")
 
 
 def _unit(name: str) -> configparser.ConfigParser:
@@ -25,7 +27,7 @@ def _unit(name: str) -> configparser.ConfigParser:
     return parser
 
 
-def test_systemd_verifies_the_enforce_and_remediate_units() -> None:
+def test_systemd_verifies_the_enforce_remediate_and_review_units() -> None:
     require(shutil.which("systemd-analyze") is not None, "systemd-analyze (Debian's systemd)")
     result = subprocess.run(["systemd-analyze", "verify", *(str(SYSTEMD / u) for u in UNITS)],
                             capture_output=True, text=True, timeout=60, check=False)
@@ -43,3 +45,21 @@ def test_enforce_runs_as_a_dry_run_from_its_timer() -> None:
     assert timer["Timer"]["OnUnitActiveSec"] == "5min"
     assert timer["Install"]["WantedBy"] == "timers.target"
     assert "remediate" in _unit("slurm-gpu-remediate.service")["Service"]["ExecStart"]
+
+
+def test_the_review_runs_weekly_over_the_week_before_without_capabilities() -> None:
+    from slurm_gpu_exporter.report.cli.flags import build_parser
+
+    service = _unit("slurm-gpu-report-review.service")["Service"]
+    argv = service["ExecStart"].split()
+    assert argv[:4] == ["/opt/slurm-gpu-exporter/bin/slurm-gpu-report", "low-util",
+                        "--since", "7d"]
+    assert argv[4:] == ["$SLURM_GPU_REPORT_REVIEW_ARGS"]  # split at blanks by systemd
+    args = build_parser().parse_args([*argv[1:4], "--report-to", "a@example.org"])
+    assert args.since == "7d" and args.report_to == "a@example.org"
+    assert service["EnvironmentFile"] == "-/etc/default/slurm-gpu-report-review"
+    assert service["CapabilityBoundingSet"] == "" and service["ProtectSystem"] == "strict"
+    timer = _unit("slurm-gpu-report-review.timer")
+    assert timer["Timer"]["OnCalendar"] == "Mon *-*-* 07:00"
+    assert timer["Timer"]["Persistent"] == "true"
+    assert timer["Install"]["WantedBy"] == "timers.target"

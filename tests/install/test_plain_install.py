@@ -34,7 +34,7 @@ SYSTEM_PYTHON = Path("/usr/bin/python3")
 PROMISED_SCRIPTS = {"slurm-gpu-exporter", "slurm-gpu-exporter-prolog",
                     "slurm-gpu-exporter-epilog", "slurm-gpu-report", "slurm-gpu-proxy",
                     "slurm-gpu-mail"}
-REPORT_COMMANDS = ("job", "low-util", "archive", "usage", "default-config", "enforce",
+REPORT_COMMANDS = ("job", "low-util", "top", "archive", "usage", "default-config", "enforce",
                    "default-policy", "remediate")
 EXTRAS = ("", "archive", "bench")
 ARCHIVE_MESSAGE = "needs the job archive's libraries"

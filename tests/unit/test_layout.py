@@ -30,7 +30,8 @@ PRODUCTS = {"report"}
 # are the job figures, windows and notes (pure); prometheus is the one Prometheus client
 # and the PromQL; slurm what is asked of Slurm and the one module that acts on it;
 # render and notify show and send; archive, enforce and remediate are the products
-# beside the reports; cli holds the commands and is the only layer that wires the rest.
+# beside the reports, top the live view of one job; cli holds the commands and is the
+# only layer that wires the rest.
 AGENT_LAYERS = {"model", "hooks", "node", "exposition", "jobs", "gpu", "training_relay",
                 "sampling", "web", "sim"}
 MAY_IMPORT: dict[str, set[str]] = {
@@ -57,9 +58,11 @@ MAY_IMPORT: dict[str, set[str]] = {
     "report.enforce": {"report", "report.figures", "report.prometheus", "report.slurm",
                        "report.render", "report.notify"},
     "report.remediate": {"report", "report.prometheus", "report.slurm", "web"},
+    # top: one running job now (its queries) and its frame (text, no I/O)
+    "report.top": {"report", "report.figures", "report.prometheus", "report.render"},
     "report.cli": {TOP, "web", "munge_audience", "report", "report.figures",
                    "report.prometheus", "report.slurm", "report.render", "report.notify",
-                   "report.archive", "report.enforce", "report.remediate"},
+                   "report.archive", "report.enforce", "report.remediate", "report.top"},
     # only web.config, and the job archive (with the figures it returns and its one
     # exception) inside functions, for --archive.url: tests/proxy/test_boundary.py
     "proxy": {TOP, "web", "report", "report.figures", "report.archive", "munge_audience"},

@@ -22,6 +22,7 @@ from slurm_gpu_exporter.report.cli.reports import (
     low_util_report,
     unknown_jobs_error,
 )
+from slurm_gpu_exporter.report.cli.review import deliver_review, review_plan
 from slurm_gpu_exporter.report.enforce.decisions_text import decisions_json, decisions_table
 from slurm_gpu_exporter.report.enforce.policy import load_policy
 from slurm_gpu_exporter.report.enforce.run import EXIT_DOUBTFUL, EnforceOptions, run_enforce
@@ -133,7 +134,8 @@ async def run_low_util(args: argparse.Namespace, config: Config, now: float) -> 
                       cluster=args.cluster, cluster_label=args.cluster_label)
     min_gpu_hours = (args.min_gpu_hours if args.min_gpu_hours is not None
                      else config.min_gpu_hours)
-    chart_jobs = config.chart_jobs if args.format == "html" else 0
+    review = review_plan(args)  # before the queries: a bad address fails at once
+    chart_jobs = config.chart_jobs if args.format == "html" or review else 0
     store = _open_archive(args, False, "low-util --db") if args.db else None
 
     def archived(window: Window) -> list:  # type: ignore[type-arg]
@@ -151,6 +153,8 @@ async def run_low_util(args: argparse.Namespace, config: Config, now: float) -> 
         print(f"slurm-gpu-report: {report.jobs_seen - report.from_archive} jobs from "
               f"Prometheus, {report.from_archive} ended ones only in the archive "
               f"{store.where} (whole-life figures)", file=sys.stderr)
+    if review is not None:
+        return deliver_review(report, review, args.mail_from, args.cluster)
     if args.notify or args.dry_run:
         return _notify(args, report, config, now)
     _write(args, render_low_util(report, args.format))

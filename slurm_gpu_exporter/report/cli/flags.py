@@ -30,6 +30,7 @@ log = logging.getLogger("slurm_gpu_exporter.report")
 FORMATS = ("table", "csv", "json", "markdown", "html")
 DEFAULT_URL = "http://localhost:9090"
 DEFAULT_STATE = "/var/lib/slurm-gpu-report/notified.json"
+DEFAULT_SMTP = "smtp://localhost:25"
 DEFAULT_ENFORCE_STATE = "/var/lib/slurm-gpu-report/enforce.json"
 # Here, not in the archive package: building the parser loads no database library.
 DEFAULT_DB = "sqlite:////var/lib/slurm-gpu-report/archive.sqlite"
@@ -117,6 +118,21 @@ def _mail_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mail-from", default="slurm-gpu-report", help="sender address")
 
 
+def _review_options(parser: argparse.ArgumentParser) -> None:
+    review = parser.add_argument_group(
+        "the admins' review", "mail the report (HTML with its charts, and plain text) and/or "
+                              "write it as a dated file; nothing goes to stdout")
+    review.add_argument("--report-to", metavar="ADDR[,ADDR…]",
+                        help="mail the report to these addresses (--mail-to is the users' "
+                             "notices, not this)")
+    review.add_argument("--smtp", metavar="URL",
+                        help=f"the mail server for --report-to: smtp://host[:port] (default "
+                             f"{DEFAULT_SMTP})")
+    review.add_argument("--out-dir", metavar="DIR",
+                        help="also write the report there as low-util-[CLUSTER-]YYYY-MM-DD."
+                             "html (mode 0640), even when the mail fails")
+
+
 def _common(parser: argparse.ArgumentParser, outputs: bool = True) -> None:
     _prometheus_options(parser)
     if outputs:
@@ -154,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     _mail_options(low)
     low.add_argument("--state-file", default=DEFAULT_STATE,
                      help=f"when each job was reported (default {DEFAULT_STATE})")
+    _review_options(low)
     _common(low)
     _db(low, None)
     arch = sub.add_parser("archive", help="store a summary of the jobs that ended in a window "
@@ -173,6 +190,18 @@ def build_parser() -> argparse.ArgumentParser:
     _window_options(use)
     _output_options(use)
     _db(use, DEFAULT_DB)
+    top = sub.add_parser("top", help="one running job, live: per node and GPU now and over "
+                                     "the job, until it ends")
+    top.add_argument("jobid", metavar="JOBID")
+    top.add_argument("--interval", type=float, default=5.0, metavar="SECONDS",
+                     help="seconds between frames (default 5; the store's scrape interval "
+                          "is the finest that changes anything)")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    _prometheus_options(top)
+    top.add_argument("--config", help="TOML file with thresholds and notes")
+    _cluster_options(top)
+    top.add_argument("--verbose", "-v", action="store_true",
+                     help="log each query on stderr")
     sub.add_parser("default-config", help="print the default configuration (TOML)")
     _add_enforce_commands(sub)
     return parser

@@ -1,6 +1,6 @@
-"""``slurm-gpu-report``: ``job JOBID…`` and ``low-util`` from Prometheus; ``archive`` into
-the job archive, and ``usage`` from it; ``enforce`` (warn, then cancel, idle GPU jobs)
-and ``remediate`` (drain nodes on GPU faults).
+"""``slurm-gpu-report``: ``job JOBID…``, ``low-util`` and ``top JOBID`` from Prometheus;
+``archive`` into the job archive, and ``usage`` from it; ``enforce`` (warn, then cancel,
+idle GPU jobs) and ``remediate`` (drain nodes on GPU faults).
 
 Every failure is one line on stderr and a non-zero exit status; an empty result
 says so and exits 0.
@@ -25,6 +25,7 @@ from slurm_gpu_exporter.report.cli.commands import (
 )
 from slurm_gpu_exporter.report.cli.flags import build_parser, prometheus
 from slurm_gpu_exporter.report.cli.remediate import run_remediate
+from slurm_gpu_exporter.report.cli.top import top_command
 from slurm_gpu_exporter.report.enforce.policy import DEFAULT_POLICY
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.defaults import DEFAULT_CONFIG
@@ -76,6 +77,8 @@ def _report_command(args: argparse.Namespace) -> int:
     if args.command == "usage":
         return run_usage(args)
     config = load_config(args.config)
+    if args.command == "top":
+        return top_command(args, config)
     runners = {"job": run_job, "low-util": run_low_util, "archive": run_archive}
     return asyncio.run(runners[args.command](args, config, time.time()))
 

@@ -55,7 +55,7 @@ def send(message: Message, target: str, sender: str) -> None:
     """Deliver one message: ``smtp://host[:port]`` or an ``http(s)://`` webhook."""
     url = urllib.parse.urlsplit(target)
     if url.scheme == "smtp":
-        _send_smtp(message, url.hostname or "localhost", url.port or 25, sender)
+        _send_smtp(message, target, sender)
     elif url.scheme in ("http", "https"):
         _send_webhook(message, target)
     else:
@@ -63,7 +63,35 @@ def send(message: Message, target: str, sender: str) -> None:
                           "webhook URL")
 
 
-def _send_smtp(message: Message, host: str, port: int, sender: str) -> None:
+def smtp_server(target: str, flag: str = "--smtp") -> tuple[str, int]:
+    """Host and port of ``smtp://host[:port]`` (localhost and 25 when not given);
+    ReportError naming ``flag`` for another scheme or a port that is not one."""
+    url = urllib.parse.urlsplit(target)
+    try:
+        port = url.port or 25
+    except ValueError:
+        port = 0
+    if url.scheme != "smtp" or not port:
+        raise ReportError(f"bad {flag} {target!r}: use smtp://host[:port]")
+    return url.hostname or "localhost", port
+
+
+def send_mail(mail: EmailMessage, server: tuple[str, int], recipients: tuple[str, ...]
+              ) -> None:
+    """Hand ``mail`` to the SMTP ``server`` (host, port: ``smtp_server``) for
+    ``recipients`` (the envelope: exactly these, whatever the headers say). ReportError
+    (``EXIT_NOTIFY``) when the server cannot be reached or refuses it."""
+    host, port = server
+    to = ", ".join(plain(r) for r in recipients)
+    try:
+        with smtplib.SMTP(host, port, timeout=SEND_TIMEOUT_S) as smtp:
+            smtp.send_message(mail, to_addrs=list(recipients))
+    except (OSError, smtplib.SMTPException) as exc:
+        raise ReportError(f"cannot send mail to {to} through {host}:{port}: {plain(exc)}",
+                          EXIT_NOTIFY) from None
+
+
+def _send_smtp(message: Message, target: str, sender: str) -> None:
     mail = EmailMessage()
     try:
         # Header lines are plain already; a value the email package still refuses
@@ -74,13 +102,7 @@ def _send_smtp(message: Message, host: str, port: int, sender: str) -> None:
         raise ReportError(f"cannot make a mail to {plain(message.to)}: {exc}",
                           EXIT_NOTIFY) from None
     mail.set_content(message.text)
-    try:
-        with smtplib.SMTP(host, port, timeout=SEND_TIMEOUT_S) as smtp:
-            smtp.send_message(mail)
-    except (OSError, smtplib.SMTPException) as exc:
-        raise ReportError(f"cannot send mail to {plain(message.to)} through {host}:{port}: "
-                          f"{plain(exc)}",
-                          EXIT_NOTIFY) from None
+    send_mail(mail, smtp_server(target, "--notify"), (message.to,))
 
 
 def _send_webhook(message: Message, url: str) -> None:

@@ -1,0 +1,88 @@
+"""``slurm-gpu-report top JOBID``: one running job, refreshed every ``--interval``
+seconds until it ends, then its summary (the ``job`` report) and exit 0.
+
+Each frame is the ``job`` report's queries over the job's life (the first frame looks
+back 30 days for its start, later ones from the start on) plus ``top.now``'s, a fixed
+number whatever the job's size. ^C leaves quietly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import time
+
+from slurm_gpu_exporter.report.cli.flags import prometheus
+from slurm_gpu_exporter.report.cli.reports import job_report, unknown_jobs_error
+from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.figures.model import JobDetail
+from slurm_gpu_exporter.report.figures.rules import Config
+from slurm_gpu_exporter.report.figures.window import Window, make_window
+from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
+from slurm_gpu_exporter.report.prometheus.queries import Filters, jobid_regex
+from slurm_gpu_exporter.report.render.text import job_table
+from slurm_gpu_exporter.report.render.values import when
+from slurm_gpu_exporter.report.top.frame import frame
+from slurm_gpu_exporter.report.top.now import STALE_AFTER_S, JobNow, fetch_now
+
+CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
+MIN_INTERVAL_S = 1.0
+SLACK_S = 60.0  # before the job's start: its first samples' window
+
+
+def top_command(args: argparse.Namespace, config: Config) -> int:
+    """Run ``top``; ^C is the normal way out of a live view: exit 0, no message."""
+    if args.interval < MIN_INTERVAL_S:
+        raise ReportError(f"bad --interval {args.interval:g}: give {MIN_INTERVAL_S:g} second "
+                          "or more")
+    jobid_regex([args.jobid])
+    try:
+        return asyncio.run(_top(args, config))
+    except KeyboardInterrupt:
+        return 0
+
+
+async def _frame(prom: PrometheusClient, args: argparse.Namespace, config: Config,
+                 start: float | None) -> tuple[JobDetail, JobNow, float]:
+    at = time.time()
+    window = (Window(start - SLACK_S, at) if start is not None
+              else make_window(None, None, None, at, default_since="30d"))
+    filters = Filters(cluster=args.cluster, cluster_label=args.cluster_label)
+    details, unknown = await job_report(prom, window, [args.jobid], filters, config,
+                                        lambda _: {}, at)
+    if unknown:
+        raise unknown_jobs_error(unknown, window)
+    return details[0], await fetch_now(prom, args.jobid, filters, at), at
+
+
+async def _top(args: argparse.Namespace, config: Config) -> int:
+    tty = sys.stdout.isatty()
+    color = tty and "NO_COLOR" not in os.environ
+    start: float | None = None
+    async with prometheus(args) as prom:
+        while True:
+            detail, live, at = await _frame(prom, args, config, start)
+            start = detail.start
+            if not detail.running or live.stale(at):
+                sys.stdout.write((CLEAR if tty and not args.once else "")
+                                 + job_table([detail], color=color) + _ended(detail) + "\n")
+                return 0
+            width = shutil.get_terminal_size((110, 24)).columns if tty else 110
+            page = frame(detail, live, at, None if args.once else args.interval,
+                         width=max(80, width), color=color)
+            if args.once:
+                sys.stdout.write(page)
+                return 0
+            sys.stdout.write(CLEAR + page if tty else page + "\n")
+            sys.stdout.flush()
+            await asyncio.sleep(max(0.0, args.interval - (time.time() - at)))
+
+
+def _ended(detail: JobDetail) -> str:
+    if not detail.running:
+        return f"Job {detail.usage.jobid} ended at {when(detail.end)}."
+    return (f"Job {detail.usage.jobid}: no sample for {STALE_AFTER_S:.0f} s; it ended or its "
+            "node stopped reporting.")

@@ -1,0 +1,1 @@
+"""``slurm-gpu-report top JOBID``: one running job, live, from its latest samples."""
