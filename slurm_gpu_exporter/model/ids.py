@@ -15,9 +15,9 @@ __all__ = [
     "SLURM_ID",
     "SLURM_NUM",
     "is_job_id",
+    "is_sluid",
     "is_slurm_id",
     "is_slurm_num",
-    "is_sluid",
 ]
 
 # Slurm prints uint32 ids with %u: no sign, no leading zero. Job ids are never 0;

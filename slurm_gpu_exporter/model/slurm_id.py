@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurm_gpu_exporter.model.ids import NO_VAL, is_job_id, is_slurm_num, is_sluid
+from slurm_gpu_exporter.model.ids import NO_VAL, is_job_id, is_sluid, is_slurm_num
 
 __all__ = ["SlurmJobId"]
 

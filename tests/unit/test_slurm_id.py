@@ -46,7 +46,8 @@ HET_2311 = {"job_id": 300, "array_job_id": num(0), "array_task_id": UNSET,
                           sluid="sEKNKTV3WPV500")),
     ({"job_id": 7}, SlurmJobId("7")),  # a release that prints none of the fields
     ({"job_id": 7, "array_job_id": 0, "array_task_id": 4294967294}, SlurmJobId("7")),
-    ({"job_id": 7, "step_id": {"sluid": "s0000000000000"}}, SlurmJobId("7", sluid="s0000000000000")),
+    ({"job_id": 7, "step_id": {"sluid": "s0000000000000"}},
+     SlurmJobId("7", sluid="s0000000000000")),
 ])
 def test_squeue_json_of_every_release_gives_the_identity(record: dict[str, object],
                                                         want: SlurmJobId) -> None:

@@ -93,7 +93,8 @@ def low_util_queries(window: Window, filters: Filters) -> dict[str, str]:
         return selector(metric, sel)
 
     return {
-        "info": f"group by ({by}, user, account, partition, name) "
+        "info": f"group by ({by}, user, account, partition, name, array_job_id, "
+                f"array_task_id) "
                 f"(last_over_time({s('slurm_job_info')}[{d}]))",
         "gpus": f"sum by ({by}) (max_over_time({s('slurm_job_gpus')}[{d}]))",
         "allocated": f"sum by ({by}) (max_over_time({s(ALLOCATED)}[{d}]))",
@@ -153,7 +154,8 @@ async def fetch_usage(prom: PrometheusClient, window: Window, filters: Filters
         job = JobUsage(
             jobid=key[1], cluster=key[0], user=labels.get("user", ""),
             account=labels.get("account", ""), partition=labels.get("partition", ""),
-            name=labels.get("name", ""),
+            name=labels.get("name", ""), array_job_id=labels.get("array_job_id", ""),
+            array_task_id=labels.get("array_task_id", ""),
             gpus=int(value("gpus", key) or 0),
             allocated_s=max(0.0, allocated.value - (value("allocated_base", key) or 0.0)),
             busy_s=max(0.0, (value("busy", key) or 0.0) - (value("busy_base", key) or 0.0)),
@@ -304,7 +306,8 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
                 jobid=jobid, user=info.labels.get("user", ""),
                 account=info.labels.get("account", ""),
                 partition=info.labels.get("partition", ""), name=info.labels.get("name", ""),
-                cluster=cluster), [])
+                array_job_id=info.labels.get("array_job_id", ""),
+                array_task_id=info.labels.get("array_task_id", ""), cluster=cluster), [])
         usage, nodes = found[cluster, jobid]
         key = (jobid, instance)
         # Two targets on one host (several agents, tests): keep the port to tell them apart.

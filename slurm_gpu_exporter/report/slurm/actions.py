@@ -107,16 +107,25 @@ def acted_on(job: SlurmJob, listed: dict[str, SlurmJob]) -> tuple[SlurmJob, ...]
 
 def still_as_listed(jobs: Sequence[SlurmJob]) -> bool:
     """Whether Slurm still runs ``jobs`` (one job, or every component of one het job) as
-    they were listed: each RUNNING, with the same identity (array task, het offset) and
-    start (a job requeued since has another, or is pending), and no component more or
-    less. One ``squeue`` for the target, asked right before a cancel."""
-    targets = {_checked_target(j.ident) for j in jobs if j.ident is not None}
-    if not jobs or len(targets) != 1 or any(j.ident is None for j in jobs):
+    they were listed (``same_as_listed``). One ``squeue`` for their target, asked right
+    before a cancel."""
+    if not jobs or any(j.ident is None for j in jobs):
+        return False
+    target = _checked_target(jobs[0].ident)  # type: ignore[arg-type]
+    return same_as_listed(jobs, parse_squeue_json(
+        _run([_command("squeue"), "--json", "--jobs", target])))
+
+
+def same_as_listed(jobs: Sequence[SlurmJob], now: dict[str, SlurmJob]) -> bool:
+    """Whether ``now`` (squeue's answer) lists exactly ``jobs`` under their one target:
+    each RUNNING, with the same identity (array task, het offset) and start (a job
+    requeued since has another, or is pending), and no het component more or less."""
+    targets = {j.ident.target if j.ident is not None else None for j in jobs}
+    if not jobs or len(targets) != 1 or None in targets:
         return False
     target = targets.pop()
-    now = parse_squeue_json(_run([_command("squeue"), "--json", "--jobs", target]))
-    # Not every release filters squeue --json by --jobs: what the target names is
-    # picked out by identity, not by what came back.
+    # Slurm 22.05's squeue --json ignores --jobs and lists every job: what the target
+    # names is picked out by identity, not by what came back.
     named = {jobid: j for jobid, j in now.items()
              if j.ident is not None and j.ident.target == target}
     if set(named) != {j.jobid for j in jobs}:
