@@ -164,6 +164,15 @@ def test_enforce_cancels_the_idle_array_task_alone(rig: Rig, idle_task: str) -> 
         assert decision.get("target") == f"{array}_{task_of[idle]}"
         assert decision.get("job") == f"{array}_{task_of[idle]}"
         assert run["decisions"][str(busy)]["action"] == "none"
+        # The reports show each task as users know it, from the agent's labels.
+        report = subprocess.run(
+            [str(REPORT), "job", str(busy), str(idle), "--no-sacct", "--format", "json",
+             "--prometheus-url", rig.prom.url, "--since", "10m"],
+            capture_output=True, text=True, timeout=60, check=False,
+            env={**os.environ, **rig.cluster.env})
+        assert report.returncode == 0, report.stderr
+        shown = [job["job"] for job in json.loads(report.stdout)["jobs"]]
+        assert sorted(shown) == sorted(f"{array}_{t}" for t in tasks)
     finally:
         rig.cluster.cancel(array)
         rig.cluster.wait_no_jobs()

@@ -14,7 +14,8 @@ import pytest
 from slurm_gpu_exporter.report.figures.detail_data import detail_from_data, detail_to_data
 from slurm_gpu_exporter.report.figures.model import JobUsage
 from slurm_gpu_exporter.report.figures.window import Window
-from slurm_gpu_exporter.report.prometheus.queries import Filters, low_util_queries
+from slurm_gpu_exporter.report.prometheus.client import Sample
+from slurm_gpu_exporter.report.prometheus.queries import Filters, _by_job, low_util_queries
 from slurm_gpu_exporter.report.render.html import job_html, low_util_html
 from slurm_gpu_exporter.report.render.text import (
     job_json,
@@ -47,6 +48,15 @@ def test_a_job_is_shown_by_its_array_task_where_the_labels_say_one(
 def test_low_util_asks_for_the_array_labels() -> None:
     info = low_util_queries(Window(0.0, 3600.0), Filters())["info"]
     assert "array_job_id" in info and "array_task_id" in info
+
+
+def test_the_info_series_that_names_the_array_task_wins() -> None:
+    """The prolog's record on Slurm 22.05 has no array fields; the agent learns them from
+    Slurm later, so one job can have an info series without them and one with them."""
+    bare = Sample({"jobid": "81234", "array_job_id": "", "array_task_id": ""}, 1)
+    named = Sample({"jobid": "81234", **TASK}, 1)
+    for samples in ([bare, named], [named, bare]):
+        assert _by_job(samples, "cluster")["", "81234"] is named
 
 
 def test_low_util_outputs_show_the_array_task() -> None:

@@ -126,7 +126,10 @@ def idle_before_query(window: Window, filters: Filters, jobids: list[str]) -> st
 
 
 def _by_job(samples: list[Sample], cluster_label: str) -> dict[tuple[str, str], Sample]:
-    return {(s.labels.get(cluster_label, ""), s.labels.get("jobid", "")): s for s in samples}
+    # An info series that names the job's array task wins over one that does not (an
+    # agent that learnt it from Slurm after the prolog's record had none).
+    ordered = sorted(samples, key=lambda s: bool(s.labels.get("array_job_id")))
+    return {(s.labels.get(cluster_label, ""), s.labels.get("jobid", "")): s for s in ordered}
 
 
 async def fetch_usage(prom: PrometheusClient, window: Window, filters: Filters
