@@ -295,7 +295,9 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
 
     found: dict[tuple[str, str], tuple[JobUsage, list[NodeDetail]]] = {}
     # The same job on the same target twice: its metadata changed (spool record found).
-    infos = {(s.labels.get("jobid", ""), s.labels.get("instance", "")): s for s in got["info"]}
+    # An info series that names the array task wins (see _by_job).
+    infos = {(s.labels.get("jobid", ""), s.labels.get("instance", "")): s for s in
+             sorted(got["info"], key=lambda s: bool(s.labels.get("array_job_id")))}
     gpus_of: dict[tuple[str, ...], list[tuple[str, ...]]] = {}  # (jobid, instance) -> GPUs
     for gkey in alloc:
         gpus_of.setdefault(gkey[:2], []).append(gkey)
