@@ -7,8 +7,9 @@ policy cancels after 10 s idle, with no warnings (nothing to notify). A GPU a jo
 with no process on it is idle; one with a process at 80 % SM is busy.
 
 Het jobs are covered by the fast tests (tests/report/test_enforce_arrays.py) only: on
-the one-node test cluster a het job of two GPU components stays PENDING (Resources),
-Slurm placing each component on a node of its own.
+the one-node test cluster a het job stays PENDING (Reason=Resources) past the backfill
+pass, with two GPU components as with one GPU and one CPU-only component: its
+components want nodes of their own.
 """
 
 from __future__ import annotations
