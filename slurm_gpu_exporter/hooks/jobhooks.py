@@ -19,6 +19,7 @@ import time
 
 from slurm_gpu_exporter.hooks import spool
 from slurm_gpu_exporter.hooks.ids import user_name
+from slurm_gpu_exporter.model.ids import is_job_id
 
 # Names for annotations only: importing collections.abc would cost the prolog
 # ``collections`` at every start.
@@ -90,7 +91,7 @@ def record_from_env(env: Mapping[str, str], now: float, *, started: bool) -> spo
     Raises SpoolError when the job id or uid is missing or not plausible.
     """
     jobid = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
-    if not spool.is_job_id(jobid):
+    if not is_job_id(jobid):
         raise spool.SpoolError(f"refusing job id {clean_text(jobid)[:40]!r}: "
                                "SLURM_JOB_ID is not a Slurm job id")
     raw_uid = env.get("SLURM_JOB_UID", "")

@@ -17,8 +17,8 @@ import os
 import stat
 from operator import attrgetter
 
-from slurm_gpu_exporter.hooks.ids import is_slurm_id
 from slurm_gpu_exporter.hooks.recordjson import dumps_object, loads_object
+from slurm_gpu_exporter.model.ids import is_job_id
 
 SCHEMA_VERSION = 1
 # A record is a few hundred bytes; anything much larger is not ours.
@@ -30,17 +30,8 @@ RECORD_SUFFIX = ".json"
 # The training relay's socket shares the spool dir; the record reader skips it.
 TRAINING_SOCKET = "training.sock"
 
-# Slurm job ids are unsigned 32-bit numbers and never 0 (NO_VAL is 0xfffffffe).
-_MAX_JOBID = 0xFFFFFFFD
-
-
 class SpoolError(Exception):
     """A spool record that cannot be trusted or written; the message says why."""
-
-
-def is_job_id(value: str) -> bool:
-    """True when value is a plain Slurm job id (digits, no sign, no padding)."""
-    return is_slurm_id(value) and int(value) <= _MAX_JOBID
 
 
 def job_id_of_record_name(name: str) -> str | None:

@@ -4,7 +4,7 @@ Every reader takes the proc root (``--proc-root``) and reads one file. A process
 that exits between listing and reading is a normal outcome: the readers raise
 ProcessGone for it, and the classes here turn it into "no answer".
 
-Standard library only (hooks/ids.py, kernelfile.py and cgroup/paths.py, its imports,
+Standard library only (model/ids.py, kernelfile.py and cgroup/paths.py, its imports,
 are stdlib too).
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_gpu_exporter.hooks.ids import is_slurm_id, is_slurm_num
+from slurm_gpu_exporter.model.ids import is_slurm_id, is_slurm_num
 from slurm_gpu_exporter.node.cgroup.paths import SlurmRoot, job_under_roots
 from slurm_gpu_exporter.node.kernelfile import read_kernel_file
 

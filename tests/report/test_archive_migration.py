@@ -6,10 +6,17 @@ new figures."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from slurm_gpu_exporter.report.archive.schema import ADDED_IN_V2, ADDED_IN_V3, SCHEMA_VERSION
+from slurm_gpu_exporter.report.archive.schema import (
+    ADDED_IN_V2,
+    ADDED_IN_V3,
+    ADDED_IN_V4,
+    SCHEMA_VERSION,
+)
 from slurm_gpu_exporter.report.archive.store import (
     EXIT_STORE_UNREACHABLE,
     ArchiveStore,
@@ -23,7 +30,7 @@ from tests.report.archive_data import DEC_1, NOV_1, record
 
 def _as_version(url: str, version: int) -> None:
     """Turn a current store back into what ``version`` made (its roll-up as it was)."""
-    added = {2: ADDED_IN_V2, 3: ADDED_IN_V3}
+    added = {2: ADDED_IN_V2, 3: ADDED_IN_V3, 4: ADDED_IN_V4}
     engine = create_engine(parse_db_url(url).render_as_string(hide_password=False))
     with engine.begin() as conn:
         # The usage index covers columns of every version (version 3 makes it afresh).
@@ -37,7 +44,7 @@ def _as_version(url: str, version: int) -> None:
 
 
 def test_a_version_1_archive_migrates_and_keeps_its_rows(archive_url: str) -> None:
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     old = record("41", gpus=2, hours=2.0, busy=0.5)
     with ArchiveStore(archive_url, write=True) as store:
         store.store([old], archived_at=NOV_1)
@@ -113,3 +120,29 @@ def test_a_version_2_archive_migrates_its_rollup_and_keeps_its_rows(archive_url:
     assert row["cpu_energy_kwh"] == pytest.approx(0.5)
     assert row["emissions_kg"] == pytest.approx((gpu_kwh + 0.5) * 0.4)
     assert row["tensor_active_gpu_hours"] == pytest.approx(alice.tensor_active_s / 3600)
+
+
+def test_a_version_3_archive_migrates_and_new_rows_keep_their_array_task(archive_url: str
+                                                                        ) -> None:
+    """Version 4 keeps each job's array task: the reports show it as ``1234_5``; rows
+    archived before show their bare id, and a later run without the labels keeps it."""
+    old = record("61", gpus=1, hours=1.0, busy=0.5)
+    with ArchiveStore(archive_url, write=True) as store:
+        store.store([old], archived_at=NOV_1)
+    _as_version(archive_url, 3)
+    with pytest.raises(ReportError), ArchiveStore(archive_url, write=False):
+        pass
+    task = record("64", gpus=1, hours=1.0, busy=0.5)
+    task.detail.usage = replace(task.detail.usage, array_job_id="60", array_task_id="3")
+    hostile = record("65", gpus=1, hours=1.0, busy=0.5)
+    hostile.detail.usage = replace(hostile.detail.usage, array_job_id="6" * 40,
+                                   array_task_id="x")
+    with ArchiveStore(archive_url, write=True) as store:  # migrates, then stores
+        store.store([task, hostile], archived_at=NOV_1)
+    again = record("64", gpus=1, hours=1.0, busy=0.5)  # a later run: labels gone
+    with ArchiveStore(archive_url, write=True) as store:
+        store.store([again], archived_at=NOV_1 + 60)
+    with ArchiveStore(archive_url, write=False) as store:
+        found = store.details(["61", "64", "65"])
+    shown = {jobid: found[jobid][0][0].usage.shown for jobid in found}
+    assert shown == {"61": "61", "64": "60_3", "65": "65"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from slurm_gpu_exporter.model.slurm_id import SlurmJobId
 from slurm_gpu_exporter.report.enforce.decisions import Decision, decide
 from slurm_gpu_exporter.report.enforce.idle_window import idle_queries, jobs_from_answers
 from slurm_gpu_exporter.report.enforce.policy import parse_policy
@@ -61,7 +62,8 @@ def slurm_of(*jobs: FakeJob, name: str = "train", state: str = "RUNNING",
     """Slurm's view of the jobs: by default the nodes and GPU count the metrics show."""
     return {j.jobid: SlurmJob(j.jobid, j.user, "lab", "gpu", "normal", name, state,
                               nodes or (node_name(j.instance),),
-                              j.gpus if gpus is None else gpus) for j in jobs}
+                              j.gpus if gpus is None else gpus, ident=SlurmJobId(j.jobid))
+            for j in jobs}
 
 
 def run(jobs: list[FakeJob], sent: dict[str, list[float]] | None = None,
@@ -166,8 +168,9 @@ def test_job_slurm_does_not_run_is_skipped_and_a_user_mismatch_is_doubtful() -> 
     finished = run([job], sent=sent, slurm=slurm_of(job, state="COMPLETED"))["21"]
     assert (finished.action, finished.doubtful) == ("skip", False)
     other = {"21": SlurmJob("21", "mallory", "lab", "gpu", "normal", "x", "RUNNING",
-                            ("gpu01",), 1)}
-    assert run([job], slurm=other)["21"].doubtful
+                            ("gpu01",), 1, ident=SlurmJobId("21"))}
+    mismatch = run([job], slurm=other)["21"]
+    assert mismatch.doubtful and "mallory" in mismatch.reason
 
 
 def test_job_slurm_does_not_list_as_running_while_its_series_are_fresh_is_doubtful() -> None:
@@ -199,7 +202,8 @@ def test_fewer_gpus_with_fresh_series_than_slurm_allocated_is_doubtful() -> None
     decision = run([job], sent=sent, slurm=slurm_of(job, gpus=4))["24"]
     assert (decision.action, decision.doubtful) == ("skip", True)
     assert "Slurm allocated 4 GPU(s), fresh series show 2" in decision.reason
-    unknown = {"24": SlurmJob("24", "ann", "lab", "gpu", "normal", "x", "RUNNING")}
+    unknown = {"24": SlurmJob("24", "ann", "lab", "gpu", "normal", "x", "RUNNING",
+                              ident=SlurmJobId("24"))}
     assert "does not say which nodes" in run([job], sent=sent, slurm=unknown)["24"].reason
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.hooks import ids, spool
+from slurm_gpu_exporter.model import ids as grammar
 from slurm_gpu_exporter.node import kernelfile
 from slurm_gpu_exporter.node.cgroup.paths import parse_cgroup_path
 from slurm_gpu_exporter.node.procfs import PidJobMapper
@@ -30,18 +31,18 @@ def test_read_kernel_file_raises_oserror_for_a_missing_file(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("text", ["1", "42", "4294967293"])
 def test_job_id_pattern_accepts_plain_ids(text: str) -> None:
-    assert ids.is_slurm_id(text)
+    assert grammar.is_slurm_id(text)
 
 
 @pytest.mark.parametrize("text", ["0", "012", "-1", "+1", "1a", "", "12345678901"])
 def test_job_id_pattern_refuses_what_slurm_never_prints(text: str) -> None:
-    assert not ids.is_slurm_id(text)
+    assert not grammar.is_slurm_id(text)
 
 
 @pytest.mark.parametrize("jobid", ["0", "012", "1a"])
 def test_spool_cgroup_paths_and_environ_agree_on_job_ids(jobid: str, tmp_path: Path) -> None:
     """The one pattern serves every reader: none accepts an id another refuses."""
-    assert not spool.is_job_id(jobid)
+    assert not grammar.is_job_id(jobid)
     assert spool.job_id_of_record_name(f"{jobid}.json") is None
     assert parse_cgroup_path(f"/slurm/uid_0/job_{jobid}/step_0") is None
     proc = tmp_path / "7"
@@ -52,8 +53,8 @@ def test_spool_cgroup_paths_and_environ_agree_on_job_ids(jobid: str, tmp_path: P
 
 
 def test_step_id_pattern_accepts_zero() -> None:
-    assert ids.is_slurm_num("0")
-    assert not ids.is_slurm_num("00")
+    assert grammar.is_slurm_num("0")
+    assert not grammar.is_slurm_num("00")
 
 
 def test_user_name_of_a_known_uid() -> None:

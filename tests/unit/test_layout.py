@@ -48,25 +48,28 @@ MAY_IMPORT: dict[str, set[str]] = {
     "sim": {"model", "hooks", "node", "gpu", "exposition"},
     "agent": {TOP, "check"} | AGENT_LAYERS,
     "check": {TOP, "agent", "model", "hooks", "node", "gpu", "training_relay"},
-    "report": set(),
-    "report.figures": {"report"},
-    "report.prometheus": {"report", "report.figures"},
-    "report.slurm": {"report", "report.figures"},
-    "report.render": {"report", "report.figures"},
-    "report.notify": {"report", "report.figures", "report.render"},
-    "report.archive": {"report", "report.figures", "report.prometheus"},
-    "report.enforce": {"report", "report.figures", "report.prometheus", "report.slurm",
-                       "report.render", "report.notify"},
-    "report.remediate": {"report", "report.prometheus", "report.slurm", "web"},
+    # model (the job identity, Slurm's id grammar) is the bottom of every product too.
+    "report": {"model"},
+    "report.figures": {"model", "report"},
+    "report.prometheus": {"model", "report", "report.figures"},
+    "report.slurm": {"model", "report", "report.figures"},
+    "report.render": {"model", "report", "report.figures"},
+    "report.notify": {"model", "report", "report.figures", "report.render"},
+    "report.archive": {"model", "report", "report.figures", "report.prometheus"},
+    "report.enforce": {"model", "report", "report.figures", "report.prometheus",
+                       "report.slurm", "report.render", "report.notify"},
+    "report.remediate": {"model", "report", "report.prometheus", "report.slurm", "web"},
     # top: one running job now (its queries) and its frame (text, no I/O)
-    "report.top": {"report", "report.figures", "report.prometheus", "report.render"},
-    "report.cli": {TOP, "web", "munge_audience", "report", "report.figures",
+    "report.top": {"model", "report", "report.figures", "report.prometheus", "report.render"},
+    "report.cli": {TOP, "model", "web", "munge_audience", "report", "report.figures",
                    "report.prometheus", "report.slurm", "report.render", "report.notify",
                    "report.archive", "report.enforce", "report.remediate", "report.top"},
     # only web.config, and the job archive (with the figures it returns and its one
     # exception) inside functions, for --archive.url: tests/proxy/test_boundary.py
-    "proxy": {TOP, "web", "report", "report.figures", "report.archive", "munge_audience"},
-    "mail": set(),  # MailProg: runs slurm-gpu-report as a command, imports none of it
+    "proxy": {TOP, "model", "web", "report", "report.figures", "report.archive",
+              "munge_audience"},
+    # MailProg: runs slurm-gpu-report as a command, imports none of it
+    "mail": {"model"},
     "training": set(),  # the client library jobs import: stdlib and prometheus-client
     # what a munge credential for the proxy names: made by report.cli, checked by proxy
     "munge_audience": set(),
@@ -380,7 +383,8 @@ def test_job_hooks_import_only_the_standard_library_and_their_own_modules() -> N
     assert third_party == "['slurm_gpu_exporter']"
     assert ours == ("['slurm_gpu_exporter.hooks', 'slurm_gpu_exporter.hooks.ids', "
                     "'slurm_gpu_exporter.hooks.jobhooks', 'slurm_gpu_exporter.hooks.recordjson', "
-                    "'slurm_gpu_exporter.hooks.spool']")
+                    "'slurm_gpu_exporter.hooks.spool', 'slurm_gpu_exporter.model', "
+                    "'slurm_gpu_exporter.model.ids']")
     # What a prolog's start would pay for (issue 37): json pulls in re, enum, functools
     # and collections; dataclasses pulls in inspect and ast.
     costly = {"re", "json", "dataclasses", "inspect", "ast", "enum", "functools",

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_gpu_exporter.hooks import ids, recordjson, spool
+from slurm_gpu_exporter.hooks import recordjson, spool
+from slurm_gpu_exporter.model import ids
 
 _SCALARS = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True)
             | st.text())
@@ -96,3 +97,13 @@ def test_id_checks_match_slurms_id_patterns(text: str) -> None:
 
     assert ids.is_slurm_id(text) == bool(re.fullmatch(ids.SLURM_ID, text))
     assert ids.is_slurm_num(text) == bool(re.fullmatch(ids.SLURM_NUM, text))
+
+
+@pytest.mark.parametrize("text", ["sEKNKTV3WPV500", "s0000000000000", "sZZZZZZZZZZZZZ",
+                                  "SEKNKTV3WPV500", "sekNKTV3WPV500", "sEKNKTV3WPV50",
+                                  "sEKNKTV3WPV5000", "sEKNKTV3WPVI00", "sEKNKTV3WPVU00",
+                                  "sEKNKTV3WPV50\n", "s\uff10" * 1, "", "s"])
+def test_sluid_check_matches_the_sluid_pattern(text: str) -> None:
+    import re
+
+    assert ids.is_sluid(text) == bool(re.fullmatch(ids.SLUID, text))

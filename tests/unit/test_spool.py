@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.hooks import spool
+from slurm_gpu_exporter.model.ids import is_job_id
 
 TRUSTED = frozenset({0, os.geteuid()})
 
@@ -44,13 +45,13 @@ def test_ended_keeps_the_first_end_time() -> None:
 
 @pytest.mark.parametrize("value", ["1", "4294967293", "123456"])
 def test_plain_job_ids_are_accepted(value: str) -> None:
-    assert spool.is_job_id(value)
+    assert is_job_id(value)
 
 
 @pytest.mark.parametrize("value", ["", "0", "007", "-1", "1.0", "../1", "1/2", '"1"', "1 ",
                                    "4294967294", "99999999999", "1_2", "1e3", "١٢"])
 def test_job_ids_that_are_not_slurm_job_ids_are_refused(value: str) -> None:
-    assert not spool.is_job_id(value)
+    assert not is_job_id(value)
 
 
 @pytest.mark.parametrize("name", ["../1.json", "1.json.tmp", ".1.json", "x.json", "01.json",

@@ -8,15 +8,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from slurm_gpu_exporter.hooks.ids import SLURM_ID, SLURM_NUM
+from slurm_gpu_exporter.model.ids import SLUID, SLURM_ID, SLURM_NUM
 
 __all__ = ["CgroupJobRef", "SlurmRoot", "job_dir_key", "job_under_roots", "parse_cgroup_path"]
 
 V1_TOP_RE = re.compile(r"slurm(?:_.+)?")
 UID_RE = re.compile(rf"uid_({SLURM_NUM})")  # root's jobs run as uid_0
 JOB_RE = re.compile(rf"job_({SLURM_ID})")
-# Canonical printed SLUID: "s" and 13 upper-case Crockford base32 digits (no I, L, O, U).
-SLUID_RE = re.compile(r"s[0-9A-HJKMNP-TV-Z]{13}")
+SLUID_RE = re.compile(SLUID)
 SCOPE_RE = re.compile(r"(?:.+_)?slurmstepd\.scope")
 # step_<n>, step_<n>+<het component>, or one of Slurm's named steps.
 STEP_RE = re.compile(rf"step_({SLURM_NUM}(?:\+{SLURM_NUM})?|batch|extern|interactive)")

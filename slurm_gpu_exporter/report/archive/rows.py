@@ -53,7 +53,15 @@ def job_row(record: ArchiveRecord, archived_at: float) -> dict[str, Any]:
         "cpu_s": _sum([n.cpu_s for n in d.nodes]), "cpu_efficiency": d.cpu_efficiency,
         "memory_peak": d.memory_peak, "notes": json.dumps(d.notes), "archived_at": archived_at,
         "cpu_energy_j": d.cpu_energy_j, "emissions_g": d.emissions_gco2e,
+        # the agent's labels, kept only where they are Slurm's ids (a column is 16 wide)
+        **_array_task(u),
     }
+
+
+def _array_task(usage: JobUsage) -> dict[str, str]:
+    if usage.shown == usage.jobid:
+        return {"array_job_id": "", "array_task_id": ""}
+    return {"array_job_id": usage.array_job_id, "array_task_id": usage.array_task_id}
 
 
 def _sum(values: list[float | None]) -> float | None:
@@ -82,7 +90,8 @@ def usage_of(row: Any) -> JobUsage:
         idle_gpus=row["idle_gpus"], gpu_memory_peak=row["gpu_memory_peak"],
         start=row["start_time"], end=row["end_time"], sm_active_s=row["sm_active_s"],
         gpm_allocated_s=row["gpm_allocated_s"], tensor_active_s=row["tensor_active_s"],
-        dram_active_s=row["dram_active_s"])
+        dram_active_s=row["dram_active_s"], array_job_id=row["array_job_id"],
+        array_task_id=row["array_task_id"])
 
 
 def detail_of(row: Any, gpu_rows: list[Any]) -> JobDetail:

@@ -71,6 +71,10 @@ jobs = Table(
     Column("archived_at", Float, nullable=False),
     Column("cpu_energy_j", Float),  # version 3 on: the job's CPU and DRAM share (RAPL)
     Column("emissions_g", Float),  # gCO2e of GPU + CPU energy, at the factor when archived
+    # version 4 on: the array task as the agent labelled it, "" for a plain job (and in
+    # rows archived before)
+    Column("array_job_id", String(16), nullable=False, server_default=""),
+    Column("array_task_id", String(16), nullable=False, server_default=""),
 )
 # Covers what `usage` sums: a year of a million jobs is read from this index alone, not
 # from the rows (which carry the nodes and notes). Its first column serves every window.
@@ -132,6 +136,7 @@ ADDED_IN_V2 = [(jobs, "tensor_active_s"), (jobs, "dram_active_s"), (gpus, "tenso
 ADDED_IN_V3 = [(jobs, "cpu_energy_j"), (jobs, "emissions_g"),
                (usage_monthly, "tensor_active_s"), (usage_monthly, "dram_active_s"),
                (usage_monthly, "cpu_energy_j"), (usage_monthly, "emissions_g")]
+ADDED_IN_V4 = [(jobs, "array_job_id"), (jobs, "array_task_id")]
 
 
 def _create_v1(conn: Connection) -> None:
@@ -140,15 +145,20 @@ def _create_v1(conn: Connection) -> None:
 
 
 def _add_columns(conn: Connection, added: list[tuple[Table, str]]) -> None:
-    """Add the (table, column) pairs a store lacks, as their tables define them; every
-    added column is a float (the archive's figures)."""
+    """Add the (table, column) pairs a store lacks, as their tables define them: a
+    float (the archive's figures), or a short text that is "" where not known."""
     have = {t.name: {c["name"] for c in inspect(conn).get_columns(t.name)}
             for t in {table for table, _ in added}}
     for table, column in added:
-        if column not in have[table.name]:
-            required = "" if table.c[column].nullable else " NOT NULL DEFAULT 0"
-            conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column} "
-                              f"DOUBLE PRECISION{required}"))
+        if column in have[table.name]:
+            continue
+        kind = table.c[column].type
+        if isinstance(kind, String):
+            sql = f"VARCHAR({kind.length}) NOT NULL DEFAULT ''"
+        else:
+            sql = "DOUBLE PRECISION" + ("" if table.c[column].nullable
+                                        else " NOT NULL DEFAULT 0")
+        conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column} {sql}"))
 
 
 def _add_activity_v2(conn: Connection) -> None:
@@ -179,7 +189,14 @@ def rebuild_rollup(conn: Connection) -> None:
     conn.execute(usage_monthly.insert().from_select([*group, "jobs", *sums], query))
 
 
-MIGRATIONS: list[Migration] = [_create_v1, _add_activity_v2, _add_energy_v3]
+def _add_array_task_v4(conn: Connection) -> None:
+    """Each job's array task (array id, task id), so the reports show it as ``1234_5``;
+    old rows keep "": their bare id."""
+    _add_columns(conn, ADDED_IN_V4)
+
+
+MIGRATIONS: list[Migration] = [_create_v1, _add_activity_v2, _add_energy_v3,
+                               _add_array_task_v4]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

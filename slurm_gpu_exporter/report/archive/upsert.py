@@ -19,6 +19,8 @@ GPU_COUNTERS = ("allocated_s", "busy_s", "sm_active_s", "energy_j", "memory_peak
                 "tensor_active_s", "dram_active_s")
 # What only Slurm accounting knows: a run without sacct keeps what an earlier one stored.
 JOB_ACCOUNTING_TEXT = ("state", "exit_code", "qos")
+# Known once, kept: a later run that saw no array labels does not forget the task.
+JOB_LABEL_TEXT = ("array_job_id", "array_task_id")
 JOB_ACCOUNTING_NUMBERS = ("time_limit_s", "requested_memory", "requested_gpus", "cpus",
                           "start_time", "end_time")
 
@@ -41,7 +43,7 @@ def _job_upsert(dialect: str) -> Any:
     set_: dict[str, Any] = {c.name: new[c.name] for c in jobs.c if c.name not in keys}
     for name in JOB_COUNTERS:
         set_[name] = _greatest(dialect, old[name], new[name])
-    for name in JOB_ACCOUNTING_TEXT:
+    for name in (*JOB_ACCOUNTING_TEXT, *JOB_LABEL_TEXT):
         set_[name] = case((new[name] != literal(""), new[name]), else_=old[name])
     for name in JOB_ACCOUNTING_NUMBERS:
         set_[name] = func.coalesce(new[name], old[name])

@@ -8,6 +8,13 @@ then the idle windows. The two sources must agree: a node of the job without fre
 series (an agent not deployed, a target missing from service discovery), fewer GPUs
 with fresh series than Slurm allocated, or a job Slurm does not list as RUNNING while
 its series are fresh, makes the job doubtful.
+
+Series and Slurm's jobs meet on each job's own id (an array task's and a het
+component's too: the agent sees ``SLURM_JOB_ID``). An action names exactly one job as
+Slurm resolves it (``SlurmJobId.target``): an array task as ``A_T``. A het job is
+cancelled only as a whole, and only when every component Slurm lists is due for its
+cancel; a component due while another is not (busy, not yet due, no GPU series to
+judge) is doubtful.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Any, Literal
 
 from slurm_gpu_exporter.report.enforce.idle_window import JobIdleness
 from slurm_gpu_exporter.report.enforce.policy import Policy, span
-from slurm_gpu_exporter.report.slurm.actions import SlurmJob
+from slurm_gpu_exporter.report.slurm.actions import SlurmJob, acted_on
 
 Action = Literal["warn", "cancel", "none", "skip"]
 # States of a job that has ended or is ending: its series linger, nothing is doubtful.
@@ -43,6 +50,21 @@ class Decision:
     doubtful: bool = False  # skipped because the data cannot be trusted
     forget_warnings: bool = False  # used its GPUs again: a new idle spell starts over
     slurm: SlurmJob | None = None  # the job as Slurm listed it in this run
+    # For "cancel": every job the cancel reaches as Slurm listed it (each het component)
+    components: tuple[SlurmJob, ...] = ()
+
+    @property
+    def shown(self) -> str:
+        """The job as users know it: ``1234_5`` for an array task, ``1234+1`` for a het
+        component, else its id."""
+        return self.slurm.shown if self.slurm is not None else self.jobid
+
+    @property
+    def target(self) -> str:
+        """What an action names: ``A_T`` for an array task, the het job's leader id for
+        a het component (the whole het job), else the job id."""
+        ident = self.slurm.ident if self.slurm is not None else None
+        return (ident.target if ident is not None else None) or self.jobid
 
 
 def decide(jobs: list[JobIdleness], slurm: dict[str, SlurmJob],
@@ -51,7 +73,9 @@ def decide(jobs: list[JobIdleness], slurm: dict[str, SlurmJob],
     """One decision per job the metrics show, in job id order; the cap applied."""
     decisions = [_decide(job, slurm.get(job.jobid), warnings_sent.get(job.jobid, []),
                          policy, now) for job in jobs]
-    return _cap(decisions, policy.max_cancels_per_run)
+    decisions = [replace(d, components=acted_on(d.slurm, slurm))
+                 if d.action == "cancel" and d.slurm is not None else d for d in decisions]
+    return _cap(_whole_het_jobs(decisions), policy.max_cancels_per_run)
 
 
 def _decide(job: JobIdleness, slurm: SlurmJob | None, sent: list[float], policy: Policy,
@@ -74,6 +98,9 @@ def _decide(job: JobIdleness, slurm: SlurmJob | None, sent: list[float], policy:
         return skip("not running in Slurm (ended, or not a job of this cluster)")
     if not slurm.running:
         return skip(f"Slurm lists it as {slurm.state}, not RUNNING", doubtful=True)
+    if slurm.ident is None or slurm.ident.target is None:
+        return skip("Slurm's answer does not say which array task or het job component "
+                    "it is, so no id names it alone", doubtful=True)
     if slurm.user != job.user:
         return skip(f"Slurm says the job is {slurm.user}'s, the metrics {job.user}'s",
                     doubtful=True)
@@ -143,6 +170,45 @@ def _by_idle_time(base: dict[str, Any], idle: float, sent: list[float], policy: 
     return Decision(**base, idle_for_s=idle, action="none",
                     reason=f"idle for {span(idle)}; warning {len(sent)} sent, cancel at "
                            f"{span(policy.cancel_after_s)} idle")
+
+
+def _whole_het_jobs(decisions: list[Decision]) -> list[Decision]:
+    """One cancel per het job, and only when every component Slurm lists is due for it;
+    otherwise each component due is doubtful, with the component that is not."""
+    by_jobid = {d.jobid: d for d in decisions}
+    done: dict[str, Decision] = {}  # jobid -> its decision, changed
+    for decision in decisions:
+        ident = decision.slurm.ident if decision.slurm is not None else None
+        if decision.action != "cancel" or ident is None or not ident.is_het_component \
+                or decision.jobid in done:
+            continue
+        het = ident.het_job_id
+        parts = decision.components
+        holdout = next((p for p in parts if p.jobid not in by_jobid
+                        or by_jobid[p.jobid].action != "cancel"), None)
+        if holdout is not None or not parts:
+            why = ("no component is listed" if holdout is None else
+                   f"{holdout.shown} has no GPU series to judge" if holdout.jobid not in
+                   by_jobid else f"{holdout.shown} is not due ({by_jobid[holdout.jobid].action}"
+                                 f": {by_jobid[holdout.jobid].reason})")
+            for part in parts or (decision.slurm,):  # type: ignore[assignment]
+                mine = by_jobid.get(part.jobid)
+                if mine is not None and mine.action == "cancel":
+                    done[part.jobid] = replace(
+                        mine, action="skip", doubtful=True, components=(),
+                        reason=f"{mine.reason}; but het job {het} is cancelled only "
+                               f"whole, when every component is idle, and {why}")
+            continue
+        first, *others = parts
+        done[first.jobid] = replace(
+            by_jobid[first.jobid], components=parts,
+            reason=f"{by_jobid[first.jobid].reason}; het job {het}: all {len(parts)} "
+                   "components idle")
+        for part in others:
+            done[part.jobid] = replace(by_jobid[part.jobid], action="skip", components=(),
+                                       reason=f"goes with the cancel of its het job {het} "
+                                              f"(under {first.shown})")
+    return [done.get(d.jobid, d) for d in decisions]
 
 
 def _cap(decisions: list[Decision], cap: int) -> list[Decision]:

@@ -44,7 +44,7 @@ def decisions_table(decisions: list[Decision], dry_run: bool, width: int = 140) 
         table.add_column(column, justify="right" if column == "GPUs" else "left")
     for d in decisions:
         idle = span(d.idle_for_s) if d.idle_for_s else "-"
-        cells = (d.jobid, d.user, d.name, str(d.gpus), ",".join(d.nodes), idle, _action(d),
+        cells = (d.shown, d.user, d.name, str(d.gpus), ",".join(d.nodes), idle, _action(d),
                  d.reason)
         table.add_row(*(Text(printable(c)) for c in cells))
     out = io.StringIO()
@@ -58,7 +58,8 @@ def decisions_table(decisions: list[Decision], dry_run: bool, width: int = 140) 
 def decision_record(decision: Decision) -> dict[str, Any]:
     """A decision as plain JSON values."""
     return {
-        "jobid": decision.jobid, "user": decision.user, "account": decision.account,
+        "jobid": decision.jobid, "job": decision.shown, "target": decision.target,
+        "user": decision.user, "account": decision.account,
         "partition": decision.partition, "name": decision.name, "gpus": decision.gpus,
         "nodes": list(decision.nodes), "idle_for_seconds": decision.idle_for_s,
         "action": decision.action, "warning": decision.warning,

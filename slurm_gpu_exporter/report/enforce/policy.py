@@ -57,7 +57,9 @@ job_names = []
 
 [messages]
 # Templates over: {jobid} {name} {user} {account} {partition} {gpus} {nodes}
-# {idle_for} {cancel_after} {cancel_at} {warning} {warnings} {busy_fraction}
+# {idle_for} {cancel_after} {cancel_at} {warning} {warnings} {busy_fraction}.
+# {jobid} is what the user would scancel: 1234_5 for an array task, the leader's id
+# for a het job.
 warning_subject = "Job {jobid}: its GPUs are idle (warning {warning} of {warnings})"
 warning = """
 Hello {user},

@@ -61,7 +61,8 @@ class EnforceRun:
 def message_facts(decision: Decision, policy: Policy) -> dict[str, Any]:
     """What the message templates may name, for one decision."""
     return {
-        "jobid": decision.jobid, "name": decision.name or "-", "user": decision.user,
+        # what the user would scancel: an array task's A_T, a het job's leader id
+        "jobid": decision.target, "name": decision.name or "-", "user": decision.user,
         "account": decision.account, "partition": decision.partition, "gpus": decision.gpus,
         "nodes": ", ".join(decision.nodes), "idle_for": span(decision.idle_for_s or 0),
         "cancel_after": span(policy.cancel_after_s), "cancel_at": when(decision.cancel_at),
@@ -120,7 +121,7 @@ def act_all(decisions: list[Decision], state: EnforceState, options: EnforceOpti
         except ReportError as exc:
             if exc.exit_code == EXIT_STATE:
                 raise
-            log.error("job %s: %s", decision.jobid, plain(exc))
+            log.error("job %s: %s", decision.shown, plain(exc))
             failure = exc.exit_code
         if failure:
             failures.add(failure)
@@ -131,7 +132,7 @@ def act_on(decision: Decision, state: EnforceState, options: EnforceOptions,
            now: float) -> int:
     """Carry out one decision; the exit code of a failure, or 0."""
     policy = options.policy
-    who = f"job {decision.jobid} ({plain(decision.user)})"
+    who = f"job {decision.shown} ({plain(decision.user)})"
     if decision.forget_warnings:
         state.forget_warnings(decision.jobid)
         log.info("%s used its GPUs again: its warnings are forgotten", who)
@@ -147,13 +148,14 @@ def act_on(decision: Decision, state: EnforceState, options: EnforceOptions,
         log.info("warned %s: warning %s of %d, %s", who, decision.warning,
                  len(policy.warn_after_s), plain(decision.reason))
     elif decision.action == "cancel":
-        if decision.slurm is None or not still_as_listed(decision.slurm):
+        listed = decision.slurm
+        if listed is None or listed.ident is None or not still_as_listed(decision.components):
             log.warning("%s not cancelled: Slurm no longer runs it as this run saw it "
                         "(ended, requeued or changed since); left for the next run", who)
             return EXIT_DOUBTFUL
         try:
-            record_reason(decision.jobid, cancel_reason(decision, now))
-            cancel_job(decision.jobid)
+            record_reason(listed.ident, cancel_reason(decision, now))
+            cancel_job(listed.ident)
         except ReportError as exc:
             log.error("%s not cancelled: %s", who, plain(exc))
             return EXIT_SLURM

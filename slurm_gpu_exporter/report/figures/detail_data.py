@@ -31,9 +31,18 @@ class DetailDataError(ValueError):
     """The data is not a job detail; the message says which field is wrong."""
 
 
+# Fields added since the first release, left out of the data while they hold their
+# default, so that a reader of an older release still takes the detail whole.
+_LATER_USAGE_FIELDS = ("array_job_id", "array_task_id")
+
+
 def detail_to_data(detail: JobDetail) -> dict[str, Any]:
     """The detail's own fields (no derived figures), nested: JSON-serialisable."""
-    return dataclasses.asdict(detail)
+    data = dataclasses.asdict(detail)
+    for name in _LATER_USAGE_FIELDS:
+        if data["usage"].get(name) == "":
+            del data["usage"][name]
+    return data
 
 
 def detail_from_data(data: Any) -> JobDetail:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from slurm_gpu_exporter.model.slurm_id import SlurmJobId
 from slurm_gpu_exporter.report.figures.window import Window
 
 
@@ -35,6 +36,20 @@ class JobUsage:
     tensor_active_s: float | None = None
     dram_active_s: float | None = None
     unknown_s: float = 0.0  # GPU-seconds held where the driver's samples may have been lost
+    # slurm_job_info's array labels: "" for a plain job (or where the agent did not know)
+    array_job_id: str = ""
+    array_task_id: str = ""
+
+    @property
+    def shown(self) -> str:
+        """The job as users know it: ``1234_5`` for an array task (sacct's JobID), else
+        its id; labels that are not Slurm's ids show the bare id."""
+        try:
+            return SlurmJobId.from_labels({"jobid": self.jobid,
+                                           "array_job_id": self.array_job_id,
+                                           "array_task_id": self.array_task_id}).display
+        except ValueError:
+            return self.jobid
 
     @property
     def gpu_hours(self) -> float:

@@ -93,7 +93,8 @@ def low_util_queries(window: Window, filters: Filters) -> dict[str, str]:
         return selector(metric, sel)
 
     return {
-        "info": f"group by ({by}, user, account, partition, name) "
+        "info": f"group by ({by}, user, account, partition, name, array_job_id, "
+                f"array_task_id) "
                 f"(last_over_time({s('slurm_job_info')}[{d}]))",
         "gpus": f"sum by ({by}) (max_over_time({s('slurm_job_gpus')}[{d}]))",
         "allocated": f"sum by ({by}) (max_over_time({s(ALLOCATED)}[{d}]))",
@@ -125,7 +126,10 @@ def idle_before_query(window: Window, filters: Filters, jobids: list[str]) -> st
 
 
 def _by_job(samples: list[Sample], cluster_label: str) -> dict[tuple[str, str], Sample]:
-    return {(s.labels.get(cluster_label, ""), s.labels.get("jobid", "")): s for s in samples}
+    # An info series that names the job's array task wins over one that does not (an
+    # agent that learnt it from Slurm after the prolog's record had none).
+    ordered = sorted(samples, key=lambda s: bool(s.labels.get("array_job_id")))
+    return {(s.labels.get(cluster_label, ""), s.labels.get("jobid", "")): s for s in ordered}
 
 
 async def fetch_usage(prom: PrometheusClient, window: Window, filters: Filters
@@ -153,7 +157,8 @@ async def fetch_usage(prom: PrometheusClient, window: Window, filters: Filters
         job = JobUsage(
             jobid=key[1], cluster=key[0], user=labels.get("user", ""),
             account=labels.get("account", ""), partition=labels.get("partition", ""),
-            name=labels.get("name", ""),
+            name=labels.get("name", ""), array_job_id=labels.get("array_job_id", ""),
+            array_task_id=labels.get("array_task_id", ""),
             gpus=int(value("gpus", key) or 0),
             allocated_s=max(0.0, allocated.value - (value("allocated_base", key) or 0.0)),
             busy_s=max(0.0, (value("busy", key) or 0.0) - (value("busy_base", key) or 0.0)),
@@ -290,7 +295,9 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
 
     found: dict[tuple[str, str], tuple[JobUsage, list[NodeDetail]]] = {}
     # The same job on the same target twice: its metadata changed (spool record found).
-    infos = {(s.labels.get("jobid", ""), s.labels.get("instance", "")): s for s in got["info"]}
+    # An info series that names the array task wins (see _by_job).
+    infos = {(s.labels.get("jobid", ""), s.labels.get("instance", "")): s for s in
+             sorted(got["info"], key=lambda s: bool(s.labels.get("array_job_id")))}
     gpus_of: dict[tuple[str, ...], list[tuple[str, ...]]] = {}  # (jobid, instance) -> GPUs
     for gkey in alloc:
         gpus_of.setdefault(gkey[:2], []).append(gkey)
@@ -304,7 +311,8 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
                 jobid=jobid, user=info.labels.get("user", ""),
                 account=info.labels.get("account", ""),
                 partition=info.labels.get("partition", ""), name=info.labels.get("name", ""),
-                cluster=cluster), [])
+                array_job_id=info.labels.get("array_job_id", ""),
+                array_task_id=info.labels.get("array_task_id", ""), cluster=cluster), [])
         usage, nodes = found[cluster, jobid]
         key = (jobid, instance)
         # Two targets on one host (several agents, tests): keep the port to tell them apart.

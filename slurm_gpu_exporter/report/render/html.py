@@ -88,10 +88,10 @@ def low_util_html(report: LowUtilReport) -> str:
         for job in report.flagged:
             if job.jobid not in report.timelines:
                 continue
-            parts.append(f'<div class="chart timeline"><h3>Job {escape(job.jobid)} '
+            parts.append(f'<div class="chart timeline"><h3>Job {escape(job.shown)} '
                          f"({escape(job.user)}, {escape(job.name)})</h3>"
                          + line_chart(report.timelines[job.jobid], report.window.start,
-                                      report.window.end, f"Job {job.jobid} busy ratio")
+                                      report.window.end, f"Job {job.shown} busy ratio")
                          + "</div>")
     return _page(title, "".join(parts))
 
@@ -99,7 +99,7 @@ def low_util_html(report: LowUtilReport) -> str:
 def job_html(details: list[JobDetail]) -> str:
     parts = []
     for detail in details:
-        parts.append(f"<h1>Job {escape(detail.usage.jobid)}</h1><table>")
+        parts.append(f"<h1>Job {escape(detail.usage.shown)}</h1><table>")
         for label, value in job_header(detail) + job_summary(detail):
             parts.append(f"<tr><th>{escape(label)}</th><td>{escape(value)}</td></tr>")
         parts.append("</table>")
@@ -112,5 +112,5 @@ def job_html(details: list[JobDetail]) -> str:
         if detail.notes:
             parts.append("<h2>Notes</h2>")
             parts.extend(f'<p class="note">{escape(n)}</p>' for n in detail.notes)
-    title = "Jobs " + ", ".join(d.usage.jobid for d in details)
+    title = "Jobs " + ", ".join(d.usage.shown for d in details)
     return _page(title, "".join(parts))

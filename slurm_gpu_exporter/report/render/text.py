@@ -170,7 +170,7 @@ def _job_values(detail: JobDetail) -> dict[str, Any]:
     usage = detail.usage
     gib = 2**30
     return {
-        "job": usage.jobid, "user": usage.user, "account": usage.account,
+        "job": usage.shown, "user": usage.user, "account": usage.account,
         "partition": usage.partition, "name": usage.name,
         "state": detail.accounting.state if detail.accounting and detail.accounting.state
         else ("RUNNING" if detail.running else "ENDED"),
@@ -208,7 +208,7 @@ def job_json(details: list[JobDetail], queries: int) -> str:
 def job_markdown(details: list[JobDetail]) -> str:
     parts = []
     for detail in details:
-        parts.append(f"# Job {markdown(detail.usage.jobid)}\n")
+        parts.append(f"# Job {markdown(detail.usage.shown)}\n")
         parts.append("\n".join(f"- **{label}**: {markdown(value)}" for label, value in
                                job_header(detail) + job_summary(detail)) + "\n")
         parts.append(_md_table(GPU_COLUMNS, GPU_HEADINGS, gpu_rows(detail), show_gpu))

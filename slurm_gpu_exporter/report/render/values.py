@@ -22,7 +22,7 @@ HEADINGS = {
 def job_row(job: JobUsage) -> dict[str, Any]:
     """One low-util row as numbers (None where unknown)."""
     return {
-        "job": job.jobid, "user": job.user, "account": job.account,
+        "job": job.shown, "user": job.user, "account": job.account,
         "partition": job.partition, "gpus": job.gpus, "gpu_hours": job.gpu_hours,
         "busy_ratio": job.busy_ratio, "idle_gpus": job.idle_gpus,
         "gpu_memory_peak_gib": job.gpu_memory_peak / GIB if job.gpu_memory_peak is not None
@@ -87,7 +87,7 @@ def job_header(detail: JobDetail) -> list[tuple[str, str]]:
         state += " (in progress)"
     limit = acct.time_limit_s if acct else None
     return [
-        ("Job", usage.jobid + (f" ({usage.name})" if usage.name else "")),
+        ("Job", usage.shown + (f" ({usage.name})" if usage.name else "")),
         ("User", usage.user), ("Account", usage.account or "-"),
         ("Partition", usage.partition or "-"), ("State", state),
         ("Nodes", ", ".join(n.node for n in detail.nodes) or "-"),

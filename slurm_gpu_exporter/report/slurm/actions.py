@@ -4,7 +4,10 @@ cancel a job, look up a node, drain a node. The only module that runs ``scancel`
 
 Every command is an argument list (never a shell) with a timeout. Job ids and node
 names are checked against strict patterns before they reach a command line, and a
-value never starts with ``-``, so no user-chosen text can become an option. A node is
+value never starts with ``-``, so no user-chosen text can become an option. A job is
+acted on only under the one name Slurm resolves to exactly it (``SlurmJobId.target``):
+an array task as ``A_T``, since the bare id of the task that holds the array's id
+names every task of the array; a het job only as a whole, under its leader's id. A node is
 acted on only under a name Slurm lists as exactly that one node: never ``ALL``, a
 NodeSet or a name Slurm does not know. Free text (a job's name) is read from
 ``squeue --json`` (``squeue.py``) and never parsed for other fields; every text put in
@@ -17,15 +20,17 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from slurm_gpu_exporter.model.ids import is_job_id
+from slurm_gpu_exporter.model.slurm_id import SlurmJobId
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.inert_text import plain, slurm_value
 from slurm_gpu_exporter.report.slurm.squeue import EXIT_SLURM, NODE_RE, SlurmJob, parse_squeue_json
 
 COMMAND_TIMEOUT_S = 30.0
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-JOBID_RE = re.compile(r"[0-9]+")
 # Names scontrol takes for more than one node.
 _MANY_NODES = frozenset({"ALL"})
 
@@ -76,31 +81,68 @@ def listed_jobs() -> dict[str, SlurmJob]:
     return parse_squeue_json(_run([_command("squeue"), "--json"]))
 
 
-def _checked_jobid(jobid: str) -> str:
-    if not JOBID_RE.fullmatch(jobid):
-        raise ReportError(f"refusing to act on {plain(jobid)!r}: not a Slurm job id",
-                          EXIT_SLURM)
-    return jobid
+def _checked_target(ident: SlurmJobId) -> str:
+    """The one name Slurm resolves to this job (or its whole het job); ReportError where
+    no id names it alone (an array's unsplit remainder)."""
+    target = ident.target
+    array_job, _, task = (target or "").partition("_")
+    if target is None or not is_job_id(array_job) or (task and not task.isdigit()):
+        raise ReportError(f"refusing to act on {plain(ident.display)!r}: no Slurm job id "
+                          "names that job alone", EXIT_SLURM)
+    return target
 
 
-def still_as_listed(job: SlurmJob) -> bool:
-    """Whether Slurm still runs ``job`` as it was listed: RUNNING, with the same start
-    (a job requeued since has another, or is pending). One ``squeue`` for the job,
-    asked right before a cancel."""
-    argv = [_command("squeue"), "--json", "--jobs", _checked_jobid(job.jobid)]
-    now = parse_squeue_json(_run(argv)).get(job.jobid)
-    return now is not None and now.running and now.start == job.start
+def acted_on(job: SlurmJob, listed: dict[str, SlurmJob]) -> tuple[SlurmJob, ...]:
+    """Every job Slurm lists that an action on ``job`` reaches: ``job`` alone, or each
+    component of its het job; () where its identity is unknown."""
+    if job.ident is None:
+        return ()
+    if not job.ident.is_het_component:
+        return (job,)
+    het = job.ident.het_job_id
+    return tuple(sorted((j for j in listed.values()
+                         if j.ident is not None and j.ident.het_job_id == het),
+                        key=lambda j: int(j.ident.het_job_offset)))  # type: ignore[union-attr]
 
 
-def record_reason(jobid: str, reason: str) -> None:
+def still_as_listed(jobs: Sequence[SlurmJob]) -> bool:
+    """Whether Slurm still runs ``jobs`` (one job, or every component of one het job) as
+    they were listed (``same_as_listed``). One ``squeue`` for their target, asked right
+    before a cancel."""
+    if not jobs or any(j.ident is None for j in jobs):
+        return False
+    target = _checked_target(jobs[0].ident)  # type: ignore[arg-type]
+    return same_as_listed(jobs, parse_squeue_json(
+        _run([_command("squeue"), "--json", "--jobs", target])))
+
+
+def same_as_listed(jobs: Sequence[SlurmJob], now: dict[str, SlurmJob]) -> bool:
+    """Whether ``now`` (squeue's answer) lists exactly ``jobs`` under their one target:
+    each RUNNING, with the same identity (array task, het offset) and start (a job
+    requeued since has another, or is pending), and no het component more or less."""
+    targets = {j.ident.target if j.ident is not None else None for j in jobs}
+    if not jobs or len(targets) != 1 or None in targets:
+        return False
+    target = targets.pop()
+    # Slurm 22.05's squeue --json ignores --jobs and lists every job: what the target
+    # names is picked out by identity, not by what came back.
+    named = {jobid: j for jobid, j in now.items()
+             if j.ident is not None and j.ident.target == target}
+    if set(named) != {j.jobid for j in jobs}:
+        return False
+    return all(named[j.jobid].running and named[j.jobid].ident == j.ident
+               and named[j.jobid].start == j.start for j in jobs)
+
+
+def record_reason(ident: SlurmJobId, reason: str) -> None:
     """Put ``reason`` in the job's AdminComment (sacct shows it where accounting is on)."""
-    _run([_command("scontrol"), "update", f"JobId={_checked_jobid(jobid)}",
+    _run([_command("scontrol"), "update", f"JobId={_checked_target(ident)}",
           f"AdminComment={slurm_value(reason)}"])
 
 
-def cancel_job(jobid: str) -> None:
-    """``scancel JOBID``."""
-    _run([_command("scancel"), _checked_jobid(jobid)])
+def cancel_job(ident: SlurmJobId) -> None:
+    """``scancel TARGET``: the array task ``A_T``, the whole het job, or the plain job."""
+    _run([_command("scancel"), _checked_target(ident)])
 
 
 def is_node_name(name: str) -> bool:

@@ -4,8 +4,9 @@ Pure parsing. Every value is its own JSON field, so free text (a job's name) nev
 feeds another field. The nodes come from the job's allocation (22.05-23.02:
 ``job_resources.allocated_nodes[].nodename``; 23.11 and later:
 ``job_resources.nodes.allocation[].name``), or from ``nodes`` when that is one plain
-name; the GPU count from ``gres/gpu=`` in ``tres_alloc_str``. What cannot be read is
-None, and ``enforce`` then treats the job as doubtful.
+name; the GPU count from ``gres/gpu=`` in ``tres_alloc_str``; who the job is (array
+task, het component) as a ``SlurmJobId``. What cannot be read is None, and ``enforce``
+then treats the job as doubtful.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from slurm_gpu_exporter.model.slurm_id import SlurmJobId
 from slurm_gpu_exporter.report.errors import ReportError
 
 EXIT_SLURM = 8
@@ -35,10 +37,18 @@ class SlurmJob:
     nodes: tuple[str, ...] | None = None  # None: Slurm's answer did not say
     gpus: int | None = None  # allocated GPUs, all nodes together; None: not said
     start: float | None = None  # when it started (a requeued job starts again later)
+    # Its array task or het component; None: Slurm's fields for them did not parse.
+    ident: SlurmJobId | None = None
 
     @property
     def running(self) -> bool:
         return self.state == "RUNNING"
+
+    @property
+    def shown(self) -> str:
+        """The id as users know it (``1234_5``), or the bare id where the identity is
+        not known."""
+        return self.ident.display if self.ident is not None else self.jobid
 
 
 def _state(value: object) -> str:
@@ -81,8 +91,17 @@ def _number(value: object) -> float | None:
         else None
 
 
+def _ident(job: dict[str, object]) -> SlurmJobId | None:
+    try:
+        return SlurmJobId.from_squeue(job)
+    except ValueError:
+        return None
+
+
 def parse_squeue_json(text: str) -> dict[str, SlurmJob]:
-    """``squeue --json`` -> every job it lists, by job id."""
+    """``squeue --json`` -> every job it lists, by its own job id (each array task and
+    het component has one; the array's unsplit remainder holds the array's id until
+    its last task starts, which then takes it)."""
     try:
         jobs = json.loads(text)["jobs"]
         if not isinstance(jobs, list):
@@ -100,5 +119,5 @@ def parse_squeue_json(text: str) -> dict[str, SlurmJob]:
             account=str(job.get("account", "")), partition=str(job.get("partition", "")),
             qos=str(job.get("qos", "")), name=str(job.get("name", "")),
             state=_state(job.get("job_state")), nodes=_nodes(job), gpus=_gpus(job),
-            start=_number(job.get("start_time")))
+            start=_number(job.get("start_time")), ident=_ident(job))
     return listed
