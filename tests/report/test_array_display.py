@@ -15,7 +15,13 @@ from slurm_gpu_exporter.report.figures.detail_data import detail_from_data, deta
 from slurm_gpu_exporter.report.figures.model import JobUsage
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import Sample
-from slurm_gpu_exporter.report.prometheus.queries import Filters, _by_job, low_util_queries
+from slurm_gpu_exporter.report.prometheus.queries import (
+    Filters,
+    _by_job,
+    array_task_query,
+    array_tasks_from_answer,
+    low_util_queries,
+)
 from slurm_gpu_exporter.report.render.html import job_html, low_util_html
 from slurm_gpu_exporter.report.render.text import (
     job_json,
@@ -88,3 +94,24 @@ def test_detail_data_carries_the_array_and_leaves_it_out_for_a_plain_job() -> No
     assert "array_job_id" not in detail_to_data(plain)["usage"]
     back = detail_from_data(json.loads(json.dumps(detail_to_data(array))))
     assert back == array and back.usage.shown == "80970_3"
+
+
+def test_an_array_task_asked_by_name_is_resolved_to_its_own_job_id() -> None:
+    answer = [Sample({"jobid": "81234", **TASK}, 1),
+              Sample({"jobid": "81231", "array_job_id": "81230", "array_task_id": "1"}, 1),
+              Sample({"jobid": "81299", "array_job_id": "99", "array_task_id": "0"}, 1)]
+    got = array_tasks_from_answer(["81230_0", "81230_1", "81230_2"], answer)
+    assert got == {"81230_0": "81234", "81230_1": "81231"}  # task 2: no series, unresolved
+
+
+def test_an_array_task_two_ids_answer_for_is_left_unresolved() -> None:
+    # A requeued task keeps its id; two ids for one name is not Slurm's: refuse to guess.
+    answer = [Sample({"jobid": "81234", **TASK}, 1), Sample({"jobid": "81235", **TASK}, 1)]
+    assert array_tasks_from_answer(["81230_0"], answer) == {}
+
+
+def test_the_array_task_query_asks_only_for_the_arrays_named() -> None:
+    query = array_task_query(Window(0.0, 3600.0), ["81230_0", "81230_3", "77_1", "5"],
+                             Filters(user="alice"))
+    assert query == ('last_over_time(slurm_job_info{user="alice",array_job_id=~"77|81230"}'
+                     '[3600s])')

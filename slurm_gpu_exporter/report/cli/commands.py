@@ -33,7 +33,7 @@ from slurm_gpu_exporter.report.figures.window import Window, make_window
 from slurm_gpu_exporter.report.notify.notices import NotifyState, messages
 from slurm_gpu_exporter.report.notify.send import dry_run_text, send
 from slurm_gpu_exporter.report.prometheus.archived import archived_jobs
-from slurm_gpu_exporter.report.prometheus.queries import Filters
+from slurm_gpu_exporter.report.prometheus.queries import Filters, resolve_array_tasks
 from slurm_gpu_exporter.report.render import html, text
 from slurm_gpu_exporter.report.render.usage import render_usage
 from slurm_gpu_exporter.report.render.values import when
@@ -194,6 +194,8 @@ async def run_job(args: argparse.Namespace, config: Config, now: float) -> int:
 
     async with prometheus(args) as prom:
         with _progress("querying Prometheus…"):
+            # An array task asked as users know it (1234_5) is looked up by its own id.
+            args.jobids = await resolve_array_tasks(prom, window, args.jobids, filters)
             details, unknown = await job_report(prom, window, list(dict.fromkeys(args.jobids)),
                                                 filters, config, accounting, now)
         log.info("%d PromQL queries for %d jobs", prom.queries, len(args.jobids))

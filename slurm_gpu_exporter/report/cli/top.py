@@ -22,7 +22,11 @@ from slurm_gpu_exporter.report.figures.model import JobDetail
 from slurm_gpu_exporter.report.figures.rules import Config
 from slurm_gpu_exporter.report.figures.window import Window, make_window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
-from slurm_gpu_exporter.report.prometheus.queries import Filters, jobid_regex
+from slurm_gpu_exporter.report.prometheus.queries import (
+    Filters,
+    jobid_regex,
+    resolve_array_tasks,
+)
 from slurm_gpu_exporter.report.render.text import job_table
 from slurm_gpu_exporter.report.render.values import when
 from slurm_gpu_exporter.report.top.frame import frame
@@ -63,6 +67,10 @@ async def _top(args: argparse.Namespace, config: Config) -> int:
     color = tty and "NO_COLOR" not in os.environ
     start: float | None = None
     async with prometheus(args) as prom:
+        # An array task asked as users know it (1234_5) is followed by its own job id.
+        window = make_window(None, None, None, time.time(), default_since="30d")
+        filters = Filters(cluster=args.cluster, cluster_label=args.cluster_label)
+        args.jobid = (await resolve_array_tasks(prom, window, [args.jobid], filters))[0]
         while True:
             detail, live, at = await _frame(prom, args, config, start)
             start = detail.start
