@@ -182,3 +182,7 @@ class Snapshot:
     node_energy_joules: float | None = None  # None until the meter's first reading
     job_node_energy: tuple[JobNodeEnergySample, ...] = ()
     node_energy_outside_jobs: float | None = None
+    # Who the agent is to Slurm (--node-name, slurm.conf's ClusterName): the info series
+    # that joins a scrape target to its Slurm node. '' leaves the series out.
+    node_name: str = ""
+    cluster_name: str = ""
