@@ -27,6 +27,7 @@ from slurm_gpu_exporter.agent.trust import (
     check_private_dir,
     warn_if_web_config_exposed,
 )
+from slurm_gpu_exporter.exposition.snapshot import NodeIdentity
 from slurm_gpu_exporter.gpu.backend import GpuBackend
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.hooks import spool
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             registry, jobstats, errors, args.sample_interval,
             state=StateStore(args.state_dir), gpu=gpu, training=training,
             cpu_energy=cpu_energy, node_energy=node_energy, publish=holder.show,
-            **_identity(args, simulation),
+            identity=_identity(args, simulation),
         )
         try:
             asyncio.run(_serve(make_app(holder, web_config, limits), listen, web_config, sampler,
@@ -178,14 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _identity(args: argparse.Namespace, simulation: object | None) -> dict[str, str]:
+def _identity(args: argparse.Namespace, simulation: object | None) -> NodeIdentity:
     """Who the node is to Slurm: --node-name and slurm.conf's ClusterName (a simulated
     node is the one its files name, in no cluster of this host)."""
     if simulation is not None:
         from slurm_gpu_exporter.sim.simulate import NODE
 
-        return {"node_name": NODE, "cluster_name": ""}
-    return {"node_name": args.node_name, "cluster_name": read_cluster_name(slurm_conf_path())}
+        return NodeIdentity(NODE)
+    return NodeIdentity(args.node_name, read_cluster_name(slurm_conf_path()))
 
 
 def _node_energy(args: argparse.Namespace, errors: SourceErrors) -> NodeEnergySource | None:

@@ -273,7 +273,7 @@ def self_families(snapshot: Snapshot) -> Iterator[Metric]:
                    ["version", "python_version"])
     build.add_metric([__version__, platform.python_version()], 1)
     yield build
-    if snapshot.node_name:
+    if snapshot.identity is not None:
         # The one series with fixed labels: it maps a scrape target (instance) to its
         # Slurm node, so the central tools join on it whatever the target is named.
         # Named slurm_* so a scrape config's own node/cluster labels never clash.
@@ -281,7 +281,7 @@ def self_families(snapshot: Snapshot) -> Iterator[Metric]:
                       "The Slurm node this agent runs on (--node-name) and its cluster "
                       "(slurm.conf ClusterName, empty when unknown); value is always 1.",
                       ["slurm_node", "slurm_cluster"])
-        node.add_metric([snapshot.node_name, snapshot.cluster_name], 1)
+        node.add_metric([snapshot.identity.node, snapshot.identity.cluster], 1)
         yield node
     if snapshot.nvml_up is not None:
         nvml = _gauge("slurm_gpu_exporter_nvml_up",

@@ -23,6 +23,7 @@ from slurm_gpu_exporter.exposition.snapshot import (
     JobGpuSample,
     JobInfo,
     JobSample,
+    NodeIdentity,
     Snapshot,
     SourceStatus,
     StepTiming,
@@ -105,7 +106,7 @@ def fixed_snapshot() -> Snapshot:
         cpu_energy=(CpuEnergySample("0", "package", 90_000.0), CpuEnergySample("0", "dram", 9000.0),
                     CpuEnergySample("1", "package", 70_000.5)),
         cpu_energy_outside_jobs=(("dram", 8389.75), ("package", 154_600.0)),
-        node_name="gpu-node-07", cluster_name="c1",
+        identity=NodeIdentity("gpu-node-07", "c1"),
     )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from slurm_gpu_exporter.exposition.rendered import Exposition, render
-from slurm_gpu_exporter.exposition.snapshot import Snapshot
+from slurm_gpu_exporter.exposition.snapshot import NodeIdentity, Snapshot
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, XidEvent
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.jobs.cpu_energy import CpuEnergySource
@@ -95,7 +95,7 @@ def test_a_sample_publishes_the_jobs_it_found(tmp_path: Path) -> None:
 def test_every_sample_names_the_slurm_node_and_cluster(tmp_path: Path) -> None:
     node = SynthNode(tmp_path)
     sampler, published = _sampler(node, SourceErrors())
-    sampler.node_name, sampler.cluster_name = "gpu01", "c1"
+    sampler.identity = NodeIdentity("gpu01", "c1")
     for _ in range(2):
         sampler.sample_once()
         assert series(published[-1][1].text.decode(), "slurm_gpu_exporter_node_info") == [

@@ -22,6 +22,7 @@ from slurm_gpu_exporter.report.figures.rules import Config, job_facts, notes_for
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, gather
 from slurm_gpu_exporter.report.prometheus.emissions import apply_series_factor
+from slurm_gpu_exporter.report.prometheus.nodes import shown_nodes
 from slurm_gpu_exporter.report.prometheus.queries import (
     ALLOCATED,
     BUSY,
@@ -33,8 +34,8 @@ from slurm_gpu_exporter.report.prometheus.queries import (
     TENSOR_ACTIVE,
     Filters,
     jobs_from_answers,
-    node_name,
     selector,
+    with_node,
 )
 
 BATCH_JOBS = 500
@@ -62,7 +63,7 @@ def archive_queries(window: Window, filters: Filters) -> dict[str, str]:
         return selector(metric, equal)
 
     return {
-        "info": f"last_over_time({s('slurm_job_info')}[{d}])",
+        "info": with_node(f"last_over_time({s('slurm_job_info')}[{d}])", filters, d),
         "start": f"min_over_time({s('slurm_job_start_time_seconds')}[{d}])",
         "end": f"max_over_time({s(END)}[{d}])",
         "cpus": f"max_over_time({s('slurm_job_cpus')}[{d}])",
@@ -109,10 +110,8 @@ async def collect(prom: PrometheusClient, window: Window, filters: Filters, conf
     found = jobs_from_answers(got, filters)
     models = {(s.labels.get("instance", ""), s.labels.get("uuid", "")): s.labels.get("name", "")
               for s in got["gpu_info"]}
-    # NodeDetail.node is a target's host name, or the target itself when a host has two.
-    target_of = {node_name(i): i for i in sorted({s.labels.get("instance", "")
-                                                  for s in got["info"]}, reverse=True)}
-    target_of.update({i: i for i in target_of.values()})
+    # NodeDetail.node is what shown_nodes gives a target: back from it to the target.
+    target_of = {node: i for i, node in shown_nodes(got["info"]).items()}
     acct = accounting(window)
     records = []
     for key in sorted(ended):

@@ -23,9 +23,9 @@ from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.inert_text import plain, slurm_value
-from slurm_gpu_exporter.report.prometheus.queries import node_name
+from slurm_gpu_exporter.report.prometheus.nodes import NODE_INFO_LABEL, node_name
 from slurm_gpu_exporter.report.remediate.budget import DrainBudget
-from slurm_gpu_exporter.report.remediate.confirm import Firing
+from slurm_gpu_exporter.report.remediate.confirm import TARGET_LABEL, Firing
 from slurm_gpu_exporter.report.slurm.actions import (
     SlurmNode,
     drain_node,
@@ -53,7 +53,9 @@ class Remediator:
     """Turns the alerts of one webhook post into drains."""
 
     allowed: frozenset[str] = frozenset(DEFAULT_ALERTS)
-    node_label: str = "instance"
+    # A site's label naming the node; None: the alert's target, and the node its agent
+    # names in Prometheus (confirm.py), else the target's host.
+    node_label: str | None = None
     dry_run: bool = False
     budget: DrainBudget = field(default_factory=DrainBudget)
     drain: Callable[[str, str], None] = drain_node
@@ -73,10 +75,15 @@ class Remediator:
             return Outcome("ignored", "not_allowed", "ignored: alert not in the allow-list")
         if _key(alert) in self._done:
             return Outcome("ignored", "repeat", "ignored: acted on this alert before")
-        node = node_name(str(labels.get(self.node_label, "")))
-        if not is_node_name(node):
+        # A target's host is screened too; the node its agent names is checked in handle.
+        if not is_node_name(node_name(str(labels.get(self.label, "")))):
             return self._refused("not_a_node", "not a node name", alert)
         return None
+
+    @property
+    def label(self) -> str:
+        """The alert label that names the node or its target."""
+        return self.node_label or TARGET_LABEL
 
     def handle(self, alert: dict[str, Any], firing: Firing | None) -> Outcome:
         """Act on one alert, given what Prometheus has firing now (None: it could not be
@@ -85,15 +92,18 @@ class Remediator:
         if screened is not None:
             return screened
         labels = alert["labels"]
-        name, value = str(labels["alertname"]), str(labels[self.node_label])
+        name, value = str(labels["alertname"]), str(labels[self.label])
         if firing is None:
             return self._refused("prometheus_unavailable", "cannot confirm the alert: "
                                  "Prometheus did not answer", alert)
         confirmed = firing.get((name, value))
         if confirmed is None:
             return self._refused("unconfirmed", f"Prometheus shows no firing {name} for "
-                                 f"{self.node_label}={value}", alert)
-        node = node_name(value)
+                                 f"{self.label}={value}", alert)
+        # The node the target's agent names (confirm.py joined it in), else its host.
+        node = (None if self.node_label else confirmed.get(NODE_INFO_LABEL)) or node_name(value)
+        if not is_node_name(node):
+            return self._refused("not_a_node", f"{node} is not a node name", alert)
         try:
             listed = self.lookup(node)
             if listed is None:
@@ -126,7 +136,7 @@ class Remediator:
         labels = alert.get("labels", {})
         why = plain(why, 300)
         log.warning("refused %s (%s=%s): %s", plain(labels.get("alertname", "?"), 100),
-                    self.node_label, plain(labels.get(self.node_label, ""), 200), why)
+                    self.label, plain(labels.get(self.label, ""), 200), why)
         return Outcome("refused", reason, f"refused: {why}")
 
     def _remember(self, key: str) -> None:
