@@ -15,11 +15,12 @@ the window) is kept as a reason, and the decisions never act on such a job.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from slurm_gpu_exporter.report.enforce.policy import span
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample, gather
-from slurm_gpu_exporter.report.prometheus.nodes import node_name, series_node
+from slurm_gpu_exporter.report.prometheus.nodes import NODE_INFO_LABEL, node_name, series_node
 from slurm_gpu_exporter.report.prometheus.queries import (
     ALLOCATED,
     BUSY,
@@ -38,6 +39,8 @@ LAST_SAMPLE = "slurm_gpu_exporter_last_sample_timestamp_seconds"
 SOURCE_UP = "slurm_gpu_exporter_source_up"
 
 GpuKey = tuple[str, str]  # (instance, gpu)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,20 @@ async def fetch_idleness(prom: PrometheusClient, windows_s: tuple[float, ...],
 
     A query that fails raises (ReportError), so the caller acts on nothing."""
     queries = idle_queries(windows_s, filters, node_label)
-    answers = await gather(*(prom.instant(q, now) for q in queries.values()))
-    return jobs_from_answers(dict(zip(queries, answers, strict=True)), windows_s,
-                             busy_fraction, now, node_label)
+    answers = dict(zip(queries, await gather(*(prom.instant(q, now) for q in queries.values())),
+                       strict=True))
+    if node_label is None:
+        _say_unnamed(answers["held"])
+    return jobs_from_answers(answers, windows_s, busy_fraction, now, node_label)
+
+
+def _say_unnamed(held: list[Sample]) -> None:
+    """One line naming the targets whose agents name no node: their host stands for it."""
+    unnamed = sorted({s.labels.get("instance", "") for s in held
+                      if not s.labels.get(NODE_INFO_LABEL)})
+    if unnamed:
+        more = f" and {len(unnamed) - 3} more" if len(unnamed) > 3 else ""
+        log.warning("the agents at %s%s publish no slurm_gpu_exporter_node_info (older "
+                    "agents?): their GPUs' node is taken to be the target's host; upgrade "
+                    "them, or label the targets and pass --node-label",
+                    ", ".join(unnamed[:3]), more)
