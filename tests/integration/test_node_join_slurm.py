@@ -6,11 +6,13 @@ cluster's node), and real Prometheus servers scraping that one agent as
 - ``fqdn``: a file SD target whose ``instance`` is ``gpu-a.example.org:9817`` (an FQDN
   target, without the DNS that would need);
 - ``old``: a target named after the node, where the agent's
-  ``slurm_gpu_exporter_node_info`` is dropped (an agent from before it).
+  ``slurm_gpu_exporter_node_info`` is dropped (an agent from before it);
+- ``twice``: the ``fqdn`` target, and a second scrape of it whose node info names
+  another node (as after a rename): a target naming two nodes.
 
 ``enforce`` and ``remediate`` must find the node Slurm runs the job on (``ip`` and
 ``fqdn`` through the info series; ``old`` through the target's host, saying so), and
-``job`` must show it.
+``job`` must show it; ``twice`` must not be guessed.
 """
 
 from __future__ import annotations
@@ -94,13 +96,21 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                         "source_labels": ["__name__"], "action": "drop",
                         "regex": "slurm_gpu_exporter_node_info"}]},
         }
+        renamed = {"file_sd_configs": [{"files": [str(file_sd)]}],
+                   "metric_relabel_configs": [
+                       {"source_labels": ["__name__"], "action": "keep",
+                        "regex": "slurm_gpu_exporter_node_info"},
+                       {"target_label": "slurm_node", "replacement": "gpu-renamed"}]}
         proms = {}
-        for name, scrape in scrapes.items():
+        for name, scrape in [*scrapes.items(), ("twice", scrapes["fqdn"])]:
+            jobs = [{"job_name": "slurm-gpu-exporter", **scrape}]
+            if name == "twice":
+                jobs.append({"job_name": "slurm-gpu-exporter-renamed", **renamed})
             proms[name] = Prometheus(f"prometheus-{name}", {
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                 "rule_files": [str(alerts)],
-                "scrape_configs": [{"job_name": "slurm-gpu-exporter", "scrape_timeout": "1s",
-                                    **scrape}]}, base / f"prometheus-{name}")
+                "scrape_configs": [{"scrape_timeout": "1s", **job} for job in jobs]},
+                base / f"prometheus-{name}")
             started.append(proms[name])
         agent.wait_ready()
         for prom in proms.values():
@@ -162,15 +172,26 @@ def test_enforce_finds_the_slurm_node_of_a_target_named_by_address_or_fqdn(
     run, decision = _due_for_cancel(rig, prom)
     assert decision["nodes"] == [rig.cluster.node_name] and not decision["doubtful"]
     assert run.returncode == 0, run.stderr
-    assert "publish no slurm_gpu_exporter_node_info" not in run.stderr
+    assert "name no one Slurm node" not in run.stderr
 
 
 def test_enforce_takes_the_targets_host_where_the_agent_names_no_node_and_says_so(
         rig: Rig) -> None:
     run, decision = _due_for_cancel(rig, "old")
     assert decision["nodes"] == [rig.cluster.node_name]
-    assert (f"the agents at {rig.cluster.node_name}:9817 publish no "
-            "slurm_gpu_exporter_node_info") in run.stderr
+    assert f"the agents at {rig.cluster.node_name}:9817 name no one Slurm node" in run.stderr
+
+
+def test_a_target_that_names_two_nodes_is_not_joined_to_either(rig: Rig) -> None:
+    """The join leaves such a target out (its host stands in, so the job is doubtful)
+    rather than failing the whole query (many-to-many) or guessing a node."""
+    rig.proms["twice"].wait_for('count by (instance) (slurm_gpu_exporter_node_info) == 2')
+    run = _report(rig, "twice", "enforce", "--policy", str(rig.policy), "--format", "json",
+                  "--state-file", str(rig.policy.with_suffix(".twice.json")))
+    assert run.returncode == 7, run.stderr
+    [decision] = [d for d in json.loads(run.stdout)["decisions"] if d["jobid"] == rig.jobid]
+    assert decision["nodes"] == ["gpu-a.example.org"] and decision["doubtful"]
+    assert f"the agents at {FQDN_TARGET} name no one Slurm node" in run.stderr
 
 
 @pytest.mark.parametrize("prom", ["ip", "fqdn"])

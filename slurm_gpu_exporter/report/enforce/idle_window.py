@@ -224,12 +224,13 @@ async def fetch_idleness(prom: PrometheusClient, windows_s: tuple[float, ...],
 
 
 def _say_unnamed(held: list[Sample]) -> None:
-    """One line naming the targets whose agents name no node: their host stands for it."""
+    """One line naming the targets whose agents name no one node: their host stands in."""
     unnamed = sorted({s.labels.get("instance", "") for s in held
                       if not s.labels.get(NODE_INFO_LABEL)})
     if unnamed:
         more = f" and {len(unnamed) - 3} more" if len(unnamed) > 3 else ""
-        log.warning("the agents at %s%s publish no slurm_gpu_exporter_node_info (older "
-                    "agents?): their GPUs' node is taken to be the target's host; upgrade "
+        log.warning("the agents at %s%s name no one Slurm node in "
+                    "slurm_gpu_exporter_node_info (older agents, or two nodes for a "
+                    "target): their GPUs' node is taken to be the target's host; upgrade "
                     "them, or label the targets and pass --node-label",
                     ", ".join(unnamed[:3]), more)
