@@ -166,6 +166,14 @@ def _due_for_cancel(rig: Rig, prom: str) -> tuple[subprocess.CompletedProcess[st
         time.sleep(1)
 
 
+def test_the_agent_names_its_slurm_node_and_the_cluster_of_the_real_slurm_conf(
+        rig: Rig) -> None:
+    [info] = rig.proms["ip"].vector("slurm_gpu_exporter_node_info")
+    assert {k: info["metric"][k] for k in ("instance", "slurm_node", "slurm_cluster")} == {
+        "instance": rig.address, "slurm_node": rig.cluster.node_name,
+        "slurm_cluster": rig.cluster.cluster_name}
+
+
 @pytest.mark.parametrize("prom", ["ip", "fqdn"])
 def test_enforce_finds_the_slurm_node_of_a_target_named_by_address_or_fqdn(
         rig: Rig, prom: str) -> None:
