@@ -82,7 +82,7 @@ def test_the_job_report_shows_the_node_its_agent_names() -> None:
            "allocated": [Sample({"jobid": "7", "instance": "10.0.0.9:9817", "gpu": "0",
                                  "uuid": "GPU-0"}, 60.0)]}
     [(_, nodes)] = job_answers(got, Filters()).values()
-    assert [n.node for n in nodes] == ["gpu09"]
+    assert [(n.node, n.target) for n in nodes] == [("gpu09", "10.0.0.9:9817")]
 
 
 def _remediator(node_label: str | None = None) -> tuple[Remediator, list[str]]:

@@ -22,7 +22,6 @@ from slurm_gpu_exporter.report.figures.rules import Config, job_facts, notes_for
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, gather
 from slurm_gpu_exporter.report.prometheus.emissions import apply_series_factor
-from slurm_gpu_exporter.report.prometheus.nodes import shown_nodes
 from slurm_gpu_exporter.report.prometheus.queries import (
     ALLOCATED,
     BUSY,
@@ -110,8 +109,6 @@ async def collect(prom: PrometheusClient, window: Window, filters: Filters, conf
     found = jobs_from_answers(got, filters)
     models = {(s.labels.get("instance", ""), s.labels.get("uuid", "")): s.labels.get("name", "")
               for s in got["gpu_info"]}
-    # NodeDetail.node is what shown_nodes gives a target: back from it to the target.
-    target_of = {node: i for i, node in shown_nodes(got["info"]).items()}
     acct = accounting(window)
     records = []
     for key in sorted(ended):
@@ -127,7 +124,7 @@ async def collect(prom: PrometheusClient, window: Window, filters: Filters, conf
         detail.notes = notes_for(job_facts(detail, config), config.notes)
         gpu_models = {}
         for node in nodes:
-            instance = target_of.get(node.node, node.node)
+            instance = node.target
             for gpu in node.gpus:
                 gpu_models[node.node, gpu.gpu] = models.get((instance, gpu.uuid), "")
         records.append(ArchiveRecord(detail, gpu_models))

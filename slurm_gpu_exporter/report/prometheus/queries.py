@@ -308,7 +308,7 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
         usage, nodes = found[cluster, jobid]
         key = (jobid, instance)
         node = NodeDetail(
-            node=shown[instance],
+            node=shown[instance], target=instance,
             cpus=int(cpus[key]) if key in cpus else None,
             cpu_s=cpu[key] - cpu_base.get(key, 0.0) if key in cpu else None,
             memory_peak=mem_peak.get(key), memory_limit=mem_limit.get(key),
