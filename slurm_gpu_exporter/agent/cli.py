@@ -27,6 +27,7 @@ from slurm_gpu_exporter.agent.trust import (
     check_private_dir,
     warn_if_web_config_exposed,
 )
+from slurm_gpu_exporter.exposition.snapshot import NodeIdentity
 from slurm_gpu_exporter.gpu.backend import GpuBackend
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.hooks import spool
@@ -38,6 +39,7 @@ from slurm_gpu_exporter.node.cgroup import CgroupFS
 from slurm_gpu_exporter.node.hwmon import DEFAULT_METERS, HwmonPowerMeter
 from slurm_gpu_exporter.node.power_command import PowerCommand
 from slurm_gpu_exporter.node.powercap import PowercapReader
+from slurm_gpu_exporter.node.slurm.conf import read_cluster_name, slurm_conf_path
 from slurm_gpu_exporter.node.slurm.lookup import SlurmMetadata, make_lookup
 from slurm_gpu_exporter.node.source_health import SourceErrors
 from slurm_gpu_exporter.node.state_dir import StateStore
@@ -166,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             registry, jobstats, errors, args.sample_interval,
             state=StateStore(args.state_dir), gpu=gpu, training=training,
             cpu_energy=cpu_energy, node_energy=node_energy, publish=holder.show,
+            identity=_identity(args, simulation),
         )
         try:
             asyncio.run(_serve(make_app(holder, web_config, limits), listen, web_config, sampler,
@@ -174,6 +177,16 @@ def main(argv: list[str] | None = None) -> int:
             log.error("%s; stop what uses it or pass another --web.listen-address", exc)
             return 1
     return 0
+
+
+def _identity(args: argparse.Namespace, simulation: object | None) -> NodeIdentity:
+    """Who the node is to Slurm: --node-name and slurm.conf's ClusterName (a simulated
+    node is the one its files name, in no cluster of this host)."""
+    if simulation is not None:
+        from slurm_gpu_exporter.sim.simulate import NODE
+
+        return NodeIdentity(NODE)
+    return NodeIdentity(args.node_name, read_cluster_name(slurm_conf_path()))
 
 
 def _node_energy(args: argparse.Namespace, errors: SourceErrors) -> NodeEnergySource | None:

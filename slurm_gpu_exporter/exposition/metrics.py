@@ -273,6 +273,16 @@ def self_families(snapshot: Snapshot) -> Iterator[Metric]:
                    ["version", "python_version"])
     build.add_metric([__version__, platform.python_version()], 1)
     yield build
+    if snapshot.identity is not None:
+        # The one series with fixed labels: it maps a scrape target (instance) to its
+        # Slurm node, so the central tools join on it whatever the target is named.
+        # Named slurm_* so a scrape config's own node/cluster labels never clash.
+        node = _gauge("slurm_gpu_exporter_node_info",
+                      "The Slurm node this agent runs on (--node-name) and its cluster "
+                      "(slurm.conf ClusterName, empty when unknown); value is always 1.",
+                      ["slurm_node", "slurm_cluster"])
+        node.add_metric([snapshot.identity.node, snapshot.identity.cluster], 1)
+        yield node
     if snapshot.nvml_up is not None:
         nvml = _gauge("slurm_gpu_exporter_nvml_up",
                       "1 when NVML answered in the last sample, 0 when it is missing or "

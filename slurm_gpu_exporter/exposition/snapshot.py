@@ -157,6 +157,15 @@ class StepTiming:
 
 
 @dataclass(frozen=True)
+class NodeIdentity:
+    """Who the node is to Slurm: its NodeName (--node-name) and its ClusterName
+    (slurm.conf; '' when unknown)."""
+
+    node: str
+    cluster: str = ""
+
+
+@dataclass(frozen=True)
 class Snapshot:
     timestamp: float
     jobs: tuple[JobSample, ...] = ()
@@ -182,3 +191,5 @@ class Snapshot:
     node_energy_joules: float | None = None  # None until the meter's first reading
     job_node_energy: tuple[JobNodeEnergySample, ...] = ()
     node_energy_outside_jobs: float | None = None
+    # Who the node is to Slurm: the info series that joins a scrape target to its node.
+    identity: NodeIdentity | None = None

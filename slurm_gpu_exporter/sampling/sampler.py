@@ -22,6 +22,7 @@ from slurm_gpu_exporter.exposition.snapshot import (
     GpuSample,
     JobGpuSample,
     JobSample,
+    NodeIdentity,
     Snapshot,
     SourceStatus,
     StepTiming,
@@ -74,9 +75,9 @@ class Sampler:
         node_energy: NodeEnergySource | None = None,
         publish: Callable[[Snapshot], None] = lambda snapshot: None,
         clock: Callable[[], float] = time.time,
+        identity: NodeIdentity | None = None,
     ) -> None:
-        """``clock``: the one wall clock of a sample; its reading is the snapshot's
-        timestamp and the ``now`` every source is given."""
+        """``clock``: one wall clock per sample, the snapshot's timestamp and each source's now."""
         self.registry = registry
         self.jobstats = jobstats
         self.errors = errors
@@ -88,6 +89,7 @@ class Sampler:
         self.node_energy = node_energy
         self.publish = publish
         self.clock = clock
+        self.identity = identity
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if state is not None:
@@ -201,6 +203,7 @@ class Sampler:
             cpu_energy=energy.sockets if energy is not None else (),
             cpu_energy_outside_jobs=energy.outside_jobs if energy is not None else (),
             **_node_fields(node),
+            identity=self.identity,
         )
         self.publish(snapshot)
         return snapshot

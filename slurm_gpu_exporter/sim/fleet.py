@@ -31,6 +31,7 @@ from slurm_gpu_exporter.exposition.snapshot import (
     JobGpuSample,
     JobInfo,
     JobSample,
+    NodeIdentity,
     Snapshot,
     SourceStatus,
     StepTiming,
@@ -230,6 +231,7 @@ def snapshot(mix: FleetMix, node: int, now: float) -> Snapshot:
                                    _xids(mix, node, d))
                    for d in devices(mix, node)),
         unattributed=_stray(mix, node, now), nvml_up=True,
+        identity=NodeIdentity(node_name(mix, node)),
         sources=tuple(SourceStatus(s, True) for s in SOURCES),
         steps=(StepTiming("registry", 0.001), StepTiming("cgroup", 0.003),
                StepTiming("nvml", 0.01), StepTiming("state", 0.0005)),

@@ -55,8 +55,10 @@ def setup(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     jobs: dict[str, int] = {}
     try:
         jobs, prom = run_gpu_jobs(slurm_cluster, work, started, 15)
-        # the GPUs' sizes (no user label): the users' reports show them as root's do
-        proxy = start_proxy(prom.url, work, "--public-metric", "slurm_gpu_memory_total_bytes")
+        # the GPUs' sizes and each target's Slurm node (no user label): the users'
+        # reports show them as root's do
+        proxy = start_proxy(prom.url, work, "--public-metric", "slurm_gpu_memory_total_bytes",
+                            "slurm_gpu_exporter_node_info")
         started.append(proxy)
         proxy.wait_ready()
         client = write_client_config(public, proxy.url)

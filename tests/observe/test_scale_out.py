@@ -69,6 +69,9 @@ def _squeue_stand_in(tops: Topologies, where: Path) -> dict[str, str]:
     """A ``squeue`` first on PATH that lists every fleet job as RUNNING on its node with
     the GPUs its series show (what Slurm would say of these jobs); the env to use it."""
     info = tops.one.vector("slurm_job_info")
+    # Each fleet node's Slurm name, as its agent publishes it.
+    node_of = {s["metric"]["instance"]: s["metric"]["slurm_node"]
+               for s in tops.one.vector("slurm_gpu_exporter_node_info")}
     gpus: dict[str, int] = {}
     for sample in tops.one.vector(ALLOCATED):
         gpus[sample["metric"]["jobid"]] = gpus.get(sample["metric"]["jobid"], 0) + 1
@@ -79,7 +82,7 @@ def _squeue_stand_in(tops: Topologies, where: Path) -> dict[str, str]:
              "job_state": ["RUNNING"], "start_time": {"set": True,
                                                       "number": int(starts[m["jobid"]])},
              "job_resources": {"nodes": {"allocation": [
-                 {"name": m["instance"].rpartition(":")[0]}]}},
+                 {"name": node_of[m["instance"]]}]}},
              "tres_alloc_str": f"cpu=8,gres/gpu={gpus[m['jobid']]}"}
             for m in (s["metric"] for s in info)]
     bin_dir = where / "bin"

@@ -10,7 +10,8 @@ from slurm_gpu_exporter.report.enforce.decisions import Decision, decide
 from slurm_gpu_exporter.report.enforce.idle_window import idle_queries, jobs_from_answers
 from slurm_gpu_exporter.report.enforce.policy import parse_policy
 from slurm_gpu_exporter.report.prometheus.client import Sample
-from slurm_gpu_exporter.report.prometheus.queries import Filters, node_name
+from slurm_gpu_exporter.report.prometheus.nodes import node_name
+from slurm_gpu_exporter.report.prometheus.queries import Filters
 from slurm_gpu_exporter.report.slurm.squeue import SlurmJob, parse_squeue_json
 
 NOW = 1_800_000_000.0

@@ -89,6 +89,18 @@ def test_the_frame_puts_now_beside_the_whole_job_per_node_and_gpu() -> None:
     assert "  * a note [bold]x[/bold]" in lines  # markup shown, not applied
 
 
+def test_the_frame_names_a_target_by_the_slurm_node_the_job_report_gives_it() -> None:
+    """A target named by address: its live figures go on the node's row."""
+    detail = JobDetail(usage=JobUsage("7", user="ann", gpus=1, start=1000.0),
+                       nodes=[NodeDetail("gpu09", target="10.0.0.9:9817",
+                                         gpus=[GpuDetail("0", "GPU-a", allocated_s=60)])],
+                       accounting=None, now=1060.0)
+    now = JobNow(gpus={("10.0.0.9:9817", "0"): GpuNow(busy=0.8)}, last_sample=1059.0)
+    row = next(x for x in frame(detail, now, 1060.0, None).splitlines()
+               if x.strip().startswith("gpu09")).split()
+    assert row[:3] == ["gpu09", "0", "80%"]
+
+
 def test_user_text_in_the_frame_is_inert() -> None:
     text = frame(_detail(name="\x1b]0;pwned\x07x[/]", user="eve\x1b[2J"), JobNow(), 10.0, None)
     assert "\x1b" not in text and "\x07" not in text

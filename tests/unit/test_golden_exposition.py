@@ -23,6 +23,7 @@ from slurm_gpu_exporter.exposition.snapshot import (
     JobGpuSample,
     JobInfo,
     JobSample,
+    NodeIdentity,
     Snapshot,
     SourceStatus,
     StepTiming,
@@ -37,7 +38,7 @@ _PROCESS_LINE = re.compile(r"^(# (HELP|TYPE|UNIT) )?process_")
 
 def fixed_snapshot() -> Snapshot:
     """Two jobs (one running on a GPU and a MIG instance, one lingering), two devices,
-    an unattributed user and every self metric."""
+    an unattributed user and every self metric (the node info too)."""
     running = JobInfo(jobid="4101", user="alice", uid=1001, account="ml", partition="gpu",
                       qos="normal", name="train \"big\" \\ net", array_job_id="4100",
                       array_task_id="1", start_time=1_700_000_000.0)
@@ -105,6 +106,7 @@ def fixed_snapshot() -> Snapshot:
         cpu_energy=(CpuEnergySample("0", "package", 90_000.0), CpuEnergySample("0", "dram", 9000.0),
                     CpuEnergySample("1", "package", 70_000.5)),
         cpu_energy_outside_jobs=(("dram", 8389.75), ("package", 154_600.0)),
+        identity=NodeIdentity("gpu-node-07", "c1"),
     )
 
 

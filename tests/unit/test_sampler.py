@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from slurm_gpu_exporter.exposition.rendered import Exposition, render
-from slurm_gpu_exporter.exposition.snapshot import Snapshot
+from slurm_gpu_exporter.exposition.snapshot import NodeIdentity, Snapshot
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, XidEvent
 from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.jobs.cpu_energy import CpuEnergySource
@@ -90,6 +90,16 @@ def test_a_sample_publishes_the_jobs_it_found(tmp_path: Path) -> None:
     assert 'slurm_job_info{' in text and 'jobid="4101"' in text
     assert {s.name for s in snapshot.steps} == {"registry", "cgroup", "state"}
     assert (node.state_dir / "state.json").exists()
+
+
+def test_every_sample_names_the_slurm_node_and_cluster(tmp_path: Path) -> None:
+    node = SynthNode(tmp_path)
+    sampler, published = _sampler(node, SourceErrors())
+    sampler.identity = NodeIdentity("gpu01", "c1")
+    for _ in range(2):
+        sampler.sample_once()
+        assert series(published[-1][1].text.decode(), "slurm_gpu_exporter_node_info") == [
+            ({"slurm_node": "gpu01", "slurm_cluster": "c1"}, 1.0)]
 
 
 def test_source_up_and_sample_errors_share_one_set_of_source_values(tmp_path: Path) -> None:

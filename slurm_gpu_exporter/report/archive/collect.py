@@ -33,8 +33,8 @@ from slurm_gpu_exporter.report.prometheus.queries import (
     TENSOR_ACTIVE,
     Filters,
     jobs_from_answers,
-    node_name,
     selector,
+    with_node,
 )
 
 BATCH_JOBS = 500
@@ -62,7 +62,7 @@ def archive_queries(window: Window, filters: Filters) -> dict[str, str]:
         return selector(metric, equal)
 
     return {
-        "info": f"last_over_time({s('slurm_job_info')}[{d}])",
+        "info": with_node(f"last_over_time({s('slurm_job_info')}[{d}])", filters, d),
         "start": f"min_over_time({s('slurm_job_start_time_seconds')}[{d}])",
         "end": f"max_over_time({s(END)}[{d}])",
         "cpus": f"max_over_time({s('slurm_job_cpus')}[{d}])",
@@ -109,10 +109,6 @@ async def collect(prom: PrometheusClient, window: Window, filters: Filters, conf
     found = jobs_from_answers(got, filters)
     models = {(s.labels.get("instance", ""), s.labels.get("uuid", "")): s.labels.get("name", "")
               for s in got["gpu_info"]}
-    # NodeDetail.node is a target's host name, or the target itself when a host has two.
-    target_of = {node_name(i): i for i in sorted({s.labels.get("instance", "")
-                                                  for s in got["info"]}, reverse=True)}
-    target_of.update({i: i for i in target_of.values()})
     acct = accounting(window)
     records = []
     for key in sorted(ended):
@@ -128,7 +124,7 @@ async def collect(prom: PrometheusClient, window: Window, filters: Filters, conf
         detail.notes = notes_for(job_facts(detail, config), config.notes)
         gpu_models = {}
         for node in nodes:
-            instance = target_of.get(node.node, node.node)
+            instance = node.target
             for gpu in node.gpus:
                 gpu_models[node.node, gpu.gpu] = models.get((instance, gpu.uuid), "")
         records.append(ArchiveRecord(detail, gpu_models))

@@ -222,9 +222,11 @@ def _add_enforce_commands(sub: argparse._SubParsersAction) -> None:  # type: ign
     enforce.add_argument("--state-file", default=DEFAULT_ENFORCE_STATE,
                          help=f"warnings sent and cancels (default {DEFAULT_ENFORCE_STATE})")
     _cluster_options(enforce)
-    enforce.add_argument("--node-label", default="instance",
-                         help="the label naming each GPU's Slurm node, checked against "
-                              "squeue's node list (a port is dropped; default instance)")
+    enforce.add_argument("--node-label", metavar="LABEL",
+                         help="the label naming each GPU's Slurm node, where the scrape "
+                              "config sets one (a port is dropped); default: the node its "
+                              "agent names in slurm_gpu_exporter_node_info, else the "
+                              "target's host; checked against squeue's node list")
     enforce.add_argument("--verbose", "-v", action="store_true",
                          help="log each query on stderr")
     _prometheus_options(enforce)

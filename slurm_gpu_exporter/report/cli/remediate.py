@@ -57,9 +57,11 @@ def add_remediate_command(sub: argparse._SubParsersAction  # type: ignore[type-a
                                 "authentication (anyone who reaches it may post alerts)")
     remediate.add_argument("--dry-run", action="store_true",
                            help="log the drains it would do, do none")
-    remediate.add_argument("--node-label", default="instance",
-                           help="the alert label naming the Slurm node (a port is dropped; "
-                                "default instance)")
+    remediate.add_argument("--node-label", metavar="LABEL",
+                           help="the alert label naming the Slurm node, where the scrape "
+                                "config sets one (a port is dropped); default: the node the "
+                                "alert's target names in slurm_gpu_exporter_node_info, else "
+                                "the target's host")
     remediate.add_argument("--alert", dest="alerts", action="append", metavar="ALERTNAME",
                            help="alert that drains its node, repeatable (default: "
                                 f"{', '.join(DEFAULT_ALERTS)})")

@@ -15,16 +15,18 @@ the window) is kept as a reason, and the decisions never act on such a job.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from slurm_gpu_exporter.report.enforce.policy import span
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample, gather
+from slurm_gpu_exporter.report.prometheus.nodes import NODE_INFO_LABEL, node_name, series_node
 from slurm_gpu_exporter.report.prometheus.queries import (
     ALLOCATED,
     BUSY,
     Filters,
-    node_name,
     selector,
+    with_node,
 )
 
 # A GPU's allocated seconds must have grown by this share of the window, else its
@@ -37,6 +39,8 @@ LAST_SAMPLE = "slurm_gpu_exporter_last_sample_timestamp_seconds"
 SOURCE_UP = "slurm_gpu_exporter_source_up"
 
 GpuKey = tuple[str, str]  # (instance, gpu)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -93,8 +97,10 @@ def _range(seconds: float) -> str:
     return f"{max(1, round(seconds))}s"
 
 
-def idle_queries(windows_s: tuple[float, ...], filters: Filters) -> dict[str, str]:
-    """The instant queries, by name; ``windows_s`` shortest first."""
+def idle_queries(windows_s: tuple[float, ...], filters: Filters,
+                 node_label: str | None = None) -> dict[str, str]:
+    """The instant queries, by name; ``windows_s`` shortest first. Without a
+    ``node_label`` of the site's, ``held`` carries the node each agent names."""
     sel = filters.matchers()
     longest = _range(max(windows_s))
 
@@ -104,8 +110,9 @@ def idle_queries(windows_s: tuple[float, ...], filters: Filters) -> dict[str, st
     def gained(metric: str, d: str) -> str:
         return f"max_over_time({s(metric)}[{d}]) - min_over_time({s(metric)}[{d}])"
 
+    held = f"last_over_time({s(ALLOCATED)}[{longest}])"
     queries = {
-        "held": f"last_over_time({s(ALLOCATED)}[{longest}])",
+        "held": held if node_label else with_node(held, filters, longest),
         "fresh": f"timestamp({s(ALLOCATED)})",
         "start": f"min by (jobid) (last_over_time({s(START)}[{longest}]))",
         "up": f"max by (instance) ({s('up')})",
@@ -130,10 +137,11 @@ def _per_instance(samples: list[Sample]) -> dict[str, float]:
 
 
 def jobs_from_answers(answers: dict[str, list[Sample]], windows_s: tuple[float, ...],
-                      busy_fraction: float, now: float, node_label: str = "instance"
+                      busy_fraction: float, now: float, node_label: str | None = None
                       ) -> list[JobIdleness]:
     """The jobs the answers show, with their windows and doubts (pure: no I/O). Each
-    GPU's node is its ``node_label`` label (``instance`` by default, port dropped)."""
+    GPU's node is its ``node_label`` label where given (port dropped), else the node
+    its agent names, else its target's host (``nodes.series_node``)."""
     jobs: dict[str, JobIdleness] = {}
     starts = {s.labels.get("jobid", ""): s.value for s in answers["start"]}
     for sample in answers["held"]:
@@ -144,7 +152,7 @@ def jobs_from_answers(answers: dict[str, list[Sample]], windows_s: tuple[float, 
                                             starts.get(jobid))
         instance = sample.labels.get("instance", "")
         job.gpus.append((instance, sample.labels.get("gpu", "")))
-        job.node_of[instance] = node_name(sample.labels.get(node_label, instance))
+        job.node_of[instance] = series_node(sample.labels, node_label)
     fresh = _per_gpu(answers["fresh"])
     up = _per_instance(answers["up"])
     last_sample = _per_instance(answers["last_sample"])
@@ -203,11 +211,26 @@ def _window(job: JobIdleness, seconds: float, busy: dict[tuple[str, GpuKey], flo
 
 async def fetch_idleness(prom: PrometheusClient, windows_s: tuple[float, ...],
                          filters: Filters, busy_fraction: float, now: float,
-                         node_label: str = "instance") -> list[JobIdleness]:
+                         node_label: str | None = None) -> list[JobIdleness]:
     """Every job that held GPUs in the longest window, from one batch of queries.
 
     A query that fails raises (ReportError), so the caller acts on nothing."""
-    queries = idle_queries(windows_s, filters)
-    answers = await gather(*(prom.instant(q, now) for q in queries.values()))
-    return jobs_from_answers(dict(zip(queries, answers, strict=True)), windows_s,
-                             busy_fraction, now, node_label)
+    queries = idle_queries(windows_s, filters, node_label)
+    answers = dict(zip(queries, await gather(*(prom.instant(q, now) for q in queries.values())),
+                       strict=True))
+    if node_label is None:
+        _say_unnamed(answers["held"])
+    return jobs_from_answers(answers, windows_s, busy_fraction, now, node_label)
+
+
+def _say_unnamed(held: list[Sample]) -> None:
+    """One line naming the targets whose agents name no one node: their host stands in."""
+    unnamed = sorted({s.labels.get("instance", "") for s in held
+                      if not s.labels.get(NODE_INFO_LABEL)})
+    if unnamed:
+        more = f" and {len(unnamed) - 3} more" if len(unnamed) > 3 else ""
+        log.warning("the agents at %s%s name no one Slurm node in "
+                    "slurm_gpu_exporter_node_info (older agents, or two nodes for a "
+                    "target): their GPUs' node is taken to be the target's host; upgrade "
+                    "them, or label the targets and pass --node-label",
+                    ", ".join(unnamed[:3]), more)

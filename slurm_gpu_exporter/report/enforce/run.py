@@ -48,7 +48,8 @@ class EnforceOptions:
     notify: str | None = None
     mail_to: str = "{user}"
     mail_from: str = "slurm-gpu-report"
-    node_label: str = "instance"  # the label naming a GPU's Slurm node (port dropped)
+    # A site's label naming a GPU's Slurm node (port dropped); None: the agents' own.
+    node_label: str | None = None
 
 
 @dataclass(frozen=True)

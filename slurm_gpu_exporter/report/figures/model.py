@@ -191,6 +191,7 @@ class NodeDetail:
     memory_limit: float | None = None
     gpus: list[GpuDetail] = field(default_factory=list)
     cpu_energy_j: float | None = None  # CPU package and DRAM (RAPL), the job's share
+    target: str = ""  # the Prometheus target (instance) it came from; "" from the archive
 
 
 @dataclass

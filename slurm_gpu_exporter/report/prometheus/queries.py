@@ -20,6 +20,7 @@ from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.model import GpuDetail, JobUsage, NodeDetail
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample, gather
+from slurm_gpu_exporter.report.prometheus.nodes import NODE_INFO, join_node, shown_nodes
 
 ALLOCATED = "slurm_job_gpu_allocated_seconds_total"
 UNKNOWN = "slurm_job_gpu_unknown_seconds_total"  # held, not measured: not in ALLOCATED
@@ -242,7 +243,7 @@ def job_queries(window: Window, jobids: list[str], filters: Filters) -> dict[str
         return f"last_over_time({s(metric)}[{BASELINE_LOOKBACK}] offset {d})"
 
     return {
-        "info": f"last_over_time({s('slurm_job_info')}[{d}])",
+        "info": with_node(f"last_over_time({s('slurm_job_info')}[{d}])", filters, d),
         "start": f"min_over_time({s('slurm_job_start_time_seconds')}[{d}])",
         "end": f"max_over_time({s('slurm_job_end_time_seconds')}[{d}])",
         "cpus": f"max_over_time({s('slurm_job_cpus')}[{d}])",
@@ -282,10 +283,11 @@ def _cpu_energy(now: dict[tuple[str, ...], float], before: dict[tuple[str, ...],
     return total
 
 
-def node_name(instance: str) -> str:
-    """``gpu01:9400`` -> ``gpu01`` (an IPv6 ``[::1]:9400`` keeps its brackets)."""
-    host, sep, port = instance.rpartition(":")
-    return host if sep and port.isdigit() and host else instance
+def with_node(expr: str, filters: Filters, lookback: str) -> str:
+    """``expr`` with each series' Slurm node joined in from its agent (``nodes.py``)."""
+    cluster = {filters.cluster_label: filters.cluster} if filters.cluster else {}
+    return join_node(expr, ("instance", filters.cluster_label),
+                     selector(NODE_INFO, cluster), lookback)
 
 
 async def fetch_jobs(prom: PrometheusClient, window: Window, jobids: list[str],
@@ -335,9 +337,7 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
     gpus_of: dict[tuple[str, ...], list[tuple[str, ...]]] = {}  # (jobid, instance) -> GPUs
     for gkey in alloc:
         gpus_of.setdefault(gkey[:2], []).append(gkey)
-    targets_of: dict[str, set[str]] = {}
-    for _, instance in infos:
-        targets_of.setdefault(node_name(instance), set()).add(instance)
+    shown = shown_nodes(got["info"])
     for (jobid, instance), info in sorted(infos.items()):
         cluster = info.labels.get(filters.cluster_label, "")
         if (cluster, jobid) not in found:
@@ -349,10 +349,8 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
                 array_task_id=info.labels.get("array_task_id", ""), cluster=cluster), [])
         usage, nodes = found[cluster, jobid]
         key = (jobid, instance)
-        # Two targets on one host (several agents, tests): keep the port to tell them apart.
-        name = node_name(instance)
         node = NodeDetail(
-            node=name if len(targets_of[name]) == 1 else instance,
+            node=shown[instance], target=instance,
             cpus=int(cpus[key]) if key in cpus else None,
             cpu_s=cpu[key] - cpu_base.get(key, 0.0) if key in cpu else None,
             memory_peak=mem_peak.get(key), memory_limit=mem_limit.get(key),

@@ -17,15 +17,22 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
+from slurm_gpu_exporter.report.prometheus.nodes import NODE_INFO, NODE_INFO_LABEL, join_node
 from slurm_gpu_exporter.report.prometheus.queries import selector
 
 ALERT_NAME_RE = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
-# Labels of the series that are not the alert's own: the metric name and the state.
-_NOT_IDENTIFYING = frozenset({"__name__", "alertstate"})
+# Labels of the series that are not the alert's own: the metric name, the state, and
+# the node joined in from the agent (an agent upgraded mid-firing is the same firing).
+_NOT_IDENTIFYING = frozenset({"__name__", "alertstate", NODE_INFO_LABEL})
+# The label an alert names its target by, where the site gives no --node-label.
+TARGET_LABEL = "instance"
+# How far back an agent's node info still names its target's node: an alert fires
+# from series at most ~10m old (keep_firing_for included).
+NODE_INFO_LOOKBACK = "15m"
 
 
 @dataclass(frozen=True)
@@ -35,11 +42,14 @@ class Episode:
 
     labels: tuple[tuple[str, str], ...]
     since: float
+    # The Slurm node the target's agent names ('' where none): not part of the identity.
+    node: str = field(default="", compare=False)
 
     @classmethod
     def of(cls, labels: dict[str, str], since: float) -> Episode:
         return cls(tuple(sorted((k, v) for k, v in labels.items()
-                                if k not in _NOT_IDENTIFYING)), since)
+                                if k not in _NOT_IDENTIFYING)), since,
+                   labels.get(NODE_INFO_LABEL, ""))
 
     def label(self, name: str, default: str = "") -> str:
         return dict(self.labels).get(name, default)
@@ -64,14 +74,19 @@ def firing_query(names: Iterable[str]) -> str:
     return f"{state} and ignoring(alertstate) {firing}"
 
 
-async def firing_alerts(prom: PrometheusClient, names: Iterable[str], node_label: str,
+async def firing_alerts(prom: PrometheusClient, names: Iterable[str], node_label: str | None,
                         now: float | None = None) -> Firing:
-    """The allow-listed alerts firing now, by name and node label value, each with its
-    episodes; a ReportError when Prometheus cannot say (then nothing is confirmed)."""
-    samples = await prom.instant(firing_query(names), time.time() if now is None else now)
+    """The allow-listed alerts firing now, by name and node label value (``instance``
+    without a ``node_label``: then each episode carries the node its target's agent
+    names, where it names one), each with its episodes; a ReportError when Prometheus
+    cannot say (then nothing is confirmed)."""
+    query = firing_query(names)
+    if node_label is None:
+        query = join_node(query, (TARGET_LABEL,), NODE_INFO, NODE_INFO_LOOKBACK)
+    samples = await prom.instant(query, time.time() if now is None else now)
     firing: Firing = {}
     for sample in samples:
-        node = sample.labels.get(node_label)
+        node = sample.labels.get(node_label or TARGET_LABEL)
         if node and sample.value == sample.value:  # NaN is no time
             key = (sample.labels.get("alertname", ""), node)
             firing.setdefault(key, []).append(Episode.of(sample.labels, sample.value))

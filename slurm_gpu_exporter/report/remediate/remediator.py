@@ -23,9 +23,9 @@ from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.inert_text import plain, slurm_value
-from slurm_gpu_exporter.report.prometheus.queries import node_name
+from slurm_gpu_exporter.report.prometheus.nodes import node_name
 from slurm_gpu_exporter.report.remediate.budget import DrainBudget
-from slurm_gpu_exporter.report.remediate.confirm import Episode, Firing
+from slurm_gpu_exporter.report.remediate.confirm import TARGET_LABEL, Episode, Firing
 from slurm_gpu_exporter.report.remediate.memory import ActedOn
 from slurm_gpu_exporter.report.slurm.actions import (
     SlurmNode,
@@ -63,7 +63,9 @@ class Remediator:
     """Turns the alerts of one webhook post into drains."""
 
     allowed: frozenset[str] = frozenset(DEFAULT_ALERTS)
-    node_label: str = "instance"
+    # A site's label naming the node; None: the alert's target, and the node its agent
+    # names in Prometheus (confirm.py), else the target's host.
+    node_label: str | None = None
     dry_run: bool = False
     budget: DrainBudget = field(default_factory=DrainBudget)
     drain: Callable[[str, str], None] = drain_node
@@ -82,10 +84,15 @@ class Remediator:
                            "ignored: not firing (remediate never resumes a node)")
         if str(labels.get("alertname", "")) not in self.allowed:
             return Outcome("ignored", "not_allowed", "ignored: alert not in the allow-list")
-        node = node_name(str(labels.get(self.node_label, "")))
-        if not is_node_name(node):
+        # A target's host is screened too; the node its agent names is checked once known.
+        if not is_node_name(node_name(str(labels.get(self.label, "")))):
             return self._refused("not_a_node", "not a node name", alert)
         return None
+
+    @property
+    def label(self) -> str:
+        """The alert label that names the node or its target."""
+        return self.node_label or TARGET_LABEL
 
     def needs_prometheus(self, alerts: list[dict[str, Any]]) -> bool:
         """Whether an alert of the post (within the cap) is to be confirmed."""
@@ -120,15 +127,20 @@ class Remediator:
                  nodes: dict[str, _Node]) -> Outcome | None:
         """A refusal, or None with the alert's episodes added to its node's."""
         labels = alert["labels"]
-        name, value = str(labels["alertname"]), str(labels[self.node_label])
+        name, value = str(labels["alertname"]), str(labels[self.label])
         if firing is None:
             return self._refused("prometheus_unavailable", "cannot confirm the alert: "
                                  "Prometheus did not answer", alert)
         episodes = firing.get((name, value))
         if not episodes:
             return self._refused("unconfirmed", f"Prometheus shows no firing {name} for "
-                                 f"{self.node_label}={value}", alert)
-        node = nodes.setdefault(node_name(value), _Node(node_name(value)))
+                                 f"{self.label}={value}", alert)
+        # The node the target's agent names (joined in by confirm.py), else its host.
+        named = "" if self.node_label else next((e.node for e in episodes if e.node), "")
+        host = named or node_name(value)
+        if not is_node_name(host):
+            return self._refused("not_a_node", f"{host} is not a node name", alert)
+        node = nodes.setdefault(host, _Node(host))
         node.indexes.append(i)
         node.episodes.update((e, name) for e in episodes)
         return None
@@ -200,7 +212,7 @@ class Remediator:
         labels = alert.get("labels", {})
         why = plain(why, 300)
         log.warning("refused %s (%s=%s): %s", plain(labels.get("alertname", "?"), 100),
-                    self.node_label, plain(labels.get(self.node_label, ""), 200), why)
+                    self.label, plain(labels.get(self.label, ""), 200), why)
         return Outcome("refused", reason, f"refused: {why}")
 
 

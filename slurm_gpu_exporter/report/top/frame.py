@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slurm_gpu_exporter.report.figures.model import JobDetail
-from slurm_gpu_exporter.report.prometheus.queries import node_name
+from slurm_gpu_exporter.report.prometheus.nodes import node_name
 from slurm_gpu_exporter.report.render.inert import terminal
 from slurm_gpu_exporter.report.render.values import duration, when
 from slurm_gpu_exporter.report.top.now import GpuNow, JobNow, NodeNow
@@ -34,12 +34,15 @@ def _gib(value: float | None) -> str:
 
 def _named(now: JobNow, detail: JobDetail) -> tuple[dict[tuple[str, str], GpuNow],
                                                     dict[str, NodeNow]]:
-    """``now``'s figures keyed by the node names the job report gives its nodes (the
-    host, or the whole target where two targets share a host)."""
+    """``now``'s figures keyed by the node names the job report gives its nodes' targets
+    (the Slurm node, or the whole target where two targets give one node; the host for
+    a detail that names no targets)."""
+    targets = {n.target: n.node for n in detail.nodes if n.target}
     names = {n.node for n in detail.nodes}
 
     def name(instance: str) -> str:
-        return instance if instance in names else node_name(instance)
+        return targets.get(instance) or (instance if instance in names
+                                         else node_name(instance))
 
     return ({(name(i), g): v for (i, g), v in now.gpus.items()},
             {name(i): v for i, v in now.nodes.items()})
