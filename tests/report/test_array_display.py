@@ -14,12 +14,14 @@ import pytest
 from slurm_gpu_exporter.report.figures.detail_data import detail_from_data, detail_to_data
 from slurm_gpu_exporter.report.figures.model import JobUsage
 from slurm_gpu_exporter.report.figures.window import Window
+from slurm_gpu_exporter.report.prometheus.array_tasks import (
+    array_task_query,
+    array_tasks_from_answer,
+)
 from slurm_gpu_exporter.report.prometheus.client import Sample
 from slurm_gpu_exporter.report.prometheus.queries import (
     Filters,
     _by_job,
-    array_task_query,
-    array_tasks_from_answer,
     low_util_queries,
 )
 from slurm_gpu_exporter.report.render.html import job_html, low_util_html

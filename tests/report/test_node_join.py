@@ -11,7 +11,7 @@ from slurm_gpu_exporter.report.prometheus.client import Sample
 from slurm_gpu_exporter.report.prometheus.nodes import join_node, series_node, shown_nodes
 from slurm_gpu_exporter.report.prometheus.queries import Filters, job_queries
 from slurm_gpu_exporter.report.prometheus.queries import jobs_from_answers as job_answers
-from slurm_gpu_exporter.report.remediate.confirm import Firing
+from slurm_gpu_exporter.report.remediate.confirm import Episode, Firing
 from slurm_gpu_exporter.report.remediate.remediator import Remediator
 from slurm_gpu_exporter.report.slurm.actions import SlurmNode
 
@@ -98,30 +98,39 @@ def _alert(**labels: str) -> dict:
 
 
 def test_remediate_drains_the_node_the_alerts_agent_names() -> None:
-    firing: Firing = {("SlurmGpuLost", "10.0.0.9:9817"): {
-        "alertname": "SlurmGpuLost", "instance": "10.0.0.9:9817", "slurm_node": "gpu09"}}
+    firing: Firing = {("SlurmGpuLost", "10.0.0.9:9817"): [Episode.of({
+        "alertname": "SlurmGpuLost", "instance": "10.0.0.9:9817", "slurm_node": "gpu09"}, 1.0)]}
     rem, drains = _remediator()
     assert rem.handle(_alert(), firing).text == "drained gpu09"
     assert drains == ["gpu09"]
 
 
 def test_remediate_without_the_agents_name_takes_the_target_host() -> None:
-    firing: Firing = {("SlurmGpuLost", "10.0.0.9:9817"): {"instance": "10.0.0.9:9817"}}
+    firing: Firing = {("SlurmGpuLost", "10.0.0.9:9817"): [
+        Episode.of({"instance": "10.0.0.9:9817"}, 1.0)]}
     rem, drains = _remediator()
     assert rem.handle(_alert(), firing).text == "drained 10.0.0.9"
     assert drains == ["10.0.0.9"]
 
 
 def test_remediate_with_a_node_label_ignores_the_agents_name() -> None:
-    firing: Firing = {("SlurmGpuLost", "gpu09"): {"node": "gpu09", "slurm_node": "gpu77"}}
+    firing: Firing = {("SlurmGpuLost", "gpu09"): [
+        Episode.of({"node": "gpu09", "slurm_node": "gpu77"}, 1.0)]}
     rem, drains = _remediator("node")
     assert rem.handle(_alert(node="gpu09"), firing).text == "drained gpu09"
     assert drains == ["gpu09"]
 
 
 def test_remediate_refuses_a_name_from_prometheus_that_is_no_node_name() -> None:
-    firing: Firing = {("SlurmGpuLost", "10.0.0.9:9817"): {"slurm_node": "ALL"}}
+    firing: Firing = {("SlurmGpuLost", "10.0.0.9:9817"): [Episode.of({"slurm_node": "ALL"}, 1.0)]}
     rem, drains = _remediator()
     outcome = rem.handle(_alert(), firing)
     assert (outcome.outcome, outcome.reason) == ("refused", "not_a_node")
     assert drains == []
+
+
+def test_the_node_joined_in_is_no_part_of_an_episode() -> None:
+    """An agent upgraded while its alert fires: the same firing, not a new one."""
+    labels = {"alertname": "SlurmGpuLost", "instance": "10.0.0.9:9817", "gpu": "0"}
+    assert Episode.of(labels, 1.0) == Episode.of({**labels, "slurm_node": "gpu09"}, 1.0)
+    assert Episode.of({**labels, "slurm_node": "gpu09"}, 1.0).node == "gpu09"

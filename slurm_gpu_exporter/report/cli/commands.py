@@ -33,7 +33,8 @@ from slurm_gpu_exporter.report.figures.window import Window, make_window
 from slurm_gpu_exporter.report.notify.notices import NotifyState, messages
 from slurm_gpu_exporter.report.notify.send import dry_run_text, send
 from slurm_gpu_exporter.report.prometheus.archived import archived_jobs
-from slurm_gpu_exporter.report.prometheus.queries import Filters, resolve_array_tasks
+from slurm_gpu_exporter.report.prometheus.array_tasks import resolve_array_tasks
+from slurm_gpu_exporter.report.prometheus.queries import Filters
 from slurm_gpu_exporter.report.render import html, text
 from slurm_gpu_exporter.report.render.usage import render_usage
 from slurm_gpu_exporter.report.render.values import when

@@ -21,11 +21,11 @@ from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.model import JobDetail
 from slurm_gpu_exporter.report.figures.rules import Config
 from slurm_gpu_exporter.report.figures.window import Window, make_window
+from slurm_gpu_exporter.report.prometheus.array_tasks import resolve_array_tasks
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
 from slurm_gpu_exporter.report.prometheus.queries import (
     Filters,
     jobid_regex,
-    resolve_array_tasks,
 )
 from slurm_gpu_exporter.report.render.text import job_table
 from slurm_gpu_exporter.report.render.values import when
