@@ -98,9 +98,15 @@ def check_fault(fault: Fault, root: Path) -> str | None:
     return None
 
 
-def copy_tree(dest: Path) -> None:
+def copy_tree(dest: Path, ref: str | None = None) -> None:
     """The tracked files (as they are in the working tree, edits included) and the
-    untracked ones git does not ignore, into ``dest``."""
+    untracked ones git does not ignore, into ``dest``; with ``ref``, the files of that
+    commit instead (to run the list against an earlier state of the tests)."""
+    if ref is not None:
+        archive = subprocess.run(["git", "archive", "--format=tar", ref], cwd=ROOT,
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+        return
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
                              "--exclude-standard"], cwd=ROOT, capture_output=True,
                             check=True).stdout.decode().split("\0")
@@ -228,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--selection-only", action="store_true",
                         help="run only the given selection, not each fault's own tests first "
                              "(to see whether a new test file catches a fault)")
+    parser.add_argument("--ref", metavar="COMMIT",
+                        help="run against the files of COMMIT instead of the working tree")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the run of the fast tier without a fault first")
     parser.add_argument("selection", nargs="*", default=["tests"],
@@ -245,12 +253,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{fid}: {problem}")
         print(f"{len(faults) - len(bad)} of {len(faults)} faults can be planted")
         return 1 if bad else 0
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+    commit = subprocess.run(["git", "rev-parse", "--short", args.ref or "HEAD"], cwd=ROOT,
                             capture_output=True, text=True, check=False).stdout.strip()
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
         tree = Path(tmp)
-        copy_tree(tree)
+        copy_tree(tree, args.ref)
         if not args.no_baseline:  # a tier that fails anyway would "catch" every fault
             started = time.monotonic()
             code, by = run_pytest(tree, FAST, list(args.selection), args.timeout, {})
