@@ -197,7 +197,7 @@ def table(outcomes: list[Outcome], tag: str, args: argparse.Namespace, commit: s
              "| fault | file | result | first failing test | tier | s |",
              "|---|---|---|---|---|---|"]
     for o in outcomes:
-        by = o.by.replace("|", "\\|")
+        by = (o.by if len(o.by) <= 120 else o.by[:117] + "...").replace("|", "\\|")
         lines.append(f"| `{o.fault.id}` | {o.fault.file.removeprefix('slurm_gpu_exporter/')}"
                      f" | **{o.result}** | {by or '-'} | {o.tier} | {o.seconds:.1f} |")
     lines.append(f"<!-- mutants:{tag}:end -->")
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         for fault in faults:
             outcome = try_fault(fault, tree, args)
             outcomes.append(outcome)
-            print(f"{outcome.result:8} {fault.id:32} {outcome.seconds:6.1f} s  {outcome.by}",
+            print(f"{outcome.result:8} {fault.id:32} {outcome.seconds:6.1f} s  {outcome.by[:200]}",
                   flush=True)
     section = table(outcomes, args.tag, args, commit)
     print(section)

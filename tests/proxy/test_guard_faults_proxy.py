@@ -6,14 +6,18 @@ tests/proxy/test_check_pool.py run the real ones."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import make_mocked_request
 
 from slurm_gpu_exporter.proxy.check_pool import CheckPool
+from slurm_gpu_exporter.proxy.config import UserHeader
 from slurm_gpu_exporter.proxy.enforce import QueryRefused, Scope
-from slurm_gpu_exporter.proxy.identity import Caller, Refusal, _munge_caller
+from slurm_gpu_exporter.proxy.identity import Caller, Refusal, _munge_caller, identify
 from slurm_gpu_exporter.proxy.munge import MungeDecoder, MungeRefusal, MungeUser
+from slurm_gpu_exporter.web.config import WebConfig
 
 CREDENTIAL = "MUNGE:AwQFAAB+abc/9==:"
 
@@ -118,3 +122,35 @@ def test_a_check_past_the_time_limit_is_refused_and_its_worker_killed() -> None:
     refused, worker, pool = asyncio.run(check())
     assert isinstance(refused, QueryRefused) and refused.reason == "slow_query", refused
     assert worker.killed and pool.killed == 1
+
+
+def _request(headers: dict[str, str]) -> Any:
+    return make_mocked_request("GET", "/api/v1/query", headers=headers)
+
+
+def _basic(user: str, password: str = "pw") -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_a_basic_auth_user_whose_name_is_no_user_name_is_refused() -> None:
+    # The web config's user names are the site's, and a name with a space or a newline
+    # could still be in it: the password check passes, the name must not become a matcher.
+    config = WebConfig(users={"al ice": b"h", "alice": b"h"},
+                       password_check=lambda _pw, _hash: True)
+    who = asyncio.run(identify(_request({"Authorization": _basic("al ice")}), config, None))
+    assert isinstance(who, Refusal) and (who.status, who.reason) == (401, "bad_credentials")
+    who = asyncio.run(identify(_request({"Authorization": _basic("alice")}), config, None))
+    assert who == Caller("alice", "basic")
+
+
+def test_a_user_header_from_a_client_that_did_not_prove_itself_is_refused() -> None:
+    header = UserHeader("X-Grafana-User", secret_header="X-Proxy-Secret", secret=b"s3cret")
+    config = WebConfig()
+    forged = asyncio.run(identify(_request({"X-Grafana-User": "admin"}), config, header))
+    assert isinstance(forged, Refusal) and forged.reason == "forged_user_header"
+    wrong = asyncio.run(identify(_request({"X-Grafana-User": "admin",
+                                           "X-Proxy-Secret": "guess"}), config, header))
+    assert isinstance(wrong, Refusal) and wrong.reason == "forged_user_header"
+    proven = asyncio.run(identify(_request({"X-Grafana-User": "alice",
+                                            "X-Proxy-Secret": "s3cret"}), config, header))
+    assert proven == Caller("alice", "header")
