@@ -92,3 +92,18 @@ def test_an_unchanged_rapl_counter_adds_nothing(tmp_path: Path) -> None:
     assert [r.joules for r in reader.read()] == [0.0, 0.0]  # nothing used: nothing counted
     tree.set("intel-rapl:0", 124_500_000)
     assert sorted(r.joules or 0.0 for r in reader.read()) == [0.0, 1.5]
+
+
+def test_the_gpus_unknown_time_adds_up_over_separate_gaps() -> None:
+    dev = DeviceIntegrator()
+    dev.integrate(reading(grid(100.0, 5, 100.0)), at(100.5))
+    dev.integrate(reading(grid(100.5, 5, 100.0)), at(101.0))  # cursor at 100.9 s
+    gaps = []
+    for back_to, resumes in ((90.0, 95.0), (80.0, 85.0)):  # the clock went back twice
+        dev.integrate(reading((), util_newest=int(back_to * 1e6)), at(102.0))
+        got = dev.integrate(reading(grid(resumes, 3, 100.0)), at(102.5))
+        gaps.append(got.unknown)
+    # each time from where the cursor was moved back to the first new sample: 5 s
+    assert gaps == [pytest.approx(5.0), pytest.approx(5.0)]
+    assert dev.device_unknown["GPU-a"] == pytest.approx(10.0)
+    assert dev.events.counts["GPU-a"] == {"device_rebase": 2}
