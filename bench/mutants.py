@@ -15,8 +15,8 @@ A fault is *caught* when the selection fails, *survived* when it passes. The fas
 (``-m "not process"``) runs first on a fault's own ``tests`` (quick for the usual
 catch), then, where they all pass, on the whole fast tier, so "survived" means no test
 of the tier fails. ``--whole`` then runs a survivor's ``whole`` selection (process tests
-named in the list) with the copy first on PYTHONPATH, so the console scripts the tests
-start run the faulty code too. An original text that is not found exactly once is an
+named in the list) under a venv of the copy (``overlay_venv``), so the console scripts
+the tests start run the faulty code too. An original text that is not found exactly once is an
 error: the list has to follow the code. The table goes to ``bench/mutants/RESULTS.md``
 between the markers of the tag (``--tag before|after``), with the date, tier, counts
 and each fault's time. Not run in CI: a run takes minutes.
@@ -120,6 +120,29 @@ def copy_tree(dest: Path, ref: str | None = None) -> None:
         shutil.copy2(source, target, follow_symlinks=False)
 
 
+def overlay_venv(tree: Path) -> Path:
+    """A venv whose Python imports the package from ``tree`` and everything else from
+    this venv, with the console scripts of pyproject.toml: process tests start them
+    with an environment of their own (no PYTHONPATH), so they must find the faulty
+    copy by the interpreter they run. Its python."""
+    venv = tree / ".venv-mutants"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    # Plain paths: the copy first; this venv's packages without its .pth files (its
+    # editable install would point back at the working tree).
+    here = [p for p in sys.path if p.endswith("site-packages")]
+    (site / "00-mutants.pth").write_text("\n".join([str(tree), *here]) + "\n")
+    with open(tree / "pyproject.toml", "rb") as f:
+        scripts = tomllib.load(f).get("project", {}).get("scripts", {})
+    for name, target in scripts.items():
+        module, _, func = target.partition(":")
+        script = venv / "bin" / name
+        script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\n"
+                          f"from {module} import {func}\nsys.exit({func}())\n")
+        script.chmod(0o755)
+    return venv / "bin" / "python"
+
+
 def first_failure(output: str) -> str:
     """The first failing test id pytest's short summary names (``FAILED id - …``)."""
     for line in output.splitlines():
@@ -139,11 +162,11 @@ def caught(code: int, by: str) -> bool:
 
 
 def run_pytest(tree: Path, options: list[str], selection: list[str], timeout: float,
-               extra_env: dict[str, str]) -> tuple[int, str]:
+               extra_env: dict[str, str], python: str = sys.executable) -> tuple[int, str]:
     """pytest in ``tree``; (exit status, first failure or last line)."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **extra_env}
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", *options, *selection],
+        done = subprocess.run([python, "-m", "pytest", *options, *selection],
                               cwd=tree, env=env, capture_output=True, text=True,
                               timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -175,7 +198,8 @@ def try_fault(fault: Fault, tree: Path, args: argparse.Namespace) -> Outcome:
                                time.monotonic() - started)
         if args.whole and fault.whole:
             code, by = run_pytest(tree, WHOLE, list(fault.whole), args.timeout,
-                                  {"PYTHONPATH": str(tree), "CI": "true"})
+                                  {"PYTHONPATH": str(tree), "CI": "true"},
+                                  str(tree / ".venv-mutants" / "bin" / "python"))
             if caught(code, by):
                 return Outcome(fault, "caught", by, "whole", time.monotonic() - started)
             if code not in (0, 5):
@@ -265,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
         tree = Path(tmp)
         copy_tree(tree, args.ref)
+        if args.whole:
+            overlay_venv(tree)
         if not args.no_baseline:  # a tier that fails anyway would "catch" every fault
             started = time.monotonic()
             code, by = run_pytest(tree, FAST, list(args.selection), args.timeout, {})
