@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import tomllib
 import urllib.request
 import zipfile
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons import Prometheus
+from tests.daemons import Prometheus, tool
 from tests.support import free_port, require, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.prometheus]
@@ -264,24 +265,92 @@ def test_the_plain_install_reports_from_a_real_prometheus(installs, simulated) -
     assert jobid in job.stdout and "Traceback" not in job.stderr
 
 
-def test_the_archive_extra_archives_and_reads_back(installs, simulated,
-                                                    tmp_path: Path) -> None:
+# One ended job, backfilled: alice's, 2 GPUs held for an hour, busy 30 and 15 minutes.
+ENDED_JOB_S = 3600
+ENDED_BUSY_S = (1800, 900)
+
+
+def _ended_job_openmetrics(start: int) -> str:
+    """The series an agent leaves of that job, every 15 s over its hour and 10 minutes
+    after its end (the counters then stay at their totals)."""
+    job = 'jobid="7001",user="alice",account="physics",instance="gpu01:9817"'
+    rows: dict[str, list[str]] = {}
+    for t in range(start, start + ENDED_JOB_S + 601, 15):
+        held = min(t - start, ENDED_JOB_S)
+        rows.setdefault("info", []).append(f"slurm_job_info{{{job}}} 1 {t}")
+        rows.setdefault("start", []).append(
+            f"slurm_job_start_time_seconds{{{job}}} {start} {t}")
+        if t >= start + ENDED_JOB_S:
+            rows.setdefault("end", []).append(
+                f"slurm_job_end_time_seconds{{{job}}} {start + ENDED_JOB_S} {t}")
+        for gpu, busy in enumerate(ENDED_BUSY_S):
+            labels = f'{job},gpu="{gpu}",uuid="GPU-{gpu}"'
+            rows.setdefault("alloc", []).append(
+                f"slurm_job_gpu_allocated_seconds_total{{{labels}}} {held} {t}")
+            rows.setdefault("busy", []).append(
+                f"slurm_job_gpu_busy_seconds_total{{{labels}}} {held * busy / ENDED_JOB_S} {t}")
+    families = [("info", "slurm_job_info", "gauge"),
+                ("start", "slurm_job_start_time_seconds", "gauge"),
+                ("end", "slurm_job_end_time_seconds", "gauge"),
+                ("alloc", "slurm_job_gpu_allocated_seconds", "counter"),
+                ("busy", "slurm_job_gpu_busy_seconds", "counter")]
+    lines = []
+    for key, family, kind in families:
+        lines += [f"# TYPE {family} {kind}", *rows[key]]
+    return "\n".join(lines) + "\n# EOF\n"
+
+
+def test_the_archive_extra_archives_and_reads_back(installs, tmp_path: Path) -> None:
+    """An ended job whose figures the test knows (backfilled into a real Prometheus) is
+    archived by the archive extra, and ``usage`` reads back exactly those figures."""
     archive = installs("archive")
-    _port, prom, _log = simulated
-    prom.wait_for('slurm_job_gpus', timeout=60)
-    db = f"sqlite:///{tmp_path / 'archive.sqlite'}"
-    stored = _run([archive.bin("slurm-gpu-report"), "archive", "--db", db,
-                   "--prometheus-url", prom.url, "--since", "10m", "--no-sacct"], check=True)
-    assert stored.stdout.startswith("archived "), stored.stdout
-    _run([archive.bin("slurm-gpu-report"), "usage", "--by", "user", "--db", db,
-          "--since", "1d", "--format", "json"], check=True)
+    start = (int(time.time()) - 3 * 3600) // 60 * 60
+    source = tmp_path / "backfill.om"
+    source.write_text(_ended_job_openmetrics(start))
+    subprocess.run([tool("promtool", package="prometheus"), "tsdb", "create-blocks-from",
+                    "openmetrics", str(source), str(tmp_path / "prom" / "data")],
+                   check=True, capture_output=True, timeout=120)
+    prom = Prometheus("prometheus", {"global": {"scrape_interval": "15s"},
+                                     "scrape_configs": []}, tmp_path / "prom",
+                      extra_args=("--storage.tsdb.retention.time=30d",))
+    try:
+        prom.wait_ready()
+        prom.wait_for('slurm_job_info{jobid="7001"}[4h]', timeout=60)
+        db = f"sqlite:///{tmp_path / 'archive.sqlite'}"
+        stored = _run([archive.bin("slurm-gpu-report"), "archive", "--db", db,
+                       "--prometheus-url", prom.url, "--start", str(start - 600),
+                       "--end", str(start + ENDED_JOB_S + 600), "--no-sacct"], check=True)
+    finally:
+        prom.stop()
+    assert stored.stdout.startswith("archived 1 jobs "), stored.stdout
+    usage = _run([archive.bin("slurm-gpu-report"), "usage", "--by", "user", "--db", db,
+                  "--since", "1d", "--format", "json"], check=True)
+    shown = json.loads(usage.stdout)
+    assert shown["by"] == ["user"], shown
+    (group,) = shown["groups"]
+    held_h, busy_h = 2 * ENDED_JOB_S / 3600, sum(ENDED_BUSY_S) / 3600  # 2.0 and 0.75
+    assert (group["user"], group["jobs"]) == ("alice", 1), group
+    assert group["gpu_hours"] == pytest.approx(held_h, rel=1e-3), group
+    assert group["busy_gpu_hours"] == pytest.approx(busy_h, rel=1e-3), group
+    assert group["wasted_gpu_hours"] == pytest.approx(held_h - busy_h, rel=1e-3), group
+    assert group["busy_ratio"] == pytest.approx(busy_h / held_h, rel=1e-3), group
 
 
 def test_check_on_a_plain_install_answers_in_json(installs) -> None:
+    """docs/check.md's contract: ``{"exit_code": 0|1, "findings": [...]}``, the exit
+    status the same as ``exit_code``, 1 exactly when a finding is BLOCK."""
     run = _run([installs("").bin("slurm-gpu-exporter"), "check", "--format", "json"],
                timeout=120)
     assert "Traceback" not in run.stderr, run.stderr
-    json.loads(run.stdout)
+    shown = json.loads(run.stdout)
+    findings = shown["findings"]
+    assert findings and all(set(f) == {"severity", "area", "message"} for f in findings)
+    assert {f["severity"] for f in findings} <= {"ok", "note", "warn", "block"}, findings
+    blocked = any(f["severity"] == "block" for f in findings)
+    assert shown["exit_code"] == run.returncode == (1 if blocked else 0), (run.returncode,
+                                                                            findings)
+    # what it looks at, whatever this machine has
+    assert {"spool", "state"} <= {f["area"] for f in findings}, findings
 
 
 def test_gpu_check_installs_offline_from_the_wheels_its_docs_make(tmp_path: Path) -> None:

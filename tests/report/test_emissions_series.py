@@ -1,7 +1,8 @@
 """Emissions from a carbon-intensity series a site fills, against a real Prometheus:
 a job's energy counters and the factor series are backfilled (promtool), and `job`
 integrates each step's energy times the factor then; with no data in the series it
-falls back to the constant and says so."""
+falls back to the constant and says so. The pure arithmetic is tested in
+test_emissions_stepwise.py (fast tier)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.report.figures.emissions import series_factor, stepwise
 from tests.daemons import Prometheus, tool
 
 pytestmark = pytest.mark.prometheus
@@ -120,18 +120,6 @@ def test_a_series_without_data_falls_back_to_the_constant_and_says_so(
     assert job["emissions_gco2e"] == pytest.approx(TOTAL_KWH * 300, rel=1e-3)
     assert any("had no data in the window; at the constant factor 300" in n
                for n in job["notes"])
-
-
-def test_steps_before_the_series_begins_take_the_constant() -> None:
-    energy = [[(0.0, 0.0), (60.0, 3.6e6), (120.0, 7.2e6)]]  # 1 kWh per step
-    got = stepwise(energy, [(100.0, 400.0)])
-    assert (got.grams, got.kwh, got.uncovered_kwh) == (400.0, 2.0, 1.0)
-    factor, said = series_factor(energy, [[(100.0, 400.0)]], "s", 100.0)
-    assert factor == pytest.approx(250.0) and "50 % of the energy" in said
-    # a counter reset counts from 0, not as a negative step
-    assert stepwise([[(0.0, 7.2e6), (60.0, 3.6e6)]], [(0.0, 100.0)]).grams == 100.0
-    factor, said = series_factor(energy, [[(0, 1.0)], [(0, 2.0)]], "s", None)
-    assert factor is None and "gave 2 series" in said
 
 
 def test_the_archive_stores_the_emissions_of_the_series(prom: tuple[Prometheus, int],
