@@ -193,7 +193,12 @@ def test_end_mail_carries_the_jobs_summary_then_goes_unchanged_without_prometheu
     assert unchanged["argv"][1].startswith(f"Slurm Job_id={plain} ")
     # The wrapper logs once the mailer has taken the mail, so a moment after it arrives.
     said = f"job {plain}: mail sent as Slurm wrote it: the report failed"
-    log = wait_until(lambda: (text := mails.wrapper_log()) if said in text else None, 10,
-                     "the wrapper's log line of the plain mail", log=mails.wrapper_log)
+
+    def logged() -> str | None:
+        text = mails.wrapper_log()
+        return text if said in text else None
+
+    log = wait_until(logged, 10, "the wrapper's log line of the plain mail",
+                     log=mails.wrapper_log)
     assert _elapsed(log, plain) < 5, log
     assert unchanged["at"] - seen < 10, (unchanged["at"], seen)
