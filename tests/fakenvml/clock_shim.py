@@ -1,0 +1,95 @@
+"""Shifted host clocks for one process: ``clock_shim.c`` built and preloaded.
+
+A test makes a node booted a minute ago, a reboot, or a step of the wall clock without
+privileges: the process it starts (an agent, a reader of the fake NVML) loads the shim
+with ``LD_PRELOAD``, and everything in it that reads a clock through libc sees the shift.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from tests.fakenvml import FakeNvmlUnavailable, _cache_root, _find_compiler
+
+SHIM_SOURCE = Path(__file__).with_name("clock_shim.c")
+SHIM_NAME = "libclockshim.so"
+_FLAGS = ("-O2", "-shared", "-fPIC", "-Wall", "-Werror")
+_built: Path | None = None
+
+
+def build_clock_shim() -> Path:
+    """The shim library (built once per source version, into the fake NVML's cache)."""
+    global _built
+    if _built is not None and _built.is_file():
+        return _built
+    cc = _find_compiler()
+    key = hashlib.sha256(SHIM_SOURCE.read_bytes() + " ".join((cc, *_FLAGS)).encode()
+                         ).hexdigest()[:16]
+    lib = _cache_root() / f"clockshim-{key}" / SHIM_NAME
+    if not lib.is_file():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        tmp = lib.with_name(f".{SHIM_NAME}.{os.getpid()}.tmp")
+        cmd = [cc, *_FLAGS, "-o", str(tmp), str(SHIM_SOURCE), "-ldl", "-lpthread"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        except OSError as exc:
+            raise FakeNvmlUnavailable(f"cannot run the C compiler {cc!r}: {exc}") from exc
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise RuntimeError(f"building the clock shim failed ({' '.join(cmd)}):\n{proc.stderr}")
+        os.replace(tmp, lib)
+    _built = lib
+    return lib
+
+
+def shifted_env(env: Mapping[str, str], *, realtime_s: float = 0.0, boottime_s: float = 0.0,
+                monotonic_s: float = 0.0) -> dict[str, str]:
+    """``env`` plus the shim preloaded with these offsets (seconds added to each clock)."""
+    out = dict(env)
+    old = out.get("LD_PRELOAD")
+    lib = str(build_clock_shim())
+    out["LD_PRELOAD"] = f"{lib}:{old}" if old else lib
+    out["CLOCK_SHIM_REALTIME"] = repr(float(realtime_s))
+    out["CLOCK_SHIM_BOOTTIME"] = repr(float(boottime_s))
+    out["CLOCK_SHIM_MONOTONIC"] = repr(float(monotonic_s))
+    return out
+
+
+def booted_env(env: Mapping[str, str], up_s: float, asleep_s: float = 0.0) -> dict[str, str]:
+    """``env`` for a process on a node booted ``up_s`` seconds ago that slept ``asleep_s``
+    of them: its CLOCK_BOOTTIME reads ``up_s`` now and CLOCK_MONOTONIC ``up_s - asleep_s``
+    (offsets from this process's clocks, so it holds in a time namespace too), whatever
+    this host's uptime."""
+    return shifted_env(env, boottime_s=up_s - time.clock_gettime(time.CLOCK_BOOTTIME),
+                       monotonic_s=up_s - asleep_s - time.clock_gettime(time.CLOCK_MONOTONIC))
+
+
+def _own_offset(clock: str) -> int:
+    """This process's time namespace offset of a clock (whole seconds; 0 where unknown)."""
+    try:
+        lines = Path("/proc/self/timens_offsets").read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        fields = line.split()
+        if len(fields) == 3 and fields[0] == clock:
+            return int(fields[1])
+    return 0
+
+
+def time_namespace_argv(up_s: int, asleep_s: int = 0) -> list[str]:
+    """``unshare`` arguments that run a command in a new time namespace where
+    CLOCK_BOOTTIME reads ``up_s`` seconds now and CLOCK_MONOTONIC ``up_s - asleep_s``
+    (the kernel's own clocks, not a shim; needs root). The kernel takes offsets from the
+    first namespace's clocks, so this namespace's own offsets are taken off."""
+    args = ["unshare", "--time", "--fork"]
+    for clock, clock_id, reads in (("boottime", time.CLOCK_BOOTTIME, up_s),
+                                   ("monotonic", time.CLOCK_MONOTONIC, up_s - asleep_s)):
+        host = time.clock_gettime(clock_id) - _own_offset(clock)
+        args += [f"--{clock}", str(round(reads - host))]
+    return [*args, "--"]
