@@ -9,10 +9,15 @@
  * the fake NVML, the program under test.
  *
  * Offsets in seconds (fractions allowed), from the environment at the first
- * read: CLOCK_SHIM_REALTIME (CLOCK_REALTIME and _COARSE), CLOCK_SHIM_BOOTTIME
- * (CLOCK_BOOTTIME and _ALARM), CLOCK_SHIM_MONOTONIC (CLOCK_MONOTONIC, _RAW and
- * _COARSE), as a time namespace shifts them.  clock_shim_step(clock, seconds),
- * called through ctypes, adds to a clock's offset while the process runs.
+ * read: CLOCK_SHIM_REALTIME (CLOCK_REALTIME and _COARSE) and CLOCK_SHIM_BOOTTIME
+ * (CLOCK_BOOTTIME and _ALARM).  clock_shim_step(clock, seconds), called through
+ * ctypes, adds to a clock's offset while the process runs.
+ *
+ * Unlike a time namespace, the kernel knows nothing of the shift: a wait until
+ * an absolute time (pthread_cond_timedwait, sem_timedwait: Python's locks and
+ * Event.wait take CLOCK_MONOTONIC deadlines) would wait the shift longer.  So
+ * CLOCK_MONOTONIC is never shifted, and a realtime offset suits only a program
+ * without absolute waits on CLOCK_REALTIME.  Nothing waits on CLOCK_BOOTTIME.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -22,7 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { REAL, BOOT, MONO, NGROUPS };
+enum { REAL, BOOT, NGROUPS };
 
 static long long g_offset_ns[NGROUPS]; /* read and written atomically */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -39,7 +44,6 @@ static void init(void)
     g_next = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
     __atomic_add_fetch(&g_offset_ns[REAL], env_ns("CLOCK_SHIM_REALTIME"), __ATOMIC_SEQ_CST);
     __atomic_add_fetch(&g_offset_ns[BOOT], env_ns("CLOCK_SHIM_BOOTTIME"), __ATOMIC_SEQ_CST);
-    __atomic_add_fetch(&g_offset_ns[MONO], env_ns("CLOCK_SHIM_MONOTONIC"), __ATOMIC_SEQ_CST);
 }
 
 static int group_of(clockid_t c)
@@ -51,10 +55,6 @@ static int group_of(clockid_t c)
     case CLOCK_BOOTTIME:
     case CLOCK_BOOTTIME_ALARM:
         return BOOT;
-    case CLOCK_MONOTONIC:
-    case CLOCK_MONOTONIC_RAW:
-    case CLOCK_MONOTONIC_COARSE:
-        return MONO;
     default:
         return -1;
     }

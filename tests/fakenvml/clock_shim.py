@@ -47,26 +47,24 @@ def build_clock_shim() -> Path:
     return lib
 
 
-def shifted_env(env: Mapping[str, str], *, realtime_s: float = 0.0, boottime_s: float = 0.0,
-                monotonic_s: float = 0.0) -> dict[str, str]:
-    """``env`` plus the shim preloaded with these offsets (seconds added to each clock)."""
+def shifted_env(env: Mapping[str, str], *, realtime_s: float = 0.0,
+                boottime_s: float = 0.0) -> dict[str, str]:
+    """``env`` plus the shim preloaded with these offsets (seconds added to each clock).
+    CLOCK_MONOTONIC is never shifted (clock_shim.c says why)."""
     out = dict(env)
     old = out.get("LD_PRELOAD")
     lib = str(build_clock_shim())
     out["LD_PRELOAD"] = f"{lib}:{old}" if old else lib
     out["CLOCK_SHIM_REALTIME"] = repr(float(realtime_s))
     out["CLOCK_SHIM_BOOTTIME"] = repr(float(boottime_s))
-    out["CLOCK_SHIM_MONOTONIC"] = repr(float(monotonic_s))
     return out
 
 
-def booted_env(env: Mapping[str, str], up_s: float, asleep_s: float = 0.0) -> dict[str, str]:
-    """``env`` for a process on a node booted ``up_s`` seconds ago that slept ``asleep_s``
-    of them: its CLOCK_BOOTTIME reads ``up_s`` now and CLOCK_MONOTONIC ``up_s - asleep_s``
-    (offsets from this process's clocks, so it holds in a time namespace too), whatever
-    this host's uptime."""
-    return shifted_env(env, boottime_s=up_s - time.clock_gettime(time.CLOCK_BOOTTIME),
-                       monotonic_s=up_s - asleep_s - time.clock_gettime(time.CLOCK_MONOTONIC))
+def booted_env(env: Mapping[str, str], up_s: float) -> dict[str, str]:
+    """``env`` for a process on a node booted ``up_s`` seconds ago: its CLOCK_BOOTTIME
+    reads ``up_s`` now (the offset from this process's clock, so it holds in a time
+    namespace too), whatever this host's uptime. CLOCK_MONOTONIC stays the host's."""
+    return shifted_env(env, boottime_s=up_s - time.clock_gettime(time.CLOCK_BOOTTIME))
 
 
 def _own_offset(clock: str) -> int:

@@ -128,7 +128,7 @@ def test_on_a_node_booted_a_minute_ago_the_boot_stamps_are_a_minute_of_us(
     fake: FakeNvml,
 ) -> None:
     _busy(fake, buffer_samples=1200)  # room for more than the boot clock's minute
-    got = _read([], booted_env(fake.env(), 60.0, asleep_s=7.0),
+    got = _read([], booted_env(fake.env(), 60.0),
                 'out({"stamps": device(), "boot": clocks()["boot"]})')
     _young_node_checks(got, 60.0)
 
