@@ -1020,11 +1020,20 @@ static nvmlReturn_t refresh_state(nvmlReturn_t missing_err)
 
 /* ------------------------------------------------------------------- time */
 
-/* The real wall clock: for timeouts and sleeps, which never scale. */
+/* The real wall clock, which the fake clock is made from. */
 static double real_now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Seconds on CLOCK_MONOTONIC: for timeouts, which never scale, and which a step
+ * of the wall clock must not stretch or cut short. */
+static double elapsed_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -2687,7 +2696,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
     pthread_mutex_unlock(&g_lock);
     sleep_s(extra);
 
-    double deadline = real_now_s() + timeoutms / 1000.0; /* timeouts are real time */
+    double deadline = elapsed_s() + timeoutms / 1000.0; /* timeouts are real time */
     for (;;) {
         pthread_mutex_lock(&g_lock);
         if (!g_refcount) {
@@ -2708,7 +2717,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         pthread_mutex_unlock(&g_lock);
         if (r != NVML_ERROR_TIMEOUT)
             return r;
-        double left = deadline - real_now_s();
+        double left = deadline - elapsed_s();
         if (left <= 0)
             return NVML_ERROR_TIMEOUT;
         /* A driver blocks here: wake when the state file is replaced (where inotify

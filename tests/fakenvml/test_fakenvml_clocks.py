@@ -151,3 +151,25 @@ def test_boot_stamps_are_on_the_boot_clock_of_the_reader_s_time_namespace(
         assert got["boot"] == pytest.approx(up_s, abs=10)
         assert 0 <= _behind(got["boot"], stamps[-1]) < 1.5, (stamps[-1], got["boot"])
         assert len(stamps) == 1200
+
+
+def test_an_event_wait_times_out_on_time_when_the_wall_clock_steps_back(fake: FakeNvml) -> None:
+    """An hour back in the middle of a 1 s nvmlEventSetWait: on a deadline of the wall
+    clock it would wait an hour."""
+    _busy(fake)
+    got = _read([], shifted_env(fake.env()), """
+        import threading
+        shim = ctypes.CDLL(os.environ["LD_PRELOAD"].split(":")[0])
+        shim.clock_shim_step.argtypes = (ctypes.c_int, ctypes.c_double)
+        es = N.nvmlEventSetCreate()
+        N.nvmlDeviceRegisterEvents(h, N.nvmlEventTypeXidCriticalError, es)
+        step = threading.Timer(0.2, shim.clock_shim_step, (time.CLOCK_REALTIME, -3600.0))
+        step.start()
+        t0 = time.monotonic()
+        got = call(N.nvmlEventSetWait_v2, es, 1000)
+        step.join()
+        out({"got": got if isinstance(got, str) else "an event",
+             "took": time.monotonic() - t0})
+    """)
+    assert got["got"] == "ERR:TIMEOUT"
+    assert 0.9 <= got["took"] < 5, got

@@ -171,8 +171,8 @@ from slurm_gpu_exporter.gpu.buffers import BufferStash
 from slurm_gpu_exporter.gpu.nvml_samples import util_samples_after
 N.nvmlInit()
 h = N.nvmlDeviceGetHandleByIndex(0)
-stash, errors, held, end = BufferStash(), [], set(), time.time() + 3.5  # 35 s: 3 bursts
-while time.time() < end:
+stash, errors, held, end = BufferStash(), [], set(), time.monotonic() + 3.5  # 35 s: 3 bursts
+while time.monotonic() < end:
     _, shape = util_samples_after(h, 0, errors)
     stash.whole(shape)
     held.add(shape.held)
