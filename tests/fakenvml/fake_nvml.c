@@ -8,7 +8,8 @@
  * under test runs.
  *
  * Time-varying values (utilization) are pure functions of the wall clock
- * (sped up by `time_scale` if asked) and of piecewise-constant patterns, so
+ * (sped up by `time_scale` if asked; CLOCK_BOOTTIME, placed on the epoch, for
+ * the calls stamped on the boot clock) and of piecewise-constant patterns, so
  * the driver's "sample buffers" are computed on demand: sample k covers
  * (t_{k-1}, t_k] with t_k = k * period microseconds since the epoch, and its
  * value is the exact mean of the pattern over that interval (rounded to an
