@@ -91,3 +91,16 @@ def time_namespace_argv(up_s: int, asleep_s: int = 0) -> list[str]:
         host = time.clock_gettime(clock_id) - _own_offset(clock)
         args += [f"--{clock}", str(round(reads - host))]
     return [*args, "--"]
+
+
+def time_namespace_problem() -> str | None:
+    """Why a time namespace cannot be made here (None: it can): not root, no unshare,
+    or a kernel or container that refuses one."""
+    if os.geteuid() != 0:
+        return "a time namespace needs root"
+    try:
+        run = subprocess.run([*time_namespace_argv(1000), "true"], capture_output=True,
+                             text=True, timeout=30, check=False)
+    except OSError as exc:
+        return f"cannot run unshare (util-linux): {exc}"
+    return None if run.returncode == 0 else f"unshare --time failed: {run.stderr.strip()}"

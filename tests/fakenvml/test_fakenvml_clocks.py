@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -23,7 +21,12 @@ from typing import Any, Literal
 import pytest
 
 from tests.fakenvml import Device, FakeNvml, NvmlState, Pattern, Process, fake_nvml_or_skip
-from tests.fakenvml.clock_shim import booted_env, shifted_env, time_namespace_argv
+from tests.fakenvml.clock_shim import (
+    booted_env,
+    shifted_env,
+    time_namespace_argv,
+    time_namespace_problem,
+)
 from tests.fakenvml.test_fakenvml import PRELUDE
 from tests.support import require
 
@@ -139,8 +142,8 @@ def test_boot_stamps_are_on_the_boot_clock_of_the_reader_s_time_namespace(
 ) -> None:
     """The kernel's own clocks shifted (no shim): a node up 45 s, and one up 23 days.
     Monotonic reads 7 s less (the node slept), so a fake on CLOCK_MONOTONIC shows."""
-    require(os.geteuid() == 0 and shutil.which("unshare") is not None,
-            "a time namespace needs root and unshare (util-linux)")
+    problem = time_namespace_problem()
+    require(problem is None, str(problem))
     _busy(fake, buffer_samples=1200)
     got = _read(time_namespace_argv(up_s, asleep_s=7), fake.env(),
                 'out({"stamps": device(), "boot": clocks()["boot"]})')
