@@ -10,6 +10,8 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -24,6 +26,25 @@ PROCESS_FIXTURES = frozenset({"slurm_cluster", "stack", "senders"})
 # what the Ansible role writes (/opt, /etc). Each has its group, which runs on one
 # worker when the suite runs in parallel (pytest-xdist); the two groups overlap.
 SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm_lock"})
+
+
+# A unix socket's path holds 107 bytes, and tests bind sockets in their temp dirs
+# (tmp_path, tempfile.mkdtemp), up to about 87 bytes below it (pytest-of-USER/pytest-N/
+# a test's dir/node/spool/.training.PID.sock). Under a longer TMPDIR they would fail.
+MAX_TEMP_DIR = 20
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Where the temp dir is too long for the sockets under it, use /tmp (before xdist
+    starts its workers, which inherit it)."""
+    temp = tempfile.gettempdir()
+    if len(os.fsencode(temp)) <= MAX_TEMP_DIR or not os.access("/tmp", os.W_OK | os.X_OK):
+        return
+    os.environ["TMPDIR"] = "/tmp"
+    tempfile.tempdir = None  # gettempdir() looks again
+    if not hasattr(config, "workerinput"):
+        sys.stderr.write(f"the temp dir {temp} is too long for unix socket paths under it "
+                         f"({len(temp)} > {MAX_TEMP_DIR} bytes): the tests use /tmp\n")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

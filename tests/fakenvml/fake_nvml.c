@@ -8,7 +8,8 @@
  * under test runs.
  *
  * Time-varying values (utilization) are pure functions of the wall clock
- * (sped up by `time_scale` if asked) and of piecewise-constant patterns, so
+ * (sped up by `time_scale` if asked; CLOCK_BOOTTIME, placed on the epoch, for
+ * the calls stamped on the boot clock) and of piecewise-constant patterns, so
  * the driver's "sample buffers" are computed on demand: sample k covers
  * (t_{k-1}, t_k] with t_k = k * period microseconds since the epoch, and its
  * value is the exact mean of the pattern over that interval (rounded to an
@@ -1020,11 +1021,20 @@ static nvmlReturn_t refresh_state(nvmlReturn_t missing_err)
 
 /* ------------------------------------------------------------------- time */
 
-/* The real wall clock: for timeouts and sleeps, which never scale. */
+/* The real wall clock, which the fake clock is made from. */
 static double real_now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Seconds on CLOCK_MONOTONIC: for timeouts, which never scale, and which a step
+ * of the wall clock must not stretch or cut short. */
+static double elapsed_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -1196,11 +1206,11 @@ static unsigned pct_round(double v)
  * that a query with lastSeenTimeStamp may return: the newest complete one and
  * those of the newest buffer_samples periods (a time window; device samples
  * keep a ring instead, see device_ring()).  Returns 0 when there is none. */
-static int sample_range(const state_t *st, unsigned long long last_seen, unsigned long long *k_lo,
-                        unsigned long long *k_hi)
+static int sample_range(const state_t *st, unsigned long long last_seen, unsigned long long now,
+                        unsigned long long *k_lo, unsigned long long *k_hi)
 {
     unsigned long long per = (unsigned long long)st->period_ms * 1000ull;
-    unsigned long long hi = now_us() / per;
+    unsigned long long hi = now / per;
     unsigned long long lo = hi >= st->buffer_samples ? hi - st->buffer_samples + 1 : 0;
     unsigned long long after = last_seen / per + 1;
     if (after > lo)
@@ -1241,13 +1251,17 @@ static unsigned long long sample_us(const state_t *st, unsigned long long k)
     return k * per + late;
 }
 
-/* The host's boot time (realtime - boottime), measured once per load of the
- * library: a driver stores each sample's timestamp, so two reads of one sample
- * agree to the microsecond.  Measured per call, the gap between the two clock
- * reads (under a microsecond with a vDSO clock source, more through a system
- * call or when preempted between them) made a re-read sample 1 us older now and
- * then, which an agent takes for its clock going back.  The tightest of a few
- * bracketed reads is kept. */
+/* The host's boot time on the wall clock (realtime - boottime), measured once
+ * per load of the library.  It only places CLOCK_BOOTTIME on the epoch, where
+ * the patterns are, for the calls stamped on the boot clock: those read
+ * CLOCK_BOOTTIME itself (boot_now_us()), so a later step of the wall clock
+ * moves none of their stamps, as with a driver.  Once per load: a driver stores
+ * each sample's timestamp, so two reads of one sample agree to the microsecond;
+ * measured per call, the gap between the two clock reads (under a microsecond
+ * with a vDSO clock source, more through a system call or when preempted
+ * between them) made a re-read sample 1 us older now and then, which an agent
+ * takes for its clock going back.  The tightest of a few bracketed reads is
+ * kept. */
 static double g_host_boot_s;
 static int g_host_boot_known;
 
@@ -1281,6 +1295,34 @@ static double boot_epoch_s(void)
     if (g_state->boot_time_set)
         return g_state->boot_time;
     return host_boot_epoch_s();
+}
+
+/* The fake clock (us) as a call stamped on the boot clock sees it: CLOCK_BOOTTIME
+ * read directly, placed on the epoch by the host's boot time of this load, and
+ * sped up by time_scale.  It runs with CLOCK_BOOTTIME whatever the wall clock
+ * does: with the host's boot (boot_time host) and time scale 1 a stamp
+ * (this less the boot time) is CLOCK_BOOTTIME; with boot_time T the boot clock
+ * restarted at T but runs on as CLOCK_BOOTTIME does.  Without a step of the wall
+ * clock since the load it reads as now_us(). */
+static unsigned long long boot_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_BOOTTIME, &ts);
+    double host_boot = host_boot_epoch_s(); /* whole microseconds */
+    if (g_state && g_state->time_scale != 1.0) {
+        double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + host_boot;
+        t = g_state->time_origin + (t - g_state->time_origin) * g_state->time_scale;
+        return t > 0 ? (unsigned long long)(t * 1e6) : 0ull;
+    }
+    long long us = (long long)ts.tv_sec * 1000000ll + (long long)ts.tv_nsec / 1000ll +
+                   llround(host_boot * 1e6);
+    return us > 0 ? (unsigned long long)us : 0ull;
+}
+
+/* The fake clock (us) of a call stamped on the boot clock (boot) or the epoch. */
+static unsigned long long stamp_now_us(int boot)
+{
+    return boot ? boot_now_us() : now_us();
 }
 
 /* Driver timestamps: the fake clock (less the boot time for a call stamped on
@@ -1840,7 +1882,9 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
         return done(NVML_ERROR_INVALID_ARGUMENT);
     if (MIG_ENABLED(t.dev)) /* documented: not supported on MIG-enabled GPUs */
         return done(NVML_ERROR_NOT_SUPPORTED);
-    unsigned long long k = now_us() / ((unsigned long long)g_state->period_ms * 1000ull);
+    /* the newest device sample's period: on the clock device samples are stamped on */
+    unsigned long long k = stamp_now_us(g_state->device_boot) /
+                           ((unsigned long long)g_state->period_ms * 1000ull);
     double m = mean_dev(t.dev, NULL, k_time(g_state, k ? k - 1 : 0), k_time(g_state, k));
     utilization->gpu = pct_round(m);
     utilization->memory = pct_round(m * 0.5);
@@ -2049,8 +2093,8 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
         return done(NVML_ERROR_NOT_SUPPORTED);
     if (MIG_ENABLED(t.dev) && type != NVML_TOTAL_POWER_SAMPLES) /* documented for MIG */
         return done(NVML_ERROR_NOT_SUPPORTED);
-    unsigned long long lo, hi, now = now_us();
     int boot = g_state->device_boot;
+    unsigned long long lo, hi, now = stamp_now_us(boot);
     double shift = driver_shift_us(boot);
     /* On the boot clock nothing is older than the boot. */
     unsigned long long floor_us = boot && shift < 0 ? (unsigned long long)-shift : 0;
@@ -2096,13 +2140,15 @@ static unsigned long long stagger_periods(const proc_t *p)
  * process's newest one.  Samples of 0 % are left out unless
  * process_zero_samples is set (the driver reports processes "that had some
  * non-zero utilization"); none is older than floor_us (the boot, on the boot
- * clock).  Returns the count, or -1 when out of memory. */
+ * clock) or newer than now (stamp_now_us() of the call's clock).  Returns the
+ * count, or -1 when out of memory. */
 static long collect_psamples(const fdev_t *d, unsigned long long last_seen, psample_t **out,
-                             unsigned long long *first_k, unsigned long long floor_us)
+                             unsigned long long *first_k, unsigned long long floor_us,
+                             unsigned long long now)
 {
     *out = NULL;
     unsigned long long lo, hi;
-    if (!sample_range(g_state, last_seen, &lo, &hi))
+    if (!sample_range(g_state, last_seen, now, &lo, &hi))
         return 0;
     *first_k = lo;
     unsigned long long per_us = (unsigned long long)g_state->period_ms * 1000ull;
@@ -2196,7 +2242,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     double shift = driver_shift_us(boot);
     unsigned long long floor_us = boot && shift < 0 ? (unsigned long long)-shift : 0;
     long n = collect_psamples(t.dev, from_driver_us(lastSeenTimeStamp, shift), &v, &first_k,
-                              floor_us);
+                              floor_us, stamp_now_us(boot));
     if (n < 0)
         return done(NVML_ERROR_MEMORY);
     if (n == 0) {
@@ -2651,7 +2697,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
     pthread_mutex_unlock(&g_lock);
     sleep_s(extra);
 
-    double deadline = real_now_s() + timeoutms / 1000.0; /* timeouts are real time */
+    double deadline = elapsed_s() + timeoutms / 1000.0; /* timeouts are real time */
     for (;;) {
         pthread_mutex_lock(&g_lock);
         if (!g_refcount) {
@@ -2672,7 +2718,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         pthread_mutex_unlock(&g_lock);
         if (r != NVML_ERROR_TIMEOUT)
             return r;
-        double left = deadline - real_now_s();
+        double left = deadline - elapsed_s();
         if (left <= 0)
             return NVML_ERROR_TIMEOUT;
         /* A driver blocks here: wake when the state file is replaced (where inotify

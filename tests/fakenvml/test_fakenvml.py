@@ -364,8 +364,8 @@ def test_samples_on_grid_once_and_exact(fake: FakeNvml) -> None:
         h = N.nvmlDeviceGetHandleByIndex(0)
         vtype, first = N.nvmlDeviceGetSamples(h, N.NVML_GPU_UTILIZATION_SAMPLES, 0)
         seen = [[s.timeStamp, s.sampleValue.uiVal] for s in first]
-        calls, end = 0, time.time() + 0.8
-        while time.time() < end:
+        calls, end = 0, time.monotonic() + 0.8
+        while time.monotonic() < end:
             r = call(N.nvmlDeviceGetSamples, h, N.NVML_GPU_UTILIZATION_SAMPLES, seen[-1][0])
             calls += 1
             if isinstance(r, str):
@@ -430,8 +430,8 @@ def test_time_scale_speeds_up_samples_energy_and_process_traces(fake: FakeNvml) 
         last = N.nvmlDeviceGetSamples(h1, N.NVML_GPU_UTILIZATION_SAMPLES, 0)[1]
         r1_after = time.time()
         procs = N.nvmlDeviceGetProcessUtilization(h0, 0)
-        t = time.time(); wait = call(N.nvmlEventSetWait_v2, es, 200)
-        waited = time.time() - t
+        t = time.monotonic(); wait = call(N.nvmlEventSetWait_v2, es, 200)
+        waited = time.monotonic() - t
         out({"r0": r0, "r1": r1, "r0_after": r0_after, "r1_after": r1_after, "de": e1 - e0,
              "first": [[s.timeStamp, s.sampleValue.uiVal] for s in first],
              "last": [[s.timeStamp, s.sampleValue.uiVal] for s in last],

@@ -49,9 +49,13 @@ def _bursty(fake: FakeNvml, clock: Literal["boot", "epoch"] = "epoch",
             grid: bool = False) -> Pattern:
     """A GPU whose last burst ended a second ago and whose next is 18 s away; its
     idle samples are not taken (the default). Jittered samples, some missing (the
-    defaults), unless on the grid."""
-    pattern = Pattern.square(BURST_S, EVERY_S, origin=time.time() - BURST_S - 1.0)
+    defaults), unless on the grid. On the boot clock the node booted an hour ago,
+    whatever the host's uptime: the ring reaches back five bursts (100 s), and on a
+    host booted a minute ago nothing is older than its boot."""
+    now = time.time()
+    pattern = Pattern.square(BURST_S, EVERY_S, origin=now - BURST_S - 1.0)
     state = NvmlState(buffer_samples=N, device_clock=clock,
+                      boot_time=now - 3600.3 if clock == "boot" else None,
                       devices=[Device(0, power_w=150.0, util=pattern)])
     if grid:
         state.sample_jitter, state.sample_missing_every = 0.0, 0
@@ -129,7 +133,7 @@ def test_a_read_on_from_a_timestamp_gets_only_newer_samples_of_the_ring(
 U = N.NVML_GPU_UTILIZATION_SAMPLES
 out({"util": util, "from_each": [read(U, ts) for ts, _ in util],
      "from_just_before": read(U, util[0][0] - 1), "from_before": read(U, util[0][0] - 167_000),
-     "from_long_before": read(U, util[0][0] - 10 ** 9)})
+     "from_the_start": read(U, 1)})
 """)
     util = got["util"]
     assert len(util) == N
@@ -138,7 +142,7 @@ out({"util": util, "from_each": [read(U, ts) for ts, _ in util],
     # Nothing older than the ring's oldest sample, however far back a read starts.
     assert got["from_just_before"] == util  # within the oldest one's period, before its stamp
     assert got["from_before"] == util
-    assert got["from_long_before"] == util
+    assert got["from_the_start"] == util  # the clock's first µs: long before, on either clock
 
 
 def test_power_samples_are_taken_while_idle_so_their_ring_spans_n_periods(
@@ -159,16 +163,17 @@ out({"util": util, "power": read(N.NVML_TOTAL_POWER_SAMPLES, 0), "now": time.tim
 
 def test_the_agent_learns_a_bursty_gpu_s_buffer_length_exactly(fake: FakeNvml) -> None:
     """gpu/buffers.py takes the samples a whole read holds as the buffer's length once
-    its oldest moves on: over the ring that is buffer_samples, burst after burst."""
-    fake.write(NvmlState(buffer_samples=N, time_scale=10.0,
+    its oldest moves on: over the ring that is buffer_samples, burst after burst. The
+    ring reaches back 50 s, so the boot is an hour back whatever the host's uptime."""
+    fake.write(NvmlState(buffer_samples=N, time_scale=10.0, boot_time=time.time() - 3600,
                          devices=[Device(0, util=Pattern.square(BURST_S, 10.0))]))
     got = run(fake, """
 from slurm_gpu_exporter.gpu.buffers import BufferStash
 from slurm_gpu_exporter.gpu.nvml_samples import util_samples_after
 N.nvmlInit()
 h = N.nvmlDeviceGetHandleByIndex(0)
-stash, errors, held, end = BufferStash(), [], set(), time.time() + 3.5  # 35 s: 3 bursts
-while time.time() < end:
+stash, errors, held, end = BufferStash(), [], set(), time.monotonic() + 3.5  # 35 s: 3 bursts
+while time.monotonic() < end:
     _, shape = util_samples_after(h, 0, errors)
     stash.whole(shape)
     held.add(shape.held)

@@ -19,6 +19,7 @@ import pytest
 from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.agent import Agent
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.fakenvml.clock_shim import booted_env
 from tests.integration.test_gpu_attribution import (
     GIB,
     Rig,
@@ -197,26 +198,30 @@ def test_boot_clock_samples_give_a_new_job_none_of_the_busy_time_before_its_star
 
 def test_reboot_with_the_state_dir_kept_counts_busy_time_from_the_new_boot(rig: Rig) -> None:
     """Saved cursors are boot-clock values of the old boot, far ahead of the new boot's
-    clock: kept, the driver would return no sample for as long as the node had been up."""
+    clock: kept, the driver would return no sample for as long as the node had been up.
+    The host's uptime has no say: the first boot's agent runs with a boot clock of a
+    day, the second's with one of 3 s (the clock shim), and the fake stamps each on
+    it, so both agents recognise the boot clock, as on a real node."""
     real0 = time.time()
     rig.fake.write(NvmlState(devices=[Device(0, processes=[
         Process(8501, GIB, sm=Pattern.constant(60), start_time=real0 - 5)])]))  # fmt: skip
     rig.node.add_job(85, [8501], job_gpus="0", start_time=real0)
-    agent = rig.start(name="agent-boot1")
+    agent = rig.start(booted_env(rig.fake.env(), 86400.0), name="agent-boot1")
     try:
         wait_for(agent, lambda t: (value(t, "slurm_gpu_busy_seconds_total", gpu="0") or 0) > 0.3,
                  timeout=10, what="busy time in the first boot")
         wait_samples(agent, 1)  # saved to the state dir
     finally:
         agent.stop()
+    assert "off the wall clock" not in agent.log()  # the day-old boot clock recognised
     # The reboot: a new boot id, the boot clock restarting 3 s ago, a new job.
     write_boot_id(rig.node)
     rig.node.remove_job(85)
     rebooted = time.time()
-    rig.fake.write(NvmlState(boot_time=rig.fake.now() - 3.0, devices=[Device(0, processes=[
+    rig.fake.write(NvmlState(devices=[Device(0, processes=[
         Process(8601, GIB, sm=Pattern.constant(60), start_time=rebooted - 3)])]))  # fmt: skip
     rig.node.add_job(86, [8601], job_gpus="0", start_time=rebooted)
-    agent = rig.start(name="agent-boot2")
+    agent = rig.start(booted_env(rig.fake.env(), 3.0), name="agent-boot2")
     try:
         text = wait_for(agent, lambda t: (job_gpu(t, BUSY, 86, "0") or 0) > 0.5,
                         timeout=8, what="busy time after the reboot")
@@ -224,6 +229,7 @@ def test_reboot_with_the_state_dir_kept_counts_busy_time_from_the_new_boot(rig: 
         agent.stop()
     assert job_gpu(text, UTIL, 86, "0") == pytest.approx(0.6, abs=0.05)
     assert "from another boot" in agent.log()
+    assert "off the wall clock" not in agent.log()  # the new boot's clock recognised
 
 
 # ------------------------------------------- issue 18, fault 5: a clock step back
