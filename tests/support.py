@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -28,9 +29,18 @@ def require(condition: bool, reason: str) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free on 127.0.0.1 now, from below the kernel's ephemeral range: a port the
+    kernel picks (bind to 0) is the kind it also hands to outgoing connections, which can
+    take it before the test's daemon binds it ("Address already in use")."""
+    for _ in range(200):
+        port = random.SystemRandom().randrange(20000, 32768)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port found between 20000 and 32767 on 127.0.0.1")
 
 
 def wait_until(
