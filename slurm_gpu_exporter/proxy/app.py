@@ -359,7 +359,8 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
         with guard.request(request.transport):  # not closed for a new one meanwhile
             return await handler(request)
 
-    middlewares = [in_request, authenticate] if guard else [authenticate]
+    # (not `if guard`: a guard with no connections is falsy, it has a length)
+    middlewares = [in_request, authenticate] if guard is not None else [authenticate]
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app.cleanup_ctx.append(session_context)
     app.router.add_get("/-/healthy", healthy)

@@ -130,3 +130,37 @@ async def _slow_body_answer() -> bytes:
 @pytest.mark.process  # the app starts its query checkers
 def test_a_request_body_that_trickles_is_refused_with_408() -> None:
     assert asyncio.run(_slow_body_answer()).startswith(b"HTTP/1.1 408")
+
+
+async def _kept_alive_past_the_header_timeout() -> tuple[bytes, bytes]:
+    from slurm_gpu_exporter.proxy.app import make_app
+    from slurm_gpu_exporter.proxy.config import ProxyConfig
+
+    # A header timeout far below the keepalive one: a connection that has had a
+    # request must be held to the keepalive timeout, so the app must tell the guard.
+    guard = CountingGuard(ConnectionLimits(header_timeout=0.05, keepalive_timeout=30))
+    app = make_app(ProxyConfig(prometheus_url="http://127.0.0.1:9"), guard=guard)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    servers = await listen(runner, [f"127.0.0.1:{port}"], None, guard)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+    first = await asyncio.wait_for(reader.readuntil(b"Healthy\n"), 5)
+    await asyncio.sleep(0.1)
+    guard.sweep()
+    writer.write(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+    try:
+        second = await asyncio.wait_for(reader.readuntil(b"Healthy\n"), 5)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        second = b""
+    writer.close()
+    await _stop(runner, servers, guard)
+    return first, second
+
+
+@pytest.mark.process  # the app starts its query checkers
+def test_the_proxy_tells_the_guard_of_its_requests_so_kept_alive_ones_stay_open() -> None:
+    # A flood's busy connections were closed at the header timeout (10 s) otherwise.
+    first, second = asyncio.run(_kept_alive_past_the_header_timeout())
+    assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200")
