@@ -26,9 +26,11 @@ class FairLimits:
     """Per-user limits (flags ``--limits.*``, docs/proxy.md)."""
 
     checks_per_user: int = 1  # queries of one user being checked at once
-    upstream_per_user: int = 8  # one user's requests to the store at once
-    waiting_per_user: int = 32  # more of theirs that may wait for a slot
-    wait_seconds: float = 2.0  # how long one waits before a 503
+    # A dashboard asks for all its panels at once (30 or so): they wait their turn,
+    # as long as a check waits for a worker (check_pool.WAIT_LIMIT_S).
+    upstream_per_user: int = 16  # one user's requests to the store at once
+    waiting_per_user: int = 64  # more of theirs that may wait for a slot
+    wait_seconds: float = 5.0  # how long one waits before a 503
     backoff_first_seconds: float = 1.0
     backoff_max_seconds: float = 60.0
     backoff_forget_seconds: float = 300.0

@@ -201,6 +201,7 @@ def test_one_users_slow_upstream_flood_leaves_admins_and_others_served(
     assert admin.status == 200 and bob.status == 200, (admin.text, bob.text)
     assert admin_took < VICTIM_MAX_S and bob_took < VICTIM_MAX_S, (admin_took, bob_took)
     statuses = collections.Counter(a.status for a in answers)
-    # alice's share: 8 at the store, 32 waiting; the rest told to retry.
-    assert statuses[503] >= 20 and statuses[200] >= 8, statuses
+    # alice's share: 16 at the store; the rest wait 5 s, less than the store holds
+    # hers, and are told to retry.
+    assert statuses[503] >= 20 and statuses[200] >= 16, statuses
 
