@@ -33,7 +33,7 @@ COMMENT_HIDDEN = '# "\n' + "(" * 8000 + "1" + ")" * 8000 + '\n# "'
 # each of these regexes (\w written out 100 times) for 50-100 ms: seconds in all, far
 # past the checkers' 1 s limit even on a machine a few times faster. (Issue 33's
 # `(.{0,1000}){0,1000}` is refused before parsing since issue 45: test_fairness.py.)
-SLOW_PARSE = "x{" + ",".join(f'l{i}=~"' + "\\w" * 100 + '"' for i in range(40)) + "}"
+SLOW_PARSE = "x{" + ",".join(f'l{i}=~"' + "\\\\w" * 100 + '"' for i in range(40)) + "}"
 # What the others may wait while the attack runs (the issue measured 31 s and 10.6 s).
 STALL_LIMIT_S = 1.0
 
