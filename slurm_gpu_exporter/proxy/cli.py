@@ -42,6 +42,9 @@ HEADER_TIMEOUT_S = 10.0
 # A request in progress is closed past the store's timeout and this much more (waits
 # for a check or a share of the store, reading the body).
 REQUEST_GRACE_S = 60.0
+# Half the default cap: one client (Grafana, or an attacker) keeps at most half of the
+# connections even when all of its are in a request.
+DEFAULT_MAX_PER_CLIENT = 512
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                    default=DEFAULT_MAX_CONNECTIONS, metavar="N",
                    help="open client connections at most; past half of it a new one closes "
                         f"the one idle the longest (default {DEFAULT_MAX_CONNECTIONS})")
+    p.add_argument("--web.max-connections-per-client", dest="max_per_client", type=int,
+                   default=DEFAULT_MAX_PER_CLIENT, metavar="N",
+                   help="open connections from one client address at most (0: no cap of "
+                        "its own); past it its own idle one is closed for its new one "
+                        f"(default {DEFAULT_MAX_PER_CLIENT})")
     p.add_argument("--limits.checks-per-user", dest="checks_per_user", type=int,
                    default=limits.checks_per_user, metavar="N",
                    help="one user's queries being checked at once; more of theirs wait "
@@ -151,6 +159,8 @@ def fair_limits(args: argparse.Namespace) -> FairLimits:
             raise ValueError(f"--limits.{flag} must be 0 or more")
     if args.max_connections < 2:
         raise ValueError("--web.max-connections must be 2 or more")
+    if args.max_per_client < 0:
+        raise ValueError("--web.max-connections-per-client must be 0 or more")
     return FairLimits(checks_per_user=args.checks_per_user,
                       upstream_per_user=args.upstream_per_user,
                       waiting_per_user=args.waiting_per_user, wait_seconds=args.wait_seconds,
@@ -163,14 +173,15 @@ async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str]
                 archive: ArchiveReader | None = None,
                 audiences: frozenset[str] = frozenset(),
                 limits: FairLimits | None = None,
-                max_connections: int = DEFAULT_MAX_CONNECTIONS) -> int:
+                max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                max_per_client: int = DEFAULT_MAX_PER_CLIENT) -> int:
     metrics = ProxyMetrics()
     cap = connection_cap(max_connections)
     if cap < max_connections:
         log.warning("the file limit leaves room for %d connections, not %d; raise "
                     "LimitNOFILE", cap, max_connections)
     guard = CountingGuard(ConnectionLimits(
-        max_connections=cap, header_timeout=HEADER_TIMEOUT_S,
+        max_connections=cap, max_per_client=max_per_client, header_timeout=HEADER_TIMEOUT_S,
         keepalive_timeout=KEEPALIVE_TIMEOUT_S,
         request_timeout=config.upstream_timeout + REQUEST_GRACE_S),
         on_refused=metrics.connections_refused.inc)
@@ -252,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     return asyncio.run(serve(config, web_config, addresses,
                              args.munge_socket if args.munge else None, archive, audiences,
-                             limits, args.max_connections))
+                             limits, args.max_connections, args.max_per_client))
 
 
 if __name__ == "__main__":

@@ -45,10 +45,10 @@ class ConnectionLimits:
     """How many connections, and how long each may idle (seconds)."""
 
     max_connections: int = 256
-    max_per_client: int = 0  # connections from one address (0: no cap of its own)
     header_timeout: float = 10.0
     keepalive_timeout: float = 15.0
     request_timeout: float = 60.0
+    max_per_client: int = 0  # connections from one address (0: no cap of its own)
 
 
 def connection_cap(wanted: int, reserved: int = RESERVED_FILES) -> int:

@@ -205,3 +205,33 @@ def test_one_users_slow_upstream_flood_leaves_admins_and_others_served(
     # hers, and are told to retry.
     assert statuses[503] >= 20 and statuses[200] >= 16, statuses
 
+
+
+def test_one_clients_busy_connections_take_its_share_of_the_cap_only(
+        stack: ProxyStack) -> None:
+    # Connections in a request are never closed for a new one: without a cap per
+    # address, one client's slow requests (a body that never ends, here) filled the
+    # cap and everyone else was refused until they timed out.
+    proxy = _proxy(stack, stack.prometheus.url, "per-client", "--web.max-connections", "8",
+                   "--web.max-connections-per-client", "4")
+    held = []
+    try:
+        head = (b"POST /api/v1/query HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                + basic("alice")["Authorization"].encode()
+                + b"\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                b"Content-Length: 1000\r\n\r\nquery=")
+        for _ in range(10):  # from another loopback address than the others'
+            conn = socket.create_connection(("127.0.0.1", proxy.port), timeout=5,
+                                            source_address=("127.0.0.2", 0))
+            conn.sendall(head)
+            held.append(conn)
+            time.sleep(0.05)
+        time.sleep(0.5)  # all in their request (reading the body)
+        for who, query in (("root", "count(slurm_job_info)"), ("bob", "count(up)")):
+            took, answer = _query(proxy.url, who, query)
+            assert answer.status == 200, (who, answer.text)
+            assert took < VICTIM_MAX_S
+    finally:
+        for conn in held:
+            conn.close()
+        proxy.stop()
