@@ -1,5 +1,8 @@
 """slurm-gpu-proxy under issue 33's attack: 20 users send a query that is slow to
-parse while an admin queries; and the latency the proxy adds to normal queries.
+parse while an admin queries; and the latency the proxy adds to normal queries. With
+``--attack`` one of issue 45's (``slow-parse-user``, ``slow-parse-nocount``,
+``idle-hold``, ``slow-upstream``: bench/proxy_fairness.py), one user attacks while
+another user and an admin query; their answers and p50/p99.
 
 Starts Debian's Prometheus scraping the agent on a simulated node and the proxy in
 front of it (tests/proxy/stack.py), all on 127.0.0.1. Then:
@@ -38,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import percentile, record
 from bench.proxy import added_latency, dashboard_queries
+from bench.proxy_fairness import run_attack
 from tests.proxy.stack import SECRET_HEADER, USER_HEADER, ProxyStack, basic
 from tests.proxy.stack import start as start_stack
 
@@ -45,6 +49,7 @@ ATTACKS = {
     "comment-hidden": '# "\n' + "(" * 8000 + "1" + ")" * 8000 + '\n# "',
     "slow-parse": " or ".join(f'x{{a=~"(.{{0,1000}}){{0,{1000 + i}}}"}}' for i in range(30)),
 }
+FAIRNESS_ATTACKS = ("slow-parse-user", "slow-parse-nocount", "idle-hold", "slow-upstream")
 MAX_REQUESTS_EACH = 2000
 ADMIN_PAUSE_S = 0.02
 
@@ -108,7 +113,8 @@ async def under_attack(stack: ProxyStack, attack: str, users: int, seconds: floa
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--attack", choices=sorted(ATTACKS), default="comment-hidden")
+    parser.add_argument("--attack", choices=sorted(ATTACKS) + list(FAIRNESS_ATTACKS),
+                        default="comment-hidden")
     parser.add_argument("--users", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--timeout", type=float, default=30.0)
@@ -134,8 +140,13 @@ def main() -> int:
                     'slurm_job_info{user="alice"}')[0]["metric"]["jobid"]
                 figures.update(added_latency(stack, dashboard_queries("alice", jobid, end),
                                              args.rounds))
-            figures.update(asyncio.run(under_attack(stack, ATTACKS[args.attack], args.users,
-                                                    args.seconds, args.timeout)))
+            if args.attack in FAIRNESS_ATTACKS:
+                figures.update(run_attack(stack, args.attack, args.seconds, args.timeout,
+                                          Path(tmp)))
+            else:
+                figures.update(asyncio.run(under_attack(stack, ATTACKS[args.attack],
+                                                        args.users, args.seconds,
+                                                        args.timeout)))
             figures["load_average_1m_after"] = round(os.getloadavg()[0], 2)
         finally:
             stack.stop()

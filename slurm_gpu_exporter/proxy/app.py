@@ -26,13 +26,20 @@ from slurm_gpu_exporter.proxy.archive import ArchiveReader, ArchiveUnavailable
 from slurm_gpu_exporter.proxy.check_pool import CheckBusy, CheckPool
 from slurm_gpu_exporter.proxy.config import ProxyConfig
 from slurm_gpu_exporter.proxy.enforce import QueryRefused, Scope, default_series_selectors
+from slurm_gpu_exporter.proxy.fairness import BackingOff, Backoff, Busy, FairLimits, PerUser
 from slurm_gpu_exporter.proxy.identity import Caller, Refusal, identify
-from slurm_gpu_exporter.proxy.limits import LimitExceeded, check_query_text
+from slurm_gpu_exporter.proxy.limits import (
+    LimitExceeded,
+    check_query_text,
+    check_regex_repetition,
+)
 from slurm_gpu_exporter.proxy.munge import MungeDecoder
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
 from slurm_gpu_exporter.proxy.params import FORM, BadRequest, pick, read_params, single
 from slurm_gpu_exporter.proxy.printer import LABEL_NAME
+from slurm_gpu_exporter.proxy.upstream import Upstream
 from slurm_gpu_exporter.web.config import WebConfig
+from slurm_gpu_exporter.web.connections import ConnectionGuard
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +98,11 @@ ADMIN_CHECK_WORKERS = 1
 
 
 class Refused(Exception):
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str,
+                 retry_after: int = RETRY_AFTER_S) -> None:
         super().__init__(message)
         self.status, self.reason, self.message = status, reason, message
+        self.retry_after = retry_after
 
 
 def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
@@ -102,41 +111,50 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
              checks: CheckPool | None = None,
              admin_checks: CheckPool | None = None,
              munge: MungeDecoder | None = None,
-             archive: ArchiveReader | None = None) -> web.Application:
+             archive: ArchiveReader | None = None,
+             limits: FairLimits | None = None,
+             guard: ConnectionGuard | None = None) -> web.Application:
     """The proxy application (tests start it on a random port). A request body must
     arrive within ``read_timeout`` seconds. Queries are checked in the worker processes
     of ``checks``, admins' in those of ``admin_checks``, so that no flood of slow
     queries from users makes an admin wait (both started and stopped with the app);
     ``munge`` decodes munge credentials; ``archive`` answers archived jobs
-    (archive.py)."""
+    (archive.py). ``limits`` bound each user's share of the checkers and the store
+    (fairness.py); ``guard`` is the listener's connection guard (listener.py), told
+    which connections are in a request."""
     web_config = web_config or WebConfig()
     metrics = metrics or ProxyMetrics()
     upstream = URL(config.prometheus_url)
     checks = checks or CheckPool()
     admin_checks = admin_checks or CheckPool(workers=ADMIN_CHECK_WORKERS)
-    state: dict[str, aiohttp.ClientSession] = {}
+    limits = limits or FairLimits()
+    # Each user's share: checks and upstream requests in flight, and a growing wait
+    # for one whose queries keep being killed for time (fairness.py).
+    check_share = PerUser("queries being checked", limits.checks_per_user,
+                          limits.waiting_per_user, limits.wait_seconds)
+    backoff = Backoff(limits.backoff_first_seconds, limits.backoff_max_seconds,
+                      limits.backoff_forget_seconds)
+    upstream_calls = Upstream(config.prometheus_url, config.upstream_timeout, limits,
+                              metrics)
 
     async def session_context(app: web.Application):  # type: ignore[no-untyped-def]
         await checks.start()
         await admin_checks.start()
-        state["session"] = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=64),
-            timeout=aiohttp.ClientTimeout(total=config.upstream_timeout),
-            auto_decompress=True)
+        await upstream_calls.start()
         yield
-        await state["session"].close()
+        await upstream_calls.close()
         await checks.close()
         await admin_checks.close()
 
     def refuse(request: web.Request, status: int, reason: str, message: str,
-               user: str, endpoint: str) -> web.Response:
+               user: str, endpoint: str, retry_after: int = RETRY_AFTER_S) -> web.Response:
         metrics.refusals.labels(reason).inc()
         metrics.requests.labels(endpoint, str(status)).inc()
         log.warning("refused %s %r for user %r: %s (%s)", request.method, request.path,
                     user or "-", reason, message)
         headers = {"WWW-Authenticate": 'Basic realm="slurm-gpu-proxy"'} if status == 401 else {}
-        if status == 503:
-            headers["Retry-After"] = str(RETRY_AFTER_S)
+        if status in (429, 503):
+            headers["Retry-After"] = str(retry_after)
         return web.json_response({"status": "error", "errorType": reason, "error": message},
                                  status=status, headers=headers)
 
@@ -169,40 +187,46 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
                 response = await handler(request)
             except Refused as exc:
                 return refuse(request, exc.status, exc.reason, exc.message, who.name,
-                              _endpoint_name(request.path))
+                              _endpoint_name(request.path), exc.retry_after)
         response.headers.update(web_config.headers)
         return response
 
-    async def call_upstream(endpoint: str, method: str, url: URL,
-                            **kwargs: object) -> web.Response:
-        started = time.perf_counter()
+    async def call_upstream(endpoint: str, method: str, url: URL, caller: str,
+                            admin: bool, **kwargs: object) -> web.Response:
         try:
-            async with state["session"].request(method, url, **kwargs) as resp:
-                body = await resp.read()
-                status, content_type = resp.status, resp.content_type
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            metrics.upstream_errors.labels(endpoint).inc()
-            metrics.requests.labels(endpoint, "502").inc()
-            log.warning("upstream %s did not answer %s: %s", config.prometheus_url, endpoint,
-                        exc or type(exc).__name__)
-            return web.json_response(
-                {"status": "error", "errorType": "unavailable",
-                 "error": f"the Prometheus behind this proxy did not answer "
-                          f"({type(exc).__name__}); try again, or tell its admins"},
-                status=502)
-        metrics.upstream_seconds.labels(endpoint).observe(time.perf_counter() - started)
-        metrics.requests.labels(endpoint, str(status)).inc()
-        return web.Response(status=status, body=body, content_type=content_type)
+            return await upstream_calls.call(endpoint, method, url, caller, admin, **kwargs)
+        except Busy as exc:
+            raise Refused(503, "busy", f"{exc}; retry in {exc.retry_after} s",
+                          exc.retry_after) from None
 
-    async def restricted(kind: str, text: str, scope: Scope) -> str:
+    async def restricted(kind: str, text: str, scope: Scope, caller: str) -> str:
         try:
-            check_query_text(text)  # at once: what is past the limits never waits
-            pool = admin_checks if scope.admin else checks
-            return await pool.check(kind, text, scope)
+            # At once: what is past the limits never waits.
+            check_query_text(text)
+            check_regex_repetition(text)
+            if scope.admin:
+                return await admin_checks.check(kind, text, scope)
+            backoff.check(caller)
+            async with check_share.slot(caller):
+                backoff.check(caller)  # struck while this one waited
+                try:
+                    return await checks.check(kind, text, scope)
+                except QueryRefused as exc:
+                    if exc.reason == "slow_query":
+                        wait = backoff.strike(caller)
+                        raise QueryRefused(f"{exc}; your next query is checked in "
+                                           f"{wait:g} s at the earliest", exc.reason
+                                           ) from None
+                    raise
         except LimitExceeded as exc:
             raise Refused(400, "limit", str(exc)) from None
         except QueryRefused as exc:
             raise Refused(400, exc.reason, str(exc)) from None
+        except BackingOff as exc:
+            raise Refused(429, "backoff", str(exc), exc.retry_after) from None
+        except Busy as exc:
+            raise Refused(503, "busy", f"{exc}; retry in {exc.retry_after} s",
+                          exc.retry_after) from None
         except CheckBusy as exc:
             raise Refused(503, "busy", f"the proxy is checking too many queries ({exc}); "
                           f"retry in {RETRY_AFTER_S} s") from None
@@ -210,6 +234,7 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
     async def read_endpoint(request: web.Request, path: str, endpoint: Endpoint
                             ) -> web.Response:
         scope: Scope = request[SCOPE]
+        caller: str = request[CALLER].name
         try:
             try:
                 async with asyncio.timeout(read_timeout):
@@ -221,14 +246,15 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
             if endpoint.query is not None:
                 query = single(params, endpoint.query, endpoint.query_required)
                 if query is not None:
-                    form.append((endpoint.query, await restricted("query", query, scope)))
+                    form.append((endpoint.query, await restricted("query", query, scope,
+                                                                     caller)))
             if endpoint.matches:
                 selectors = params.getall("match[]", [])
                 if endpoint.matches_required and not selectors:
                     raise BadRequest("at least one match[] series selector is needed")
                 for selector in selectors:
                     form.append(("match[]", await restricted("selector", selector,
-                                                             scope)))
+                                                             scope, caller)))
                 if not selectors and not scope.admin:
                     # Without match[], label names and values would come from every series.
                     form += [("match[]", s) for s in default_series_selectors(scope)]
@@ -237,9 +263,10 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
         url = upstream.with_path(upstream.path.rstrip("/") + path, encoded=False)
         encoded = urlencode(form, quote_via=quote)
         if endpoint.post and len(encoded) > UPSTREAM_GET_BYTES:
-            return await call_upstream(endpoint.name, "POST", url, data=encoded,
-                                       headers={"Content-Type": FORM})
-        return await call_upstream(endpoint.name, "GET", URL(f"{url}?{encoded}", encoded=True))
+            return await call_upstream(endpoint.name, "POST", url, caller, scope.admin,
+                                       data=encoded, headers={"Content-Type": FORM})
+        return await call_upstream(endpoint.name, "GET", URL(f"{url}?{encoded}", encoded=True),
+                                   caller, scope.admin)
 
     async def api(request: web.Request) -> web.StreamResponse:
         path = request.path
@@ -262,8 +289,8 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
         url = URL(str(upstream).rstrip("/") + request.raw_path, encoded=True)
         headers = {"Content-Type": request.headers["Content-Type"]} if (
             "Content-Type" in request.headers) else {}
-        return await call_upstream("admin_passthrough", request.method, url, data=body,
-                                   headers=headers)
+        return await call_upstream("admin_passthrough", request.method, url,
+                                   request[CALLER].name, True, data=body, headers=headers)
 
     async def archived_job(request: web.Request) -> web.Response:
         """``GET /slurm-gpu/v1/jobs/<jobid>[?cluster=NAME]``: the archived job, if the
@@ -313,7 +340,8 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
     async def ready(request: web.Request) -> web.Response:
         url = upstream.with_path(upstream.path.rstrip("/") + "/api/v1/query")
         try:
-            async with state["session"].get(url, params={"query": "1"},
+            assert upstream_calls.admins is not None
+            async with upstream_calls.admins.get(url, params={"query": "1"},
                                             timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 if resp.status == 200:
                     return web.Response(text="Ready\n")
@@ -323,7 +351,17 @@ def make_app(config: ProxyConfig, web_config: WebConfig | None = None,
         return web.Response(status=503, text=f"upstream {config.prometheus_url} not "
                             f"reachable ({problem}); check --prometheus-url\n")
 
-    app = web.Application(middlewares=[authenticate], client_max_size=MAX_BODY_BYTES)
+    @web.middleware
+    async def in_request(request: web.Request,
+                         handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                         ) -> web.StreamResponse:
+        assert guard is not None
+        with guard.request(request.transport):  # not closed for a new one meanwhile
+            return await handler(request)
+
+    # (not `if guard`: a guard with no connections is falsy, it has a length)
+    middlewares = [in_request, authenticate] if guard is not None else [authenticate]
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app.cleanup_ctx.append(session_context)
     app.router.add_get("/-/healthy", healthy)
     app.router.add_get("/-/ready", ready)

@@ -18,10 +18,18 @@ from slurm_gpu_exporter.munge_audience import audience
 from slurm_gpu_exporter.proxy.app import make_app
 from slurm_gpu_exporter.proxy.archive import ArchiveReader, ArchiveSetupError
 from slurm_gpu_exporter.proxy.config import ConfigError, ProxyConfig, load_config
-from slurm_gpu_exporter.proxy.listener import ListenError, listen, parse_listen_address
+from slurm_gpu_exporter.proxy.fairness import FairLimits
+from slurm_gpu_exporter.proxy.listener import (
+    DEFAULT_MAX_CONNECTIONS,
+    CountingGuard,
+    ListenError,
+    listen,
+    parse_listen_address,
+)
 from slurm_gpu_exporter.proxy.munge import DEFAULT_SOCKET, MungeDecoder
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
 from slurm_gpu_exporter.web.config import WebConfig, WebConfigError, load_web_config
+from slurm_gpu_exporter.web.connections import ConnectionLimits, connection_cap
 
 log = logging.getLogger("slurm_gpu_exporter.proxy")
 
@@ -29,6 +37,14 @@ DEFAULT_LISTEN = ":9818"
 KEEPALIVE_TIMEOUT_S = 75.0
 # How long the rest of a refused request's body is read so the client sees the answer.
 LINGERING_TIME_S = 2.0
+# A connection that sends no request within this closes (ConnectionGuard).
+HEADER_TIMEOUT_S = 10.0
+# A request in progress is closed past the store's timeout and this much more (waits
+# for a check or a share of the store, reading the body).
+REQUEST_GRACE_S = 60.0
+# Half the default cap: one client (Grafana, or an attacker) keeps at most half of the
+# connections even when all of its are in a request.
+DEFAULT_MAX_PER_CLIENT = 512
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +82,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--archive.timeout", dest="archive_timeout", type=float, default=10.0,
                    metavar="SECONDS", help="how long to wait for the archive (connection, "
                                            "locks; default 10)")
+    limits = FairLimits()
+    p.add_argument("--web.max-connections", dest="max_connections", type=int,
+                   default=DEFAULT_MAX_CONNECTIONS, metavar="N",
+                   help="open client connections at most; past half of it a new one closes "
+                        f"the one idle the longest (default {DEFAULT_MAX_CONNECTIONS})")
+    p.add_argument("--web.max-connections-per-client", dest="max_per_client", type=int,
+                   default=DEFAULT_MAX_PER_CLIENT, metavar="N",
+                   help="open connections from one client address at most (0: no cap of "
+                        "its own); past it its own idle one is closed for its new one "
+                        f"(default {DEFAULT_MAX_PER_CLIENT})")
+    p.add_argument("--limits.checks-per-user", dest="checks_per_user", type=int,
+                   default=limits.checks_per_user, metavar="N",
+                   help="one user's queries being checked at once; more of theirs wait "
+                        f"(default {limits.checks_per_user})")
+    p.add_argument("--limits.upstream-per-user", dest="upstream_per_user", type=int,
+                   default=limits.upstream_per_user, metavar="N",
+                   help="one user's requests at the store at once; more of theirs wait "
+                        f"(default {limits.upstream_per_user})")
+    p.add_argument("--limits.waiting-per-user", dest="waiting_per_user", type=int,
+                   default=limits.waiting_per_user, metavar="N",
+                   help="how many more of one user's requests may wait for their share "
+                        f"before 503 (default {limits.waiting_per_user})")
+    p.add_argument("--limits.wait", dest="wait_seconds", type=float,
+                   default=limits.wait_seconds, metavar="SECONDS",
+                   help="how long a request waits for its user's share before 503 with "
+                        f"Retry-After (default {limits.wait_seconds:g})")
+    p.add_argument("--limits.backoff-max", dest="backoff_max", type=float,
+                   default=limits.backoff_max_seconds, metavar="SECONDS",
+                   help="the longest a user whose queries keep being killed for time "
+                        "waits (429); the wait starts at "
+                        f"{limits.backoff_first_seconds:g} s and doubles per kill "
+                        f"(default {limits.backoff_max_seconds:g})")
+    p.add_argument("--limits.upstream-body-bytes", dest="upstream_body_bytes", type=int,
+                   default=limits.upstream_body_bytes, metavar="BYTES",
+                   help="the largest answer taken from the store; larger ones are 502 "
+                        f"(default {limits.upstream_body_bytes})")
     p.add_argument("--log.level", dest="log_level", default="info",
                    choices=["debug", "info", "warn", "error"])
     p.add_argument("--version", action="version", version=f"slurm-gpu-proxy {__version__}")
@@ -94,11 +146,45 @@ def munge_audiences(given: list[str], addresses: list[str], tls: bool) -> frozen
     return frozenset(found)
 
 
+def fair_limits(args: argparse.Namespace) -> FairLimits:
+    """The ``--limits.*`` flags; ValueError naming one that is out of range."""
+    for flag, value in (("checks-per-user", args.checks_per_user),
+                        ("upstream-per-user", args.upstream_per_user),
+                        ("upstream-body-bytes", args.upstream_body_bytes)):
+        if value < 1:
+            raise ValueError(f"--limits.{flag} must be 1 or more")
+    for flag, value in (("waiting-per-user", args.waiting_per_user),
+                        ("wait", args.wait_seconds), ("backoff-max", args.backoff_max)):
+        if not value >= 0:
+            raise ValueError(f"--limits.{flag} must be 0 or more")
+    if args.max_connections < 2:
+        raise ValueError("--web.max-connections must be 2 or more")
+    if args.max_per_client < 0:
+        raise ValueError("--web.max-connections-per-client must be 0 or more")
+    return FairLimits(checks_per_user=args.checks_per_user,
+                      upstream_per_user=args.upstream_per_user,
+                      waiting_per_user=args.waiting_per_user, wait_seconds=args.wait_seconds,
+                      backoff_max_seconds=args.backoff_max,
+                      upstream_body_bytes=args.upstream_body_bytes)
+
+
 async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str],
                 munge_socket: Path | None = None,
                 archive: ArchiveReader | None = None,
-                audiences: frozenset[str] = frozenset()) -> int:
+                audiences: frozenset[str] = frozenset(),
+                limits: FairLimits | None = None,
+                max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                max_per_client: int = DEFAULT_MAX_PER_CLIENT) -> int:
     metrics = ProxyMetrics()
+    cap = connection_cap(max_connections)
+    if cap < max_connections:
+        log.warning("the file limit leaves room for %d connections, not %d; raise "
+                    "LimitNOFILE", cap, max_connections)
+    guard = CountingGuard(ConnectionLimits(
+        max_connections=cap, max_per_client=max_per_client, header_timeout=HEADER_TIMEOUT_S,
+        keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+        request_timeout=config.upstream_timeout + REQUEST_GRACE_S),
+        on_refused=metrics.connections_refused.inc)
     munge = MungeDecoder(munge_socket, audiences=audiences) if munge_socket else None
     if munge is not None:
         log.info("taking munge credentials made for %s", ", ".join(sorted(audiences)))
@@ -109,7 +195,7 @@ async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str]
         else:
             log.info("serving archived jobs from %s", archive.where)
     runner = web.AppRunner(make_app(config, web_config, metrics, munge=munge,
-                                    archive=archive),
+                                    archive=archive, limits=limits, guard=guard),
                            access_log=None,
                            handle_signals=False, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
                            lingering_time=LINGERING_TIME_S)
@@ -122,9 +208,9 @@ async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str]
         return 1
     ssl_context = web_config.ssl_context()
     try:
-        servers = await listen(runner, addresses, ssl_context,
-                               on_refused=metrics.connections_refused.inc)
+        servers = await listen(runner, addresses, ssl_context, guard)
     except ListenError as exc:
+        guard.stop()
         await runner.cleanup()
         log.error("%s; pick a free address", exc)
         return 1
@@ -138,6 +224,7 @@ async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str]
     await stop.wait()
     for server in servers:
         server.close()
+    guard.stop()
     await runner.cleanup()  # closes the open connections, so the servers can finish
     for server in servers:
         await server.wait_closed()
@@ -159,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                                      web_config.tls is not None) if args.munge else frozenset())
         archive = (ArchiveReader(args.archive_url, args.archive_timeout)
                    if args.archive_url else None)
+        limits = fair_limits(args)
     except (ConfigError, WebConfigError, ValueError, ArchiveSetupError) as exc:
         print(f"slurm-gpu-proxy: {exc}", file=sys.stderr)
         return 2
@@ -174,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
               "install munge)", file=sys.stderr)
         return 2
     return asyncio.run(serve(config, web_config, addresses,
-                             args.munge_socket if args.munge else None, archive, audiences))
+                             args.munge_socket if args.munge else None, archive, audiences,
+                             limits, args.max_connections, args.max_per_client))
 
 
 if __name__ == "__main__":

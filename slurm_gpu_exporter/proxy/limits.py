@@ -71,3 +71,67 @@ def check_query_text(text: str) -> None:
     if depth > MAX_DEPTH:
         raise LimitExceeded(f"query nests brackets {depth} deep (comments and strings "
                             f"count too), deeper than the {MAX_DEPTH} allowed; flatten it")
+
+
+# Counted repetitions in regexes: the parser compiles every regex matcher, and a count
+# multiplies the compiled program (`\w{100}` takes it about 80 ms; twenty of them, or
+# `((\w{10}){10}){10}`, take seconds). Real queries use none, or a `\d{1,10}`.
+MAX_REPEAT = 100
+MAX_REPEAT_TOTAL = 250
+_COUNT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+_REPEAT_TOKENS = re.compile(r"\{\s*\d+\s*(?:,\s*\d*\s*)?\}|[()]")
+# A digit, brace or comma written as a string escape (\x31, \u007b, \061) would be a
+# count the raw text does not show; nobody writes those so.
+_ESCAPED_COUNT = re.compile(r"\\(?:x(?:3\d|2c|7[bd])|u00(?:3\d|2c|7[bd])"
+                            r"|U000000(?:3\d|2c|7[bd])|0[67][0-7]|054|17[35])", re.I)
+
+
+def repetition_weight(text: str) -> int:
+    """What the counted repetitions of ``text``'s regexes would cost the parser, in
+    repeated units: each count times one plus what the group it repeats holds, summed.
+    Counted on the raw text like the other bounds (brackets in strings and comments
+    included): it over-counts, never under."""
+    stack = [0]  # the weight inside each open bracket
+    last_group = 0  # the weight of the group that just closed, if a count follows it
+    after_group = False
+    for match in _REPEAT_TOKENS.finditer(text):
+        token = match.group()
+        if token == "(":
+            stack.append(0)
+            after_group = False
+        elif token == ")":
+            last_group = stack.pop() if len(stack) > 1 else 0
+            stack[-1] += last_group
+            after_group = match.end() < len(text) and text[match.end()] == "{"
+        else:
+            low, high = _COUNT.fullmatch(token).groups()  # type: ignore[union-attr]
+            count = max(int(low), int(high or 0))
+            if after_group and text[match.start() - 1] == ")":
+                stack[-1] += count * (1 + last_group) - last_group
+            else:
+                stack[-1] += count
+            after_group = False
+    return sum(stack)
+
+
+def check_regex_repetition(text: str, max_repeat: int = MAX_REPEAT,
+                           max_total: int = MAX_REPEAT_TOTAL) -> None:
+    """Raise LimitExceeded when a regex of ``text`` repeats something more than
+    ``max_repeat`` times (``{n}``, ``{n,}``, ``{n,m}``), its counted repetitions weigh
+    more than ``max_total`` together (nested ones multiply), or a count hides in string
+    escapes. Linear in the text."""
+    for match in _COUNT.finditer(text):
+        count = max(int(match.group(1)), int(match.group(2) or 0))
+        if count > max_repeat:
+            raise LimitExceeded(f"query repeats a regex part {count} times "
+                                f"({match.group()}), more than the {max_repeat} allowed; "
+                                "use + or * instead")
+    escaped = _ESCAPED_COUNT.search(text)
+    if escaped:
+        raise LimitExceeded(f"query writes a digit, comma or brace as the escape "
+                            f"{escaped.group()}; write the character itself")
+    weight = repetition_weight(text)
+    if weight > max_total:
+        raise LimitExceeded(f"query's regex repetition counts add up to {weight} (nested "
+                            f"ones multiply), more than the {max_total} allowed; use + or "
+                            "* instead")

@@ -24,11 +24,12 @@ class ProxyMetrics:
                      30, 60), registry=self.registry)
         self.upstream_errors = Counter(
             "slurm_gpu_proxy_upstream_errors", "Upstream requests that got no answer "
-            "(refused connection, timeout).", ["endpoint"], registry=self.registry)
+            "(refused connection, timeout) or one past the size limit.", ["endpoint"],
+            registry=self.registry)
 
         self.connections_refused = Counter(
             "slurm_gpu_proxy_connections_refused", "Connections closed at once because "
-            "the proxy had its maximum open.", registry=self.registry)
+            "the proxy had its maximum open, every one in a request.", registry=self.registry)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

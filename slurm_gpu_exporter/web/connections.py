@@ -9,7 +9,10 @@ a response, a request may take ``request_timeout``, and there are never more tha
 the longest (those that never sent a byte first); only when every one is in a
 request is the new one refused. A scraper that
 connects and asks at once is therefore always served, however many idle
-connections an attacker opens.
+connections an attacker opens. With ``max_per_client``, one client address holds at
+most that many: its new connection past it closes its own longest-idle one, or is
+refused when all of its are in a request, so one client's busy connections cannot
+fill the cap either.
 
 Works with any asyncio protocol factory (aiohttp's ``web.Server``); the HTTP layer
 tells it when a request starts and ends (``ConnectionGuard.request``).
@@ -45,6 +48,7 @@ class ConnectionLimits:
     header_timeout: float = 10.0
     keepalive_timeout: float = 15.0
     request_timeout: float = 60.0
+    max_per_client: int = 0  # connections from one address (0: no cap of its own)
 
 
 def connection_cap(wanted: int, reserved: int = RESERVED_FILES) -> int:
@@ -87,9 +91,12 @@ class _Connection(asyncio.Protocol):
         self.busy = 0  # requests in progress
         self.since = guard.clock()  # when it became idle or busy
         self.opened = self.since
+        self.client: object = None  # the peer's address, without its port
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.client = peer[0] if isinstance(peer, tuple) and peer else peer
         self.admitted = self.guard.admit(self)
         if not self.admitted:
             transport.abort()
@@ -183,6 +190,9 @@ class ConnectionGuard:
         connection younger than that has often sent its request already, unread
         yet: one accept batch of a flood must not close a scraper's connection.
         """
+        if self.limits.max_per_client and not self._room_for_client(conn):
+            self._note("refused: every connection of the client is in a request")
+            return False
         limit = self.limits.max_connections
         if len(self._open) >= limit // 2:
             now = self.clock()
@@ -199,6 +209,21 @@ class ConnectionGuard:
         self._open[conn.transport] = conn
         if self._work is not None:
             self._work.set()
+        return True
+
+    def _room_for_client(self, conn: _Connection) -> bool:
+        """Below the client's own cap, or made so by closing its longest-idle
+        connection (one older than YOUNG_S first); False when all of its are busy."""
+        mine = [c for c in self._open.values() if c.client == conn.client]
+        if len(mine) < self.limits.max_per_client:
+            return True
+        now = self.clock()
+        idle = [c for c in mine if not c.busy]
+        candidates = [c for c in idle if now - c.opened > YOUNG_S] or idle
+        if not candidates:
+            return False
+        self._close(min(candidates, key=lambda c: (c.spoke, c.used, c.since)),
+                    "closed for the same client's new one")
         return True
 
     def release(self, conn: _Connection) -> None:

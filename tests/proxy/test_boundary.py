@@ -13,8 +13,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PROXY = ROOT / "slurm_gpu_exporter" / "proxy"
+# The shared web layer's config reader and connection guard (standard library only).
 ALLOWED = {"slurm_gpu_exporter", "slurm_gpu_exporter.web.config",
-           "slurm_gpu_exporter.munge_audience"}
+           "slurm_gpu_exporter.web.connections", "slurm_gpu_exporter.munge_audience"}
 # What archive.py may load, inside its functions only.
 ARCHIVE_ONLY = {"slurm_gpu_exporter.report.archive.store", "slurm_gpu_exporter.report.errors",
                 "slurm_gpu_exporter.report.figures.detail_data"}
@@ -25,7 +26,7 @@ def _names(node: ast.AST) -> list[str]:
             else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
 
 
-def test_the_proxy_imports_no_agent_module_but_the_web_config_reader() -> None:
+def test_the_proxy_imports_no_agent_module_but_the_web_config_and_connection_guard() -> None:
     outside = set()
     for path in PROXY.glob("*.py"):
         allowed = ALLOWED | (ARCHIVE_ONLY if path.name == "archive.py" else set())

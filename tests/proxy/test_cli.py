@@ -22,6 +22,14 @@ PROXY = str(Path(sys.executable).parent / "slurm-gpu-proxy")
      "--munge.audience needs --munge"),
     (["--prometheus-url", "http://127.0.0.1:9090", "--munge", "--munge.audience", "ftp://p"],
      "--munge.audience: 'ftp://p' is not an http:// or https:// URL"),
+    (["--prometheus-url", "http://127.0.0.1:9090", "--limits.checks-per-user", "0"],
+     "--limits.checks-per-user must be 1 or more"),
+    (["--prometheus-url", "http://127.0.0.1:9090", "--limits.wait", "-1"],
+     "--limits.wait must be 0 or more"),
+    (["--prometheus-url", "http://127.0.0.1:9090", "--web.max-connections", "1"],
+     "--web.max-connections must be 2 or more"),
+    (["--prometheus-url", "http://127.0.0.1:9090", "--web.max-connections-per-client", "-1"],
+     "--web.max-connections-per-client must be 0 or more"),
 ])
 def test_the_proxy_says_what_is_wrong_and_exits_2(args: list[str], message: str) -> None:
     result = subprocess.run([PROXY, *args], capture_output=True, text=True, timeout=30,

@@ -11,9 +11,10 @@ from aiohttp import web
 
 from slurm_gpu_exporter.proxy.app import make_app
 from slurm_gpu_exporter.proxy.config import ProxyConfig
-from slurm_gpu_exporter.proxy.listener import listen
+from slurm_gpu_exporter.proxy.listener import CountingGuard, listen
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
 from slurm_gpu_exporter.web.config import WebConfig
+from slurm_gpu_exporter.web.connections import ConnectionLimits
 from tests.support import free_port
 
 
@@ -21,12 +22,13 @@ async def _answers_with_the_store_down() -> tuple[int, str, int, float | None]:
     nothing_there = free_port()  # nothing listens here
     metrics = ProxyMetrics()
     web_config = WebConfig(users={"alice": bcrypt.hashpw(b"pw", bcrypt.gensalt(4))})
+    guard = CountingGuard(ConnectionLimits())
     app = make_app(ProxyConfig(prometheus_url=f"http://127.0.0.1:{nothing_there}"),
-                   web_config, metrics)
+                   web_config, metrics, guard=guard)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     port = free_port()
-    servers = await listen(runner, [f"127.0.0.1:{port}"], None)
+    servers = await listen(runner, [f"127.0.0.1:{port}"], None, guard)
     try:
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{port}/-/ready") as resp:
@@ -38,6 +40,7 @@ async def _answers_with_the_store_down() -> tuple[int, str, int, float | None]:
     finally:
         for server in servers:
             server.close()
+        guard.stop()
         await runner.cleanup()
     errors = metrics.registry.get_sample_value("slurm_gpu_proxy_upstream_errors_total",
                                                {"endpoint": "query"})

@@ -19,8 +19,8 @@ from slurm_gpu_exporter.web.logthrottle import RepeatFilter
 
 
 class FakeTransport(asyncio.BaseTransport):
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, peer: str = "10.0.0.1") -> None:
+        super().__init__({"peername": (peer, 40000)})
         self.aborted = False
 
     def abort(self) -> None:
@@ -37,14 +37,16 @@ class Inner(asyncio.Protocol):
         pass
 
 
-def _guard(limit: int, now: list[float]) -> ConnectionGuard:
-    return ConnectionGuard(ConnectionLimits(max_connections=limit, header_timeout=10,
-                                            keepalive_timeout=15, request_timeout=60),
+def _guard(limit: int, now: list[float], per_client: int = 0) -> ConnectionGuard:
+    return ConnectionGuard(ConnectionLimits(max_connections=limit, max_per_client=per_client,
+                                            header_timeout=10, keepalive_timeout=15,
+                                            request_timeout=60),
                            clock=lambda: now[0])
 
 
-def _connect(guard: ConnectionGuard, data: bytes = b"") -> tuple[_Connection, FakeTransport]:
-    conn, transport = _Connection(guard, Inner), FakeTransport()
+def _connect(guard: ConnectionGuard, data: bytes = b"", peer: str = "10.0.0.1"
+             ) -> tuple[_Connection, FakeTransport]:
+    conn, transport = _Connection(guard, Inner), FakeTransport(peer)
     conn.connection_made(transport)
     if data:
         conn.data_received(data)
@@ -99,6 +101,28 @@ def test_at_the_cap_with_every_connection_in_a_request_the_new_one_is_refused() 
     with guard.request(busy[0]), guard.request(busy[1]):
         _, refused = _connect(guard)
     assert refused.aborted and len(guard) == 2
+
+
+def test_one_client_past_its_own_cap_closes_its_own_idle_connection_not_anothers() -> None:
+    now = [0.0]
+    guard = _guard(100, now, per_client=2)
+    _, other = _connect(guard, peer="10.0.0.2")
+    _, first = _connect(guard)
+    _, second = _connect(guard)
+    now[0] = 1.0
+    _, third = _connect(guard)
+    assert first.aborted and not second.aborted and not third.aborted
+    assert not other.aborted and len(guard) == 3
+
+
+def test_one_client_with_every_connection_busy_is_refused_another_is_let_in() -> None:
+    now = [0.0]
+    guard = _guard(100, now, per_client=2)
+    busy = [_connect(guard, b"GET /")[1] for _ in range(2)]
+    with guard.request(busy[0]), guard.request(busy[1]):
+        _, refused = _connect(guard)
+        _, other = _connect(guard, peer="10.0.0.2")
+    assert refused.aborted and not other.aborted and len(guard) == 3
 
 
 def test_a_connection_that_never_speaks_gets_no_http_protocol() -> None:
