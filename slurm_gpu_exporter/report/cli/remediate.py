@@ -26,7 +26,6 @@ from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
 from slurm_gpu_exporter.report.remediate.budget import DrainBudget
 from slurm_gpu_exporter.report.remediate.confirm import ALERT_NAME_RE, firing_alerts
 from slurm_gpu_exporter.report.remediate.memory import ActedOn
-from slurm_gpu_exporter.report.remediate.observe import RemediateMetrics
 from slurm_gpu_exporter.report.remediate.pending import RequeueBook, requeue_state_path
 from slurm_gpu_exporter.report.remediate.remediator import (
     DEFAULT_ALERTS,
@@ -150,12 +149,11 @@ async def _serve(args: argparse.Namespace, web_config: WebConfig,
         loop.add_signal_handler(sig, stop.set)
     listen = args.listen or [DEFAULT_LISTEN]
     async with prom:
-        metrics = RemediateMetrics(remediator.budget, remediator.clock)
         requeuer = Requeuer(_policy(args), book, lambda q: prom.instant(q, time.time()),
-                            metrics.count_job, args.node_label, args.dry_run)
-        requeuer.resume()  # the requeues a previous run left due
+                            node_label=args.node_label, dry_run=args.dry_run)
         app = make_app(remediator, lambda: firing_alerts(prom, allowed, args.node_label),
-                       web_config, metrics, requeuer)
+                       web_config, requeuer=requeuer)
+        requeuer.resume()  # the requeues a previous run left due
         runner = await start_server(app, listen, web_config)
         log.info("receiving Alertmanager's webhook at POST /alerts on %s, confirming alerts "
                  "with %s%s", ", ".join(listen), prom.conn.url,

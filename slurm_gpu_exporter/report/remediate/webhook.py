@@ -58,6 +58,8 @@ def make_app(remediator: Remediator, confirm: Callable[[], Awaitable[Firing]],
     ``GET /-/healthy``."""
     config = web_config or WebConfig()
     counters = metrics or RemediateMetrics(remediator.budget, remediator.clock)
+    if requeuer is not None:
+        requeuer.count = counters.count_job  # its jobs are counted beside the alerts
     lock = asyncio.Lock()
     # The agent's listener rules: a connection cap, header and idle timeouts.
     guard = ConnectionGuard(ConnectionLimits())
