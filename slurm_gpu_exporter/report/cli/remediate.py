@@ -4,6 +4,8 @@ It takes the report's Prometheus flags (``--prometheus-url`` …): the store who
 ``ALERTS`` series confirm each alert before a drain. Served on an address other hosts
 can reach, it needs client authentication (basic auth users or required client
 certificates in ``--web.config.file``), or ``--insecure-no-auth`` said on purpose.
+With ``--requeue-opt all|opt-in`` the jobs on a faulty GPU are signalled and requeued
+(``report/remediate/requeuer.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import ipaddress
 import logging
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,12 +26,16 @@ from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
 from slurm_gpu_exporter.report.remediate.budget import DrainBudget
 from slurm_gpu_exporter.report.remediate.confirm import ALERT_NAME_RE, firing_alerts
 from slurm_gpu_exporter.report.remediate.memory import ActedOn
+from slurm_gpu_exporter.report.remediate.pending import RequeueBook, requeue_state_path
 from slurm_gpu_exporter.report.remediate.remediator import (
     DEFAULT_ALERTS,
     DEFAULT_MAX_ALERTS,
     Remediator,
 )
+from slurm_gpu_exporter.report.remediate.requeue_policy import POLICIES, RequeuePolicy
+from slurm_gpu_exporter.report.remediate.requeuer import Requeuer
 from slurm_gpu_exporter.report.remediate.webhook import make_app
+from slurm_gpu_exporter.report.slurm.actions import SIGNAL_SCOPES
 from slurm_gpu_exporter.web.config import WebConfig, WebConfigError, load_web_config
 from slurm_gpu_exporter.web.server import ListenError, parse_listen_address, start_server
 
@@ -36,6 +43,7 @@ DEFAULT_LISTEN = "127.0.0.1:9818"
 DEFAULT_MAX_DRAINS = 2
 DEFAULT_DRAIN_WINDOW = "1h"
 DEFAULT_STATE = "/var/lib/slurm-gpu-report/remediate.json"
+DEFAULT_REQUEUE_GRACE = 120.0
 # The client certificate setting that authenticates every client.
 CLIENT_CERT_REQUIRED = "RequireAndVerifyClientCert"
 
@@ -77,6 +85,24 @@ def add_remediate_command(sub: argparse._SubParsersAction  # type: ignore[type-a
     remediate.add_argument("--state-file", default=DEFAULT_STATE,
                            help="the firing episodes acted on, kept across restarts "
                                 f"(default {DEFAULT_STATE}; not written with --dry-run)")
+    requeue = remediate.add_argument_group(
+        "jobs on a faulty GPU (off by default; docs/enforce.md)")
+    requeue.add_argument("--requeue-opt", choices=POLICIES, default="off",
+                         help="signal, then requeue, the jobs holding the faulty GPU of a "
+                              "node it drains: every job (all; a job opts out with "
+                              "--comment=slurm-gpu:no-requeue), only jobs that opt in with "
+                              "--comment=slurm-gpu:requeue (opt-in), or none (off, default)")
+    requeue.add_argument("--requeue-signal", default="USR1", metavar="SIGNAL",
+                         help="the signal they get first (default USR1; NONE: requeue at "
+                              "once)")
+    requeue.add_argument("--requeue-grace", type=float, default=DEFAULT_REQUEUE_GRACE,
+                         metavar="SECONDS",
+                         help="time between the signal and the requeue, for a checkpoint "
+                              f"(default {DEFAULT_REQUEUE_GRACE:g})")
+    requeue.add_argument("--requeue-signal-to", choices=tuple(SIGNAL_SCOPES),
+                         default="full",
+                         help="which processes get the signal: the batch script (batch), "
+                              "every step but it (steps), or all of them (full, default)")
     return remediate
 
 
@@ -115,7 +141,7 @@ def check_exposure(listen: list[str], config: WebConfig, insecure: bool) -> None
 
 
 async def _serve(args: argparse.Namespace, web_config: WebConfig,
-                 prom: PrometheusClient, remediator: Remediator) -> None:
+                 prom: PrometheusClient, remediator: Remediator, book: RequeueBook) -> None:
     allowed = remediator.allowed
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -123,8 +149,11 @@ async def _serve(args: argparse.Namespace, web_config: WebConfig,
         loop.add_signal_handler(sig, stop.set)
     listen = args.listen or [DEFAULT_LISTEN]
     async with prom:
+        requeuer = Requeuer(_policy(args), book, lambda q: prom.instant(q, time.time()),
+                            node_label=args.node_label, dry_run=args.dry_run)
         app = make_app(remediator, lambda: firing_alerts(prom, allowed, args.node_label),
-                       web_config)
+                       web_config, requeuer=requeuer)
+        requeuer.resume()  # the requeues a previous run left due
         runner = await start_server(app, listen, web_config)
         log.info("receiving Alertmanager's webhook at POST /alerts on %s, confirming alerts "
                  "with %s%s", ", ".join(listen), prom.conn.url,
@@ -133,6 +162,7 @@ async def _serve(args: argparse.Namespace, web_config: WebConfig,
             await stop.wait()
         finally:
             await runner.cleanup()
+            await requeuer.close()
 
 
 def _remediator(args: argparse.Namespace) -> Remediator:
@@ -146,6 +176,21 @@ def _remediator(args: argparse.Namespace) -> Remediator:
     return Remediator(allowed=frozenset(args.alerts or DEFAULT_ALERTS),
                       node_label=args.node_label, dry_run=args.dry_run, budget=budget,
                       acted_on=acted_on, max_alerts=args.max_alerts_per_post)
+
+
+def _policy(args: argparse.Namespace) -> RequeuePolicy:
+    """The requeue policy the flags ask for; ReportError for a bad one."""
+    signal_name = str(args.requeue_signal).upper().removeprefix("SIG")
+    try:
+        return RequeuePolicy(args.requeue_opt, signal_name, args.requeue_grace,
+                             args.requeue_signal_to)
+    except ValueError as exc:
+        raise ReportError(str(exc)) from None
+
+
+def _book(args: argparse.Namespace) -> RequeueBook:
+    """What was signalled and is due, read at start (a broken file stops it)."""
+    return RequeueBook(None if args.dry_run else requeue_state_path(Path(args.state_file)))
 
 
 def _budget(args: argparse.Namespace) -> DrainBudget:
@@ -164,9 +209,11 @@ def run_remediate(args: argparse.Namespace,
     logging.getLogger("slurm_gpu_exporter").setLevel(logging.INFO)
     try:
         remediator = _remediator(args)
+        _policy(args)  # a bad requeue flag stops the start, before it listens
+        book = _book(args)
         web_config = load_web_config(Path(args.web_config)) if args.web_config else WebConfig()
         check_exposure(args.listen or [DEFAULT_LISTEN], web_config, args.insecure_no_auth)
-        asyncio.run(_serve(args, web_config, prometheus(args), remediator))
+        asyncio.run(_serve(args, web_config, prometheus(args), remediator, book))
     except ReportError as exc:
         print(f"slurm-gpu-report: {exc}", file=sys.stderr)
         return exc.exit_code

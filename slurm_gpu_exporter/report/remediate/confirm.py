@@ -60,6 +60,15 @@ class Episode:
         return datetime.fromtimestamp(self.since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@dataclass(frozen=True)
+class Fault:
+    """New firing episodes of a node that remediate drained (or found drained): what
+    the jobs holding the faulty GPU are signalled and requeued for."""
+
+    node: str
+    episodes: tuple[tuple[Episode, str], ...]  # each with its alert name
+
+
 # (alert name, node label value) -> the firing episodes of that alert there.
 Firing = dict[tuple[str, str], list[Episode]]
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.inert_text import plain, slurm_value
 from slurm_gpu_exporter.report.prometheus.nodes import node_name
 from slurm_gpu_exporter.report.remediate.budget import DrainBudget
-from slurm_gpu_exporter.report.remediate.confirm import TARGET_LABEL, Episode, Firing
+from slurm_gpu_exporter.report.remediate.confirm import TARGET_LABEL, Episode, Fault, Firing
 from slurm_gpu_exporter.report.remediate.memory import ActedOn
 from slurm_gpu_exporter.report.slurm.actions import (
     SlurmNode,
@@ -47,6 +47,9 @@ class Outcome:
     outcome: str  # drained, dry_run, ignored, refused, failed
     reason: str  # a short fixed word, for the counter
     text: str
+    # On the first outcome of a node drained (or found drained) for new firings: what
+    # the jobs on the faulty GPU are signalled for (``requeuer.py``).
+    fault: Fault | None = None
 
 
 @dataclass
@@ -163,11 +166,13 @@ class Remediator:
             if listed is None:
                 return self._refused_node(node, "unknown_node",
                                           f"Slurm lists no node named {node.name}")
+            fault = Fault(node.name, tuple((e, node.episodes[e]) for e in sorted(
+                new, key=lambda e: (e.since, e.labels))))
             if "DRAIN" in listed.state.upper():
                 self._remember(node, now)
-                return [Outcome("ignored", "already_drained",
-                                f"ignored: {node.name} is already {plain(listed.state)}")
-                        ] * count
+                ignored = Outcome("ignored", "already_drained",
+                                  f"ignored: {node.name} is already {plain(listed.state)}")
+                return [replace(ignored, fault=fault)] + [ignored] * (count - 1)
             if not self.budget.allows(now):
                 return self._refused_node(
                     node, "drain_cap", f"{self.budget.max_drains} drains in the last "
@@ -181,7 +186,7 @@ class Remediator:
                 self._remember(node, now)
                 log.info("dry run: would drain %s: %s", node.name, reason)
                 return self._first_and_rest(node, Outcome(
-                    "dry_run", "dry_run", f"dry run: would drain {node.name}"))
+                    "dry_run", "dry_run", f"dry run: would drain {node.name}", fault))
             self.drain(node.name, reason)
             self.budget.spend(now)
         except ReportError as exc:
@@ -190,7 +195,7 @@ class Remediator:
         self._remember(node, now)
         log.info("drained %s: %s", node.name, reason)
         return self._first_and_rest(node, Outcome("drained", "drained",
-                                                  f"drained {node.name}"))
+                                                  f"drained {node.name}", fault))
 
     def _remember(self, node: _Node, now: float) -> None:
         self.acted_on.remember(node.episodes, now)

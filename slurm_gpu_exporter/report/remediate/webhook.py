@@ -5,6 +5,9 @@ A post is handled whole under one lock (a node is looked at, then drained): the 
 that need it are confirmed with one Prometheus query, then the post goes to the
 ``Remediator`` (``remediator.py``), off the event loop since scontrol blocks. Where
 Prometheus could not be asked the answer is 503, so Alertmanager sends the post again.
+Where a node was drained for new firings, the jobs on the faulty GPU are handed to the
+``Requeuer`` (``--requeue-opt``) before the answer: it signals them and schedules their
+requeues, never waiting out the grace here.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from slurm_gpu_exporter.report.inert_text import plain
 from slurm_gpu_exporter.report.remediate.confirm import Firing
 from slurm_gpu_exporter.report.remediate.observe import RemediateMetrics
 from slurm_gpu_exporter.report.remediate.remediator import Outcome, Remediator
+from slurm_gpu_exporter.report.remediate.requeuer import Requeuer
 from slurm_gpu_exporter.web.config import WebConfig
 from slurm_gpu_exporter.web.connections import ConnectionGuard, ConnectionLimits
 from slurm_gpu_exporter.web.server import GUARD_KEY, auth_middleware, guard_middleware
@@ -48,11 +52,14 @@ async def outcomes_of(remediator: Remediator, items: list[dict],  # type: ignore
 
 def make_app(remediator: Remediator, confirm: Callable[[], Awaitable[Firing]],
              web_config: WebConfig | None = None,
-             metrics: RemediateMetrics | None = None) -> web.Application:
+             metrics: RemediateMetrics | None = None,
+             requeuer: Requeuer | None = None) -> web.Application:
     """The receiver: ``POST /alerts`` (Alertmanager's webhook), ``GET /metrics``,
     ``GET /-/healthy``."""
     config = web_config or WebConfig()
     counters = metrics or RemediateMetrics(remediator.budget, remediator.clock)
+    if requeuer is not None:
+        requeuer.count = counters.count_job  # its jobs are counted beside the alerts
     lock = asyncio.Lock()
     # The agent's listener rules: a connection cap, header and idle timeouts.
     guard = ConnectionGuard(ConnectionLimits())
@@ -69,6 +76,9 @@ def make_app(remediator: Remediator, confirm: Callable[[], Awaitable[Firing]],
                                                  "webhook payload\n")
         async with lock:
             outcomes = await outcomes_of(remediator, items, confirm)
+            faults = [o.fault for o in outcomes if o.fault is not None]
+            if requeuer is not None and faults:
+                await requeuer.on_faults(faults)
         for outcome in outcomes:
             counters.count(outcome.outcome, outcome.reason)
         unconfirmed = any(o.reason == "prometheus_unavailable" for o in outcomes)

@@ -1,6 +1,6 @@
 """The Slurm commands ``enforce`` and ``remediate`` run: list jobs, record a reason,
-cancel a job, look up a node, drain a node. The only module that runs ``scancel`` and
-``scontrol update``.
+cancel, signal or requeue a job, look up a node, drain a node. The only module that runs
+``scancel``, ``scontrol update`` and ``scontrol requeue``.
 
 Every command is an argument list (never a shell) with a timeout. Job ids and node
 names are checked against strict patterns before they reach a command line, and a
@@ -31,6 +31,11 @@ from slurm_gpu_exporter.report.slurm.squeue import EXIT_SLURM, NODE_RE, SlurmJob
 
 COMMAND_TIMEOUT_S = 30.0
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The signals remediate may send a job before requeueing it (scancel --signal=NAME).
+SIGNALS = frozenset({"USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "CONT", "URG"})
+# Which of a job's processes a signal reaches: the batch script only (scancel --batch),
+# every step but the batch script (scancel's default), or all of them (--full).
+SIGNAL_SCOPES = {"batch": ("--batch",), "steps": (), "full": ("--full",)}
 # Names scontrol takes for more than one node.
 _MANY_NODES = frozenset({"ALL"})
 
@@ -143,6 +148,22 @@ def record_reason(ident: SlurmJobId, reason: str) -> None:
 def cancel_job(ident: SlurmJobId) -> None:
     """``scancel TARGET``: the array task ``A_T``, the whole het job, or the plain job."""
     _run([_command("scancel"), _checked_target(ident)])
+
+
+def signal_job(ident: SlurmJobId, signal: str, scope: str) -> None:
+    """``scancel --signal=SIGNAL [--batch|--full] TARGET``: only a signal of ``SIGNALS``
+    and a scope of ``SIGNAL_SCOPES`` (ReportError otherwise)."""
+    if signal not in SIGNALS or scope not in SIGNAL_SCOPES:
+        raise ReportError(f"refusing to send {plain(signal)!r} to {plain(scope)!r}: not a "
+                          "signal and scope remediate sends", 2)
+    _run([_command("scancel"), f"--signal={signal}", *SIGNAL_SCOPES[scope],
+          _checked_target(ident)])
+
+
+def requeue_job(ident: SlurmJobId) -> None:
+    """``scontrol requeue TARGET``: back to pending (running or finished batch jobs;
+    Slurm refuses a job submitted with ``--no-requeue``)."""
+    _run([_command("scontrol"), "requeue", _checked_target(ident)])
 
 
 def is_node_name(name: str) -> bool:

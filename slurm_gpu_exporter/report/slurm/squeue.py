@@ -39,6 +39,10 @@ class SlurmJob:
     start: float | None = None  # when it started (a requeued job starts again later)
     # Its array task or het component; None: Slurm's fields for them did not parse.
     ident: SlurmJobId | None = None
+    # The user's free text (sbatch --comment): only ever searched for a whole word.
+    comment: str = ""
+    # Whether Slurm may requeue it (sbatch --requeue/--no-requeue); None: not said.
+    requeue: bool | None = None
 
     @property
     def running(self) -> bool:
@@ -91,6 +95,10 @@ def _number(value: object) -> float | None:
         else None
 
 
+def _flag(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
 def _ident(job: dict[str, object]) -> SlurmJobId | None:
     try:
         return SlurmJobId.from_squeue(job)
@@ -119,5 +127,6 @@ def parse_squeue_json(text: str) -> dict[str, SlurmJob]:
             account=str(job.get("account", "")), partition=str(job.get("partition", "")),
             qos=str(job.get("qos", "")), name=str(job.get("name", "")),
             state=_state(job.get("job_state")), nodes=_nodes(job), gpus=_gpus(job),
-            start=_number(job.get("start_time")), ident=_ident(job))
+            start=_number(job.get("start_time")), ident=_ident(job),
+            comment=str(job.get("comment") or ""), requeue=_flag(job.get("requeue")))
     return listed
