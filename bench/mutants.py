@@ -147,8 +147,9 @@ def first_failure(output: str) -> str:
     """The first failing test id pytest's short summary names (``FAILED id - …``)."""
     for line in output.splitlines():
         for word in ("FAILED ", "ERROR "):
-            if line.startswith(word):
-                rest = line[len(word):]
+            rest = line[len(word):]
+            # captured log lines read "ERROR    logger:file.py:N …": not a test id
+            if line.startswith(word) and not rest.startswith(" "):
                 # a parameter id may hold " - " itself: take it to its closing bracket
                 param = re.match(r"(\S+?\[.*?\])(?: - |$)", rest)
                 return (param.group(1) if param else rest.split(" - ")[0]).strip()

@@ -23,7 +23,7 @@ def handed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[tup
     calls: list[tuple] = []  # type: ignore[type-arg]
     monkeypatch.setattr(cli, "_slurms_body", lambda: BODY)
     monkeypatch.setattr(cli, "deliver", lambda mailer, argv, message, _timeout:
-                        calls.append((mailer, list(argv), message)) or 0)
+                        calls.append((mailer, list(argv), message)) or (0, None))
     monkeypatch.setattr(cli, "SYSLOG", str(tmp_path / "no-syslog"))
     for name in list(cli.os.environ):
         if name.startswith("SLURM_"):

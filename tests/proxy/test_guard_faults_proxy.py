@@ -61,9 +61,12 @@ class Unmunge:
         return out, err
 
 
+AUDIENCE = "https://proxy.example.org:9443"
+
+
 def _decode(monkeypatch: pytest.MonkeyPatch, unmunge: Unmunge) -> MungeUser | MungeRefusal:
     monkeypatch.setattr(asyncio, "create_subprocess_exec", unmunge)
-    decoder = MungeDecoder(unmunge="/usr/bin/unmunge")
+    decoder = MungeDecoder(unmunge="/usr/bin/unmunge", audiences=[AUDIENCE])
     return asyncio.run(decoder.decode(CREDENTIAL))
 
 
@@ -73,12 +76,14 @@ def test_unmunges_failure_is_a_refusal_whatever_it_printed(
         monkeypatch: pytest.MonkeyPatch, status: int, reason: str) -> None:
     # unmunge may still print the metadata of a credential it refuses (an expired or
     # replayed one is well formed): only its exit status says whether it is good.
-    who = _decode(monkeypatch, Unmunge(status, b"UID: 0\n", b"unmunge: Error: ..."))
+    who = _decode(monkeypatch, Unmunge(status, b"UID: 0\n\nslurm-gpu-proxy "
+                                       + AUDIENCE.encode(), b"unmunge: Error: ..."))
     assert isinstance(who, MungeRefusal) and (who.status, who.reason) == (401, reason)
 
 
 def test_unmunges_success_names_the_uids_user(monkeypatch: pytest.MonkeyPatch) -> None:
-    unmunge = Unmunge(0, b"UID:             0\n")
+    # unmunge's metadata, a blank line, then the payload: the proxy it was made for.
+    unmunge = Unmunge(0, b"UID:             0\n\nslurm-gpu-proxy " + AUDIENCE.encode())
     assert _decode(monkeypatch, unmunge) == MungeUser(0, "root")
     assert unmunge.argv[0] == "/usr/bin/unmunge" and "--numeric" in unmunge.argv
 
