@@ -59,6 +59,9 @@ class StateStore:
         # What the last successful save wrote: the same document is not written again.
         self._saved: str | None = None
         self._synced_at: float | None = None  # when a save was last fsynced
+        # What the last save wrote less what may wait (save's ``steady``), and when.
+        self._saved_steady: str | None = None
+        self._written_at: float | None = None
 
     def _open_dir(self, create: bool = False) -> int:
         if create:
@@ -133,21 +136,32 @@ class StateStore:
         log.warning("state file %s is unusable (%s); %s, starting fresh",
                     self.path, reason, where)
 
-    def save(self, data: dict[str, Any]) -> bool:
+    def save(self, data: dict[str, Any], steady: dict[str, Any] | None = None,
+             hold_s: float = 0.0) -> bool:
         """Write the state atomically unless it is what the last save wrote and that file
-        is still in place; True when written. Raises OSError (the caller counts it)."""
+        is still in place; True when written. Raises OSError (the caller counts it).
+
+        ``steady``: ``data`` less what may wait up to ``hold_s`` seconds (an idle GPU's
+        sample cursors, which move with every sample): while it is what the last save
+        wrote, the file is not rewritten more often than that."""
         payload = json.dumps({**data, "version": STATE_VERSION}, separators=(",", ":"))
         if payload == self._saved and self.path.exists():
             return False
-        self._saved = None
         now = self._clock()
+        still = None
+        if steady is not None and hold_s > 0:
+            still = json.dumps(steady, separators=(",", ":"))
+            if (still == self._saved_steady and self._written_at is not None
+                    and now - self._written_at < hold_s and self.path.exists()):
+                return False
+        self._saved = self._saved_steady = None
         sync = self._synced_at is None or now - self._synced_at >= self.sync_interval
         dir_fd = self._open_dir(create=True)
         try:
             _write_atomically(dir_fd, payload.encode(), sync)
         finally:
             os.close(dir_fd)
-        self._saved = payload
+        self._saved, self._saved_steady, self._written_at = payload, still, now
         if sync:
             self._synced_at = now
         return True

@@ -253,8 +253,19 @@ class Sampler:
             data["cpu_energy"] = self.cpu_energy.export_state()
         if self.node_energy is not None:
             data["node_energy"] = self.node_energy.export_state()
+        steady, hold = None, 0.0
+        every = getattr(self.gpu, "buffer_read_interval", None)
+        read_interval = every() if every is not None else None
+        if read_interval and "sample_cursors" in data.get("gpu", {}):
+            # Where only the GPUs' sample cursors moved (idle GPUs that keep sampling),
+            # the file waits up to half the drivers' buffer span (two buffer-read
+            # intervals): a restart reads on from an older cursor and finds every sample
+            # since then still in the buffer, so it counts what it would have counted.
+            steady = {**data, "gpu": {k: v for k, v in data["gpu"].items()
+                                      if k != "sample_cursors"}}
+            hold = 2 * read_interval
         try:
-            self.state.save(data)
+            self.state.save(data, steady, hold)
         except OSError as exc:
             self.errors.count("state", f"cannot save state to {self.state.path}: "
                               f"{exc.strerror}; a restart may reset counters")
