@@ -253,19 +253,8 @@ class Sampler:
             data["cpu_energy"] = self.cpu_energy.export_state()
         if self.node_energy is not None:
             data["node_energy"] = self.node_energy.export_state()
-        steady, hold = None, 0.0
-        every = getattr(self.gpu, "buffer_read_interval", None)
-        read_interval = every() if every is not None else None
-        if read_interval and "sample_cursors" in data.get("gpu", {}):
-            # Where only the GPUs' sample cursors moved (idle GPUs that keep sampling),
-            # the file waits up to half the drivers' buffer span (two buffer-read
-            # intervals): a restart reads on from an older cursor and finds every sample
-            # since then still in the buffer, so it counts what it would have counted.
-            steady = {**data, "gpu": {k: v for k, v in data["gpu"].items()
-                                      if k != "sample_cursors"}}
-            hold = 2 * read_interval
         try:
-            self.state.save(data, steady, hold)
+            self.state.save(data, *_cursors_may_wait(self.gpu, data))
         except OSError as exc:
             self.errors.count("state", f"cannot save state to {self.state.path}: "
                               f"{exc.strerror}; a restart may reset counters")
@@ -275,6 +264,20 @@ class Sampler:
 # the spool, so a crash there shows as a spool problem.
 _STEP_SOURCE = {"registry": "spool", "cgroup": "cgroup", "nvml": "nvml", "state": "state",
                 "training": "training", "powercap": "powercap", "nodepower": "nodepower"}
+
+
+def _cursors_may_wait(gpu: object, data: dict[str, Any]) -> tuple[dict[str, Any] | None, float]:
+    """(the state less the GPUs' sample cursors, how long a change of those alone may
+    wait to be written): half the drivers' buffer span, two buffer-read intervals. A
+    restart then reads on from an older cursor and finds every sample since it still in
+    the buffer, so it counts what it would have counted. (None, 0) where no GPU has
+    sample buffers."""
+    every = getattr(gpu, "buffer_read_interval", None)
+    read_interval = every() if every is not None else None
+    if not read_interval or "sample_cursors" not in data.get("gpu", {}):
+        return None, 0.0
+    steady = {**data, "gpu": {k: v for k, v in data["gpu"].items() if k != "sample_cursors"}}
+    return steady, 2 * read_interval
 
 
 def _measured(gpu_part: GpuPart | None, energy: CpuEnergyPart | None) -> MeasuredParts:

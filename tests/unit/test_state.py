@@ -145,6 +145,9 @@ def test_a_change_of_the_cursors_alone_waits_the_hold_anything_else_is_written_a
     assert on_disk() == {"sample_cursors": {"g": 4}, "busy": 2.5}
     now[0] += 1
     assert store.save(*state(5, 2.5))  # no hold given: every change is written
+    now[0] += 11
+    assert store.save(*state(6, 2.5), hold_s=10.0)
     (tmp_path / "state" / STATE_FILE).unlink()
     now[0] += 1
-    assert store.save(*state(6, 2.5), hold_s=10.0)  # a file gone is written again
+    assert store.save(*state(7, 2.5), hold_s=10.0)  # a file gone is written at once
+    assert on_disk()["sample_cursors"] == {"g": 7}
