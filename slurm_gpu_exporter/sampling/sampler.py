@@ -266,18 +266,18 @@ _STEP_SOURCE = {"registry": "spool", "cgroup": "cgroup", "nvml": "nvml", "state"
                 "training": "training", "powercap": "powercap", "nodepower": "nodepower"}
 
 
-def _cursors_may_wait(gpu: object, data: dict[str, Any]) -> tuple[dict[str, Any] | None, float]:
-    """(the state less the GPUs' sample cursors, how long a change of those alone may
-    wait to be written): half the drivers' buffer span, two buffer-read intervals. A
-    restart then reads on from an older cursor and finds every sample since it still in
-    the buffer, so it counts what it would have counted. (None, 0) where no GPU has
-    sample buffers."""
+def _cursors_may_wait(gpu: object, data: dict[str, Any]
+                      ) -> tuple[tuple[str, str] | None, float]:
+    """(where the GPUs' sample cursors are in the state, how long a change of those
+    alone may wait to be written): half the drivers' buffer span, two buffer-read
+    intervals. A restart then reads on from an older cursor and finds every sample since
+    it still in the buffer, so it counts what it would have counted. (None, 0) where no
+    GPU has sample buffers."""
     every = getattr(gpu, "buffer_read_interval", None)
     read_interval = every() if every is not None else None
     if not read_interval or "sample_cursors" not in data.get("gpu", {}):
         return None, 0.0
-    steady = {**data, "gpu": {k: v for k, v in data["gpu"].items() if k != "sample_cursors"}}
-    return steady, 2 * read_interval
+    return ("gpu", "sample_cursors"), 2 * read_interval
 
 
 def _measured(gpu_part: GpuPart | None, energy: CpuEnergyPart | None) -> MeasuredParts:

@@ -321,9 +321,6 @@ def test_only_the_gpus_sample_cursors_may_wait_and_for_half_the_buffer_span() ->
             return self.every
 
     data = {"jobs": {"1": 2}, "gpu": {"sample_cursors": {"g": 7}, "busy": {"g": 1.5}}}
-    steady, hold = _cursors_may_wait(Buffers(5.0), data)
-    assert steady == {"jobs": {"1": 2}, "gpu": {"busy": {"g": 1.5}}}
-    assert hold == 10.0  # two reads of a 20 s buffer: half its span
-    assert data["gpu"]["sample_cursors"] == {"g": 7}  # the state itself is whole
+    assert _cursors_may_wait(Buffers(5.0), data) == (("gpu", "sample_cursors"), 10.0)
     assert _cursors_may_wait(Buffers(None), data) == (None, 0.0)  # no sample buffers
     assert _cursors_may_wait(None, data) == (None, 0.0)  # no GPUs

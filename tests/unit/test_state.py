@@ -126,9 +126,9 @@ def test_a_change_of_the_cursors_alone_waits_the_hold_anything_else_is_written_a
     now = [100.0]
     store = StateStore(tmp_path / "state", clock=lambda: now[0])
 
-    def state(cursor: int, busy: float) -> tuple[dict, dict]:  # type: ignore[type-arg]
-        data = {"gpu": {"sample_cursors": {"g": cursor}, "busy": busy}}
-        return data, {"gpu": {"busy": busy}}
+    def state(cursor: int, busy: float) -> tuple[dict, tuple[str, str]]:  # type: ignore[type-arg]
+        data = {"jobs": {"9": [1, "x"]}, "gpu": {"sample_cursors": {"g": cursor}, "busy": busy}}
+        return data, ("gpu", "sample_cursors")
 
     def on_disk() -> dict:  # type: ignore[type-arg]
         return json.loads((tmp_path / "state" / STATE_FILE).read_text())["gpu"]
@@ -143,6 +143,9 @@ def test_a_change_of_the_cursors_alone_waits_the_hold_anything_else_is_written_a
     now[0] += 1
     assert store.save(*state(4, 2.5), hold_s=10.0)  # a counter moved: written at once
     assert on_disk() == {"sample_cursors": {"g": 4}, "busy": 2.5}
+    # Byte for byte what one json.dumps writes, whatever was held.
+    assert (tmp_path / "state" / STATE_FILE).read_text() == json.dumps(
+        {**state(4, 2.5)[0], "version": STATE_VERSION}, separators=(",", ":"))
     now[0] += 1
     assert store.save(*state(5, 2.5))  # no hold given: every change is written
     now[0] += 11
