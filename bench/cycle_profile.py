@@ -128,6 +128,9 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--no-profile", dest="profile", action="store_false",
                         help="time the samples without cProfile (whose hooks inflate them)")
+    parser.add_argument("--idle-samples", action="store_true",
+                        help="idle GPUs keep taking a sample every period (the fake's "
+                             "idle_samples; default: an idle GPU's buffer answers NOT_FOUND)")
     parser.add_argument("--tag", default="")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -138,7 +141,8 @@ def main() -> None:
         from tests.fakenvml import Device, FakeNvml, NvmlState
 
         fake = FakeNvml(Path(tmp) / "nvml")
-        fake.write(NvmlState(devices=[Device(i) for i in range(args.gpus)]))
+        fake.write(NvmlState(devices=[Device(i) for i in range(args.gpus)],
+                             idle_samples=args.idle_samples))
         at_start = yardstick()
         out = subprocess.run([sys.executable, __file__, "--child", *sys.argv[1:]],
                              env=fake.env(), capture_output=True, text=True, check=False)

@@ -143,6 +143,9 @@ def main() -> None:
     parser.add_argument("--share-seconds", type=float, default=300.0,
                         help="how long (0: not at all)")
     parser.add_argument("--scrape-every", type=float, default=30.0)
+    parser.add_argument("--idle-samples", action="store_true",
+                        help="idle GPUs keep taking a sample every period (the fake's "
+                             "idle_samples; default: an idle GPU's buffer answers NOT_FOUND)")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     reason = unavailable_reason()
@@ -151,12 +154,14 @@ def main() -> None:
     with open(LOCK, "a") as lock:
         print(f"waiting for {LOCK} ...", flush=True)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        results = run(levels, args.window, (args.share_at, args.share_seconds, args.scrape_every))
+        results = run(levels, args.window, (args.share_at, args.share_seconds, args.scrape_every),
+                      idle_samples=args.idle_samples)
     figures: dict[str, object] = {
         "command": "python bench/slurm_scale.py " + " ".join(sys.argv[1:]),
         "cpus": os.cpu_count(),
         "sample_interval_s": INTERVAL,
         "window_s": args.window,
+        "idle_samples": args.idle_samples,
         "levels": results,
     }
     empty = results.get("0", {}).get("cpu_ms_per_sample")
@@ -167,8 +172,8 @@ def main() -> None:
     record("slurm_scale" + (f"_{args.tag}" if args.tag else ""), figures)
 
 
-def run(levels: list[int], window: float,
-        share: tuple[int, float, float]) -> dict[str, dict[str, object]]:
+def run(levels: list[int], window: float, share: tuple[int, float, float],
+        idle_samples: bool = False) -> dict[str, dict[str, object]]:
     cluster = SlurmCluster()
     started_here = not cluster.is_up()
     cluster.up()
@@ -177,7 +182,7 @@ def run(levels: list[int], window: float,
     with tempfile.TemporaryDirectory(prefix="sge-bench-") as tmp:
         fake = FakeNvml(Path(tmp) / "nvml")
         devices = [Device(i) for i in range(4)]
-        fake.write(NvmlState(devices=devices))
+        fake.write(NvmlState(devices=devices, idle_samples=idle_samples))
         cluster.run(["scontrol", "update", "PartitionName=debug", "OverSubscribe=FORCE:64"])
         agent = Agent(["--spool-dir", str(cluster.spool_dir), "--state-dir", f"{tmp}/state",
                        "--sample-interval", str(INTERVAL), "--slurm-lookup", "cli",
@@ -198,7 +203,7 @@ def run(levels: list[int], window: float,
                     minor = int(json.loads(text)["job_gpus"])
                     devices[minor].processes = [Process(pid, 1 << 30,
                                                         sm=Pattern.square(2, 5, 50 + 10 * i))]
-                fake.write(NvmlState(devices=devices))
+                fake.write(NvmlState(devices=devices, idle_samples=idle_samples))
                 wait_agent_sees(agent.url, n)
                 started = time.monotonic() - t0
                 wait_looked_up(agent.url, n)

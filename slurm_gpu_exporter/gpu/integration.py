@@ -220,6 +220,8 @@ class DeviceIntegrator:
         return PollFigures(got.window + idle, got.busy, procs, clock=clock, samples=samples)
 
     def _in_range(self, uuid: str, samples: tuple[UtilSample, ...]) -> tuple[UtilSample, ...]:
+        if all(0.0 <= s.percent <= 100.0 for s in samples):
+            return samples  # the usual case: nothing to count, clamp or drop
         kept = []
         for s in samples:
             percent = clamp_or_drop(s.percent)

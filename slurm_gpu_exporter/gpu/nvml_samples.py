@@ -29,13 +29,10 @@ def util_samples(handle: Any, since_us: int, errors: list[str]
     samples = _device_samples_after(handle, 0, errors)
     if samples is None:
         return None
-    every = sorted(samples, key=lambda s: s.timeStamp)
-    shape = BufferShape(len(every), int(every[0].timeStamp) if every else None)
-    found = tuple(UtilSample(int(s.timeStamp), float(s.sampleValue.uiVal))
-                  for s in every if s.timeStamp > since_us)
+    found, shape, newest = _newer(samples, since_us)
     if found or not since_us:
         return found, None, shape
-    return (), int(every[-1].timeStamp) if every else None, shape
+    return (), newest, shape
 
 
 def process_samples(handle: Any, since_us: int, errors: list[str]
@@ -60,10 +57,21 @@ def util_samples_after(handle: Any, since_us: int, errors: list[str]
     samples = _device_samples_after(handle, 0, errors)
     if samples is None:
         return None
-    every = sorted(samples, key=lambda s: s.timeStamp)
-    return (tuple(UtilSample(int(s.timeStamp), float(s.sampleValue.uiVal))
-                  for s in every if s.timeStamp > since_us),
-            BufferShape(len(every), int(every[0].timeStamp) if every else None))
+    found, shape, _ = _newer(samples, since_us)
+    return found, shape
+
+
+def _newer(samples: list[Any], since_us: int
+           ) -> tuple[tuple[UtilSample, ...], BufferShape, int | None]:
+    """(the samples newer than ``since_us``, oldest first; what the whole buffer holds;
+    its newest timestamp). Only the new samples are sorted and converted: a full buffer
+    holds about a hundred, a read between two samples finds a few new ones."""
+    stamps = [s.timeStamp for s in samples]
+    if not stamps:
+        return (), BufferShape(0, None), None
+    new = sorted((t, i) for i, t in enumerate(stamps) if t > since_us)
+    found = tuple(UtilSample(int(t), float(samples[i].sampleValue.uiVal)) for t, i in new)
+    return found, BufferShape(len(stamps), int(min(stamps))), int(max(stamps))
 
 
 def process_samples_after(handle: Any, since_us: int, errors: list[str]

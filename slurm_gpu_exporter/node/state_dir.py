@@ -59,6 +59,9 @@ class StateStore:
         # What the last successful save wrote: the same document is not written again.
         self._saved: str | None = None
         self._synced_at: float | None = None  # when a save was last fsynced
+        # What the last save wrote less what may wait (save's ``steady``), and when.
+        self._saved_steady: str | None = None
+        self._written_at: float | None = None
 
     def _open_dir(self, create: bool = False) -> int:
         if create:
@@ -133,24 +136,59 @@ class StateStore:
         log.warning("state file %s is unusable (%s); %s, starting fresh",
                     self.path, reason, where)
 
-    def save(self, data: dict[str, Any]) -> bool:
+    def save(self, data: dict[str, Any], may_wait: tuple[str, str] | None = None,
+             hold_s: float = 0.0) -> bool:
         """Write the state atomically unless it is what the last save wrote and that file
-        is still in place; True when written. Raises OSError (the caller counts it)."""
-        payload = json.dumps({**data, "version": STATE_VERSION}, separators=(",", ":"))
+        is still in place; True when written. Raises OSError (the caller counts it).
+
+        ``may_wait``: (part, key) of ``data`` whose change alone may wait up to
+        ``hold_s`` seconds (the GPUs' sample cursors, which move with every sample on
+        idle GPUs that keep sampling): while the rest is what the last save wrote, the
+        file is not rewritten more often than that."""
+        payload, still = _serialized({**data, "version": STATE_VERSION},
+                                     may_wait if hold_s > 0 else None)
         if payload == self._saved and self.path.exists():
             return False
-        self._saved = None
         now = self._clock()
+        if (still is not None and still == self._saved_steady and self._written_at is not None
+                and now - self._written_at < hold_s and self.path.exists()):
+            return False
+        self._saved = self._saved_steady = None
         sync = self._synced_at is None or now - self._synced_at >= self.sync_interval
         dir_fd = self._open_dir(create=True)
         try:
             _write_atomically(dir_fd, payload.encode(), sync)
         finally:
             os.close(dir_fd)
-        self._saved = payload
+        self._saved, self._saved_steady, self._written_at = payload, still, now
         if sync:
             self._synced_at = now
         return True
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _serialized(data: dict[str, Any], may_wait: tuple[str, str] | None
+                ) -> tuple[str, str | None]:
+    """(``data`` as JSON, byte for byte what one ``json.dumps`` writes; the same less
+    the entry ``may_wait`` names, None without one). Both are joined from the same
+    pieces: a large state (64 jobs) is serialized once, not twice."""
+    if may_wait is None or not isinstance(data.get(may_wait[0]), dict):
+        return _dumps(data), None
+    part, key = may_wait
+    whole, less = [], []
+    for name, value in data.items():
+        if name == part:
+            inner = [(k, f"{_dumps(k)}:{_dumps(v)}") for k, v in value.items()]
+            full = "{" + ",".join(piece for _, piece in inner) + "}"
+            steady = "{" + ",".join(piece for k, piece in inner if k != key) + "}"
+        else:
+            full = steady = _dumps(value)
+        whole.append(f"{_dumps(name)}:{full}")
+        less.append(f"{_dumps(name)}:{steady}")
+    return "{" + ",".join(whole) + "}", "{" + ",".join(less) + "}"
 
 
 def _check_shape(data: object) -> None:

@@ -254,7 +254,7 @@ class Sampler:
         if self.node_energy is not None:
             data["node_energy"] = self.node_energy.export_state()
         try:
-            self.state.save(data)
+            self.state.save(data, *_cursors_may_wait(self.gpu, data))
         except OSError as exc:
             self.errors.count("state", f"cannot save state to {self.state.path}: "
                               f"{exc.strerror}; a restart may reset counters")
@@ -264,6 +264,20 @@ class Sampler:
 # the spool, so a crash there shows as a spool problem.
 _STEP_SOURCE = {"registry": "spool", "cgroup": "cgroup", "nvml": "nvml", "state": "state",
                 "training": "training", "powercap": "powercap", "nodepower": "nodepower"}
+
+
+def _cursors_may_wait(gpu: object, data: dict[str, Any]
+                      ) -> tuple[tuple[str, str] | None, float]:
+    """(where the GPUs' sample cursors are in the state, how long a change of those
+    alone may wait to be written): half the drivers' buffer span, two buffer-read
+    intervals. A restart then reads on from an older cursor and finds every sample since
+    it still in the buffer, so it counts what it would have counted. (None, 0) where no
+    GPU has sample buffers."""
+    every = getattr(gpu, "buffer_read_interval", None)
+    read_interval = every() if every is not None else None
+    if not read_interval or "sample_cursors" not in data.get("gpu", {}):
+        return None, 0.0
+    return ("gpu", "sample_cursors"), 2 * read_interval
 
 
 def _measured(gpu_part: GpuPart | None, energy: CpuEnergyPart | None) -> MeasuredParts:

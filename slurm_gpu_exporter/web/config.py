@@ -33,10 +33,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import bcrypt
-import yaml
+if TYPE_CHECKING:
+    import yaml
+
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,15 @@ class TlsSettings:
     client_allowed_sans: tuple[str, ...] = ()
 
 
+def _checkpw(password: bytes, hashed: bytes) -> bool:
+    """bcrypt's check. bcrypt and yaml are imported when a web config asks for them,
+    not with the agent: most agents run without one, and every module imported stays
+    in the agent's resident memory for its whole life."""
+    import bcrypt
+
+    return bool(bcrypt.checkpw(password, hashed))
+
+
 @dataclass
 class WebConfig:
     """A parsed web config: an optional TLS setup, extra headers and basic-auth users."""
@@ -105,7 +115,7 @@ class WebConfig:
     _verified: set[bytes] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # bcrypt's check; tests pass a slow one to see that it does not block the server.
-    password_check: Callable[[bytes, bytes], bool] = bcrypt.checkpw
+    password_check: Callable[[bytes, bytes], bool] = _checkpw
     _executor: ThreadPoolExecutor | None = None
     _pending: int = 0
     # Checks running now, by cache key and event loop: the same credential sent on
@@ -226,6 +236,8 @@ class WebConfig:
 
     def _dummy_hash(self) -> bytes:
         if self._dummy is None:
+            import bcrypt  # only a config with users needs it (memory: see _checkpw)
+
             costs = [int(h[4:6]) for h in self.users.values()]
             self._dummy = bcrypt.hashpw(b"no such user", bcrypt.gensalt(rounds=max(costs)))
         return self._dummy
@@ -338,6 +350,8 @@ def parse_web_config(data: Any, base: Path,
 
 def load_web_config(path: Path) -> WebConfig:
     """Read and validate a web config file."""
+    import yaml  # with the first config file, not with the agent (see _checkpw)
+
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -360,6 +374,8 @@ def load_web_config(path: Path) -> WebConfig:
 
 def _user_lines(text: str) -> dict[str, int]:
     """basic_auth_users' user -> the 1-based line of its hash, for error messages."""
+    import yaml
+
     node = yaml.compose(text, Loader=yaml.SafeLoader)
     if not isinstance(node, yaml.MappingNode):
         return {}
@@ -371,6 +387,8 @@ def _user_lines(text: str) -> dict[str, int]:
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     """The parser's error in one line: where (1-based line and column) and what."""
+    import yaml
+
     if isinstance(exc, yaml.MarkedYAMLError):
         mark = exc.problem_mark or exc.context_mark
         what = exc.problem or exc.context or "parse error"

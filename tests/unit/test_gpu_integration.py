@@ -229,3 +229,14 @@ def test_the_first_samples_of_a_gpu_idle_since_the_agent_started_are_counted() -
     # Every sample is new since the dry read at 102 s: 0.5 s busy, and 0.5 s idle before.
     assert first.busy == pytest.approx(0.5) and first.window == pytest.approx(1.0)
     assert dev.device_busy["GPU-a"] == pytest.approx(0.5)
+
+
+def test_the_measured_period_is_the_median_spacing_of_the_samples() -> None:
+    from slurm_gpu_exporter.gpu.gaps import measured_period_us
+
+    def at(*stamps: int) -> tuple[UtilSample, ...]:
+        return tuple(UtilSample(t, 0.0) for t in stamps)
+
+    assert measured_period_us(at(0, 100, 300, 600, 1600)) == 250  # 100 200 300 1000
+    assert measured_period_us(at(0, 100, 200, 700)) == 100  # 100 100 500
+    assert measured_period_us(at(0, 100), previous_us=170) == 170  # too few to say

@@ -308,3 +308,19 @@ def test_cpu_energy_goes_to_the_jobs_by_their_cgroup_cpu_time(tmp_path: Path) ->
                    series(text, "slurm_cpu_outside_jobs_energy_joules_total"))
     assert outside == pytest.approx({"package": 200.0, "dram": 20.0})
     assert _source_up(published[-1][1])["powercap"] == 1
+
+
+def test_only_the_gpus_sample_cursors_may_wait_and_for_half_the_buffer_span() -> None:
+    from slurm_gpu_exporter.sampling.sampler import _cursors_may_wait
+
+    class Buffers:
+        def __init__(self, every: float | None) -> None:
+            self.every = every
+
+        def buffer_read_interval(self) -> float | None:
+            return self.every
+
+    data = {"jobs": {"1": 2}, "gpu": {"sample_cursors": {"g": 7}, "busy": {"g": 1.5}}}
+    assert _cursors_may_wait(Buffers(5.0), data) == (("gpu", "sample_cursors"), 10.0)
+    assert _cursors_may_wait(Buffers(None), data) == (None, 0.0)  # no sample buffers
+    assert _cursors_may_wait(None, data) == (None, 0.0)  # no GPUs

@@ -117,3 +117,40 @@ def test_every_changed_state_is_renamed_into_place_and_fsynced_at_most_once_a_mi
     assert store.save({"jobs": {"1": {"n": 12}}})
     assert len(synced) == 4
     assert not [p for p in (tmp_path / "state").iterdir() if p.name != STATE_FILE]
+
+
+def test_a_change_of_the_cursors_alone_waits_the_hold_anything_else_is_written_at_once(
+        tmp_path: Path) -> None:
+    # Idle GPUs that keep sampling move their sample cursors every sample and nothing
+    # else: the file is rewritten at most every hold_s seconds for that.
+    now = [100.0]
+    store = StateStore(tmp_path / "state", clock=lambda: now[0])
+
+    def state(cursor: int, busy: float) -> tuple[dict, tuple[str, str]]:  # type: ignore[type-arg]
+        data = {"jobs": {"9": [1, "x"]}, "gpu": {"sample_cursors": {"g": cursor}, "busy": busy}}
+        return data, ("gpu", "sample_cursors")
+
+    def on_disk() -> dict:  # type: ignore[type-arg]
+        return json.loads((tmp_path / "state" / STATE_FILE).read_text())["gpu"]
+
+    assert store.save(*state(1, 0.0), hold_s=10.0)
+    now[0] += 5
+    assert not store.save(*state(2, 0.0), hold_s=10.0)
+    assert on_disk()["sample_cursors"] == {"g": 1}
+    now[0] += 5
+    assert store.save(*state(3, 0.0), hold_s=10.0)  # the hold is over
+    assert on_disk()["sample_cursors"] == {"g": 3}
+    now[0] += 1
+    assert store.save(*state(4, 2.5), hold_s=10.0)  # a counter moved: written at once
+    assert on_disk() == {"sample_cursors": {"g": 4}, "busy": 2.5}
+    # Byte for byte what one json.dumps writes, whatever was held.
+    assert (tmp_path / "state" / STATE_FILE).read_text() == json.dumps(
+        {**state(4, 2.5)[0], "version": STATE_VERSION}, separators=(",", ":"))
+    now[0] += 1
+    assert store.save(*state(5, 2.5))  # no hold given: every change is written
+    now[0] += 11
+    assert store.save(*state(6, 2.5), hold_s=10.0)
+    (tmp_path / "state" / STATE_FILE).unlink()
+    now[0] += 1
+    assert store.save(*state(7, 2.5), hold_s=10.0)  # a file gone is written at once
+    assert on_disk()["sample_cursors"] == {"g": 7}
