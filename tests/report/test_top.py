@@ -80,7 +80,7 @@ def test_the_frame_puts_now_beside_the_whole_job_per_node_and_gpu() -> None:
     text = frame(_detail(), now, 4600.0, 5.0)
     lines = text.splitlines()
     assert lines[0] == "Job 8880001 (resnet)  user dana  run time 1h00m"
-    assert lines[1] == "at 1970-01-01 01:16 UTC, every 5 s; last sample 10 s ago"
+    assert lines[1] == "at 1970-01-01 01:16:40 UTC, every 5 s; last sample 10 s ago"
     row_a = next(x for x in lines if x.strip().startswith(A)).split()
     assert row_a == [A, "0", "80%", "35%", "70%", "25%", "10.0", "GiB", "12.0", "GiB", "300",
                      "W", "71", "C"]
