@@ -7,11 +7,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.agent import Agent
 from tests.daemons import Daemon, Prometheus
-from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.fakenvml import Device, FakeNvml, NvmlState, Pattern, Process, fake_nvml_or_skip
 from tests.integration.slurmcluster import SlurmCluster
 from tests.munge import SITE_SOCKET
 from tests.proxy.stack import write_configs
@@ -27,28 +28,47 @@ AS_USER = ("import sys; from slurm_gpu_exporter.report.cli.main import main; "
            "sys.argv[0] = 'slurm-gpu-report'; sys.exit(main())")
 
 
-def report_as_user(cluster: SlurmCluster, user: str, client: Path, *args: str
-                   ) -> subprocess.CompletedProcess[str]:
-    """``slurm-gpu-report ARGS`` as ``user``, with the client config ``client``."""
+def report_argv(cluster: SlurmCluster, user: str, client: Path, *args: str) -> list[str]:
+    """The command line of ``slurm-gpu-report ARGS`` as ``user`` (runuser, a bare
+    environment), with the client config ``client``."""
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp",
            "SLURM_CONF": str(cluster.slurm_conf), "PYTHONPATH": f"{REPO}:{SITE_PACKAGES}",
            "SLURM_GPU_REPORT_CLIENT": str(client)}
-    return subprocess.run(
-        [shutil.which("runuser") or "/usr/sbin/runuser", "-u", user, "--", "env", "-i",
-         *(f"{k}={v}" for k, v in env.items()), "/usr/bin/python3", "-c", AS_USER, *args],
-        capture_output=True, text=True, timeout=120, check=False, cwd="/")
+    return [shutil.which("runuser") or "/usr/sbin/runuser", "-u", user, "--", "env", "-i",
+            *(f"{k}={v}" for k, v in env.items()), "/usr/bin/python3", "-c", AS_USER, *args]
 
 
-def run_gpu_jobs(cluster: SlurmCluster, work: Path, started: list, seconds: int
-                 ) -> tuple[dict[str, int], Prometheus]:
-    """OWNER's job on 2 GPUs (one 100 % busy) and OTHER's on 1, ``seconds`` long, run to
-    their end and scraped to the last sample; the daemons started go on ``started``.
-    Returns the job ids by user and the Prometheus."""
+def report_as_user(cluster: SlurmCluster, user: str, client: Path, *args: str
+                   ) -> subprocess.CompletedProcess[str]:
+    """``slurm-gpu-report ARGS`` as ``user``, with the client config ``client``."""
+    return subprocess.run(report_argv(cluster, user, client, *args), capture_output=True,
+                          text=True, timeout=120, check=False, cwd="/")
+
+
+@dataclass
+class Monitored:
+    """The fake NVML's 4 GPUs under an agent, scraped every second by a Prometheus."""
+
+    fake: FakeNvml
+    devices: list[Device]
+    prom: Prometheus
+
+    def busy(self, cluster: SlurmCluster, jobid: int, percent: float) -> list[int]:
+        """Make the job's first GPU ``percent`` busy from now on (its ``sleep`` process
+        runs there with 2 GiB); returns the job's GPU indices."""
+        pid = wait_until(lambda: cluster.command_pid(jobid, "sleep"), 15, "the sleep")
+        gpus = wait_until(lambda: cluster.spool_gpus(jobid), 15, "the GPUs")
+        self.devices[gpus[0]].processes = [Process(pid, 2 << 30,
+                                                   sm=Pattern.constant(percent))]
+        self.fake.write(NvmlState(devices=self.devices))
+        return gpus
+
+
+def start_monitoring(cluster: SlurmCluster, work: Path, started: list) -> Monitored:
+    """The agent over the fake NVML and its Prometheus, ready; both go on ``started``."""
     fake = fake_nvml_or_skip(work / "nvml")
     devices = [Device(index=i, minor=i) for i in range(4)]
     fake.write(NvmlState(devices=devices))
-    jobs = {user: cluster.submit(f"sleep {seconds}\n", user=user, gres=gres)
-            for user, gres in ((OWNER, "gpu:2"), (OTHER, "gpu:1"))}
     agent = Agent(["--spool-dir", str(cluster.spool_dir), "--state-dir", str(work / "state"),
                    "--sample-interval", "1", "--slurm-lookup", "cli",
                    "--node-name", cluster.node_name],
@@ -61,18 +81,26 @@ def run_gpu_jobs(cluster: SlurmCluster, work: Path, started: list, seconds: int
     started.append(prom)
     agent.wait_ready()
     prom.wait_ready()
+    return Monitored(fake, devices, prom)
+
+
+def run_gpu_jobs(cluster: SlurmCluster, work: Path, started: list, seconds: int
+                 ) -> tuple[dict[str, int], Prometheus]:
+    """OWNER's job on 2 GPUs (one 100 % busy) and OTHER's on 1, ``seconds`` long, run to
+    their end and scraped to the last sample; the daemons started go on ``started``.
+    Returns the job ids by user and the Prometheus."""
+    monitored = start_monitoring(cluster, work, started)
+    jobs = {user: cluster.submit(f"sleep {seconds}\n", user=user, gres=gres)
+            for user, gres in ((OWNER, "gpu:2"), (OTHER, "gpu:1"))}
     for jobid in jobs.values():
         cluster.wait_state(jobid, "RUNNING", timeout=30)
-    pid = wait_until(lambda: cluster.command_pid(jobs[OWNER], "sleep"), 15, "the sleep")
-    gpus = wait_until(lambda: cluster.spool_gpus(jobs[OWNER]), 15, "the GPUs")
-    devices[gpus[0]].processes = [Process(pid, 2 << 30, sm=Pattern.constant(100))]
-    fake.write(NvmlState(devices=devices))
+    monitored.busy(cluster, jobs[OWNER], 100)
     for jobid in jobs.values():
         cluster.wait_finished(jobid, timeout=60)
     ids = "|".join(map(str, jobs.values()))
-    prom.wait_for(f'count(last_over_time(slurm_job_end_time_seconds{{jobid=~"{ids}"}}'
-                  "[10m])) == 2", timeout=30)
-    return jobs, prom
+    monitored.prom.wait_for(f'count(last_over_time(slurm_job_end_time_seconds'
+                            f'{{jobid=~"{ids}"}}[10m])) == 2', timeout=30)
+    return jobs, monitored.prom
 
 
 def start_proxy(prometheus_url: str, work: Path, *extra: str) -> Daemon:

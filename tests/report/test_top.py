@@ -3,6 +3,8 @@ The command against a real Prometheus is test_top_real.py."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from slurm_gpu_exporter.report.errors import ReportError
@@ -78,7 +80,7 @@ def test_the_frame_puts_now_beside_the_whole_job_per_node_and_gpu() -> None:
     text = frame(_detail(), now, 4600.0, 5.0)
     lines = text.splitlines()
     assert lines[0] == "Job 8880001 (resnet)  user dana  run time 1h00m"
-    assert lines[1] == "at 1970-01-01 01:16 UTC, every 5 s; last sample 10 s ago"
+    assert lines[1] == "at 1970-01-01 01:16:40 UTC, every 5 s; last sample 10 s ago"
     row_a = next(x for x in lines if x.strip().startswith(A)).split()
     assert row_a == [A, "0", "80%", "35%", "70%", "25%", "10.0", "GiB", "12.0", "GiB", "300",
                      "W", "71", "C"]
@@ -105,3 +107,40 @@ def test_user_text_in_the_frame_is_inert() -> None:
     text = frame(_detail(name="\x1b]0;pwned\x07x[/]", user="eve\x1b[2J"), JobNow(), 10.0, None)
     assert "\x1b" not in text and "\x07" not in text
     assert "\ufffd]0;pwned\ufffdx[/]" in text and "every" not in text
+
+
+@pytest.mark.parametrize(("auth", "owner", "code"), [
+    (["--auth", "munge"], "someone-else", 10),  # signed in as oneself: theirs, refused
+    (["--auth", "munge"], None, 5),  # sacct does not know it either: unknown
+    ([], "someone-else", 5),  # an admin's report: unknown is unknown
+])
+def test_top_says_another_users_job_is_not_yours_as_job_does(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        auth: list[str], owner: str | None, code: int) -> None:
+    """Through the proxy another user's job has no series: ``top`` says whose it is
+    (sacct's owner) and exits 10, as ``job`` does, rather than "no metrics" (5)."""
+    import pwd
+
+    from slurm_gpu_exporter.report.cli import main, reports, top
+
+    async def same_ids(_prom: object, _window: object, ids: list[str], _f: object
+                       ) -> list[str]:
+        return ids
+
+    async def no_series(_prom: object, _window: object, ids: list[str], *_: object
+                        ) -> tuple[list[JobDetail], list[str]]:
+        return [], ids  # what the proxy answers for a job that is not the user's
+
+    monkeypatch.setattr(top, "resolve_array_tasks", same_ids)
+    monkeypatch.setattr(top, "job_report", no_series)
+    monkeypatch.setattr(reports, "sacct_owners",
+                        lambda ids: {i: owner for i in ids} if owner else {})
+    monkeypatch.setenv("SLURM_GPU_REPORT_CLIENT", "/nonexistent")
+    assert main.main(["top", "4242", "--once", "--prometheus-url", "http://127.0.0.1:9",
+                      *auth]) == code
+    err = capsys.readouterr().err
+    me = pwd.getpwuid(os.getuid()).pw_name
+    if code == 10:
+        assert f"job 4242 is not yours ({me}): the proxy shows each user only" in err, err
+    else:
+        assert "no metrics for job 4242" in err, err

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import pwd
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +19,8 @@ from slurm_gpu_exporter.report.cli.reports import (
     EXIT_UNKNOWN_JOB,
     job_report,
     low_util_report,
+    not_yours_error,
+    refuse_others_jobs,
     unknown_jobs_error,
 )
 from slurm_gpu_exporter.report.cli.review import deliver_review, review_plan
@@ -40,7 +41,6 @@ from slurm_gpu_exporter.report.render.usage import render_usage
 from slurm_gpu_exporter.report.render.values import when
 from slurm_gpu_exporter.report.slurm.accounting import (
     sacct_accounting,
-    sacct_owners,
     sacct_window,
 )
 
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from slurm_gpu_exporter.report.archive.store import ArchiveStore
 
 log = logging.getLogger("slurm_gpu_exporter.report")
-EXIT_NOT_YOURS = 10  # job: another user's job, asked for with --auth munge
 
 
 async def run_enforce_command(args: argparse.Namespace, now: float) -> int:
@@ -213,13 +212,10 @@ async def run_job(args: argparse.Namespace, config: Config, now: float) -> int:
     if details:
         _write(args, render_jobs(details, args.format, queries))
     if not_yours:
-        me = pwd.getpwuid(os.getuid()).pw_name
-        raise ReportError(f"job {', '.join(not_yours)} is not yours ({me}): the proxy shows "
-                          "each user only their own jobs; ask the job's owner or an admin",
-                          EXIT_NOT_YOURS)
+        raise not_yours_error(not_yours)
     if unknown:
         if munge_auth(args):
-            _refuse_others_jobs(unknown)
+            refuse_others_jobs(unknown)
         if problem:
             raise ReportError(f"no metrics for job {', '.join(unknown)} in Prometheus in "
                               f"the window, and {problem}; try again, or widen --since",
@@ -230,16 +226,6 @@ async def run_job(args: argparse.Namespace, config: Config, now: float) -> int:
                               EXIT_UNKNOWN_JOB)
         raise unknown_jobs_error(unknown, window)
     return 0
-
-
-def _refuse_others_jobs(unknown: list[str]) -> None:
-    """Signed in as oneself, another user's job is said to be theirs, not unknown."""
-    me = pwd.getpwuid(os.getuid()).pw_name
-    others = [j for j, user in sacct_owners(unknown).items() if user != me]
-    if others:
-        raise ReportError(f"job {', '.join(others)} is not yours ({me}): the proxy shows "
-                          "each user only their own jobs; ask the job's owner or an admin",
-                          EXIT_NOT_YOURS)
 
 
 def _from_archive(args: argparse.Namespace, details: list[JobDetail], unknown: list[str]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 from collections.abc import Callable
 
 from slurm_gpu_exporter.report.errors import ReportError
@@ -16,8 +18,10 @@ from slurm_gpu_exporter.report.prometheus.queries import (
     fetch_timelines,
     fetch_usage,
 )
+from slurm_gpu_exporter.report.slurm.accounting import sacct_owners
 
 EXIT_UNKNOWN_JOB = 5
+EXIT_NOT_YOURS = 10  # job, top: another user's job, asked for with --auth munge
 
 AccountingSource = Callable[[list[str]], dict[str, Accounting]]
 ArchivedJobs = Callable[[Window], list[JobUsage]]
@@ -78,3 +82,20 @@ def unknown_jobs_error(unknown: list[str], window: Window) -> ReportError:
     ids = ", ".join(unknown)
     return ReportError(f"no metrics for job {ids} in Prometheus in the window; check the id, "
                        "or widen it with --since", EXIT_UNKNOWN_JOB)
+
+
+def not_yours_error(jobids: list[str]) -> ReportError:
+    """Another user's jobs, asked for by a user signed in as themself."""
+    me = pwd.getpwuid(os.getuid()).pw_name
+    return ReportError(f"job {', '.join(jobids)} is not yours ({me}): the proxy shows each "
+                       "user only their own jobs; ask the job's owner or an admin",
+                       EXIT_NOT_YOURS)
+
+
+def refuse_others_jobs(unknown: list[str]) -> None:
+    """Signed in as oneself (munge), the proxy answers another user's job as unknown:
+    say it is theirs (sacct knows its owner), not unknown."""
+    me = pwd.getpwuid(os.getuid()).pw_name
+    others = [j for j, user in sacct_owners(unknown).items() if user != me]
+    if others:
+        raise not_yours_error(others)

@@ -15,8 +15,12 @@ import shutil
 import sys
 import time
 
-from slurm_gpu_exporter.report.cli.flags import prometheus
-from slurm_gpu_exporter.report.cli.reports import job_report, unknown_jobs_error
+from slurm_gpu_exporter.report.cli.flags import munge_auth, prometheus
+from slurm_gpu_exporter.report.cli.reports import (
+    job_report,
+    refuse_others_jobs,
+    unknown_jobs_error,
+)
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.model import JobDetail
 from slurm_gpu_exporter.report.figures.rules import Config
@@ -58,6 +62,8 @@ async def _frame(prom: PrometheusClient, args: argparse.Namespace, config: Confi
     details, unknown = await job_report(prom, window, [args.jobid], filters, config,
                                         lambda _: {}, at)
     if unknown:
+        if munge_auth(args):  # through the proxy another user's job looks unknown
+            refuse_others_jobs(unknown)
         raise unknown_jobs_error(unknown, window)
     return details[0], await fetch_now(prom, args.jobid, filters, at), at
 

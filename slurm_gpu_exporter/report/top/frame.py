@@ -8,6 +8,7 @@ inert for the terminal (``render.inert.terminal``), as in every other output.
 from __future__ import annotations
 
 import io
+from datetime import UTC, datetime
 
 from rich import box
 from rich.console import Console
@@ -16,7 +17,7 @@ from rich.table import Table
 from slurm_gpu_exporter.report.figures.model import JobDetail
 from slurm_gpu_exporter.report.prometheus.nodes import node_name
 from slurm_gpu_exporter.report.render.inert import terminal
-from slurm_gpu_exporter.report.render.values import duration, when
+from slurm_gpu_exporter.report.render.values import duration
 from slurm_gpu_exporter.report.top.now import GpuNow, JobNow, NodeNow
 
 GIB = 1024**3
@@ -61,7 +62,9 @@ def frame(detail: JobDetail, now: JobNow, at: float, interval_s: float | None,
                   + (f" ({terminal(usage.name)})" if usage.name else "")
                   + f"  user {terminal(usage.user)}  run time {duration(detail.elapsed_s)}",
                   style="bold")
-    console.print(f"at {when(at)}{every}; last sample "
+    # to the second: a frame whose figures all held still still shows it is live
+    clock = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    console.print(f"at {clock}{every}; last sample "
                   + (f"{max(0.0, at - now.last_sample):.0f} s ago" if now.last_sample
                      else "none"), style="dim" if color else None)
     table = Table(box=box.SIMPLE_HEAD)
