@@ -11,19 +11,12 @@ Written whole, mode 0600 (``report/private_file.py``).
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.inert_text import plain
-from slurm_gpu_exporter.report.private_file import write_private
 from slurm_gpu_exporter.report.remediate.confirm import Episode
+from slurm_gpu_exporter.report.remediate.state_file import load_state, save_state
 
-log = logging.getLogger(__name__)
-
-EXIT_STATE = 2
 RETAIN_S = 7 * 86400.0
 MAX_EPISODES = 10_000
 # A repeat refreshes "seen" at most this often: Alertmanager's repeats cost no write each.
@@ -40,17 +33,13 @@ class ActedOn:
             self._load(path)
 
     def _load(self, path: Path) -> None:
-        try:
-            data = json.loads(path.read_text())
+        def parse(data: dict) -> None:  # type: ignore[type-arg]
             for entry in data["episodes"]:
                 labels = {str(k): str(v) for k, v in dict(entry["labels"]).items()}
                 self._seen[Episode.of(labels, float(entry["since"]))] = float(entry["seen"])
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ReportError(f"cannot read the remediate state {path}: {plain(exc)}; fix it "
-                              "or move it away (alerts acted on would drain their node "
-                              "again)", EXIT_STATE) from None
+
+        load_state(path, "the remediate state", "alerts acted on would drain their node "
+                   "again", parse)
 
     def __contains__(self, episode: Episode) -> bool:
         return episode in self._seen
@@ -80,13 +69,7 @@ class ActedOn:
 
     def save(self) -> None:
         """Write the file; a failure is logged (the episodes stay known until a restart)."""
-        if self.path is None:
-            return
-        body = json.dumps({"episodes": [
+        save_state(self.path, {"episodes": [
             {"labels": dict(e.labels), "since": e.since, "seen": seen}
-            for e, seen in self._seen.items()]}, indent=1, sort_keys=True) + "\n"
-        try:
-            write_private(self.path, body.encode(), "the remediate state", EXIT_STATE)
-        except ReportError as exc:
-            log.error("%s: after a restart remediate would drain for these alerts again",
-                      plain(exc))
+            for e, seen in self._seen.items()]}, "the remediate state",
+            "after a restart remediate would drain for these alerts again")

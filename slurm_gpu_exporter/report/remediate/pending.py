@@ -12,18 +12,11 @@ once. Written whole, mode 0600 (``report/private_file.py``).
 
 from __future__ import annotations
 
-import json
-import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.inert_text import plain
-from slurm_gpu_exporter.report.private_file import write_private
+from slurm_gpu_exporter.report.remediate.state_file import load_state, save_state
 
-log = logging.getLogger(__name__)
-
-EXIT_STATE = 2
 RETAIN_S = 7 * 86400.0
 MAX_KEYS = 10_000
 
@@ -56,20 +49,16 @@ class RequeueBook:
             self._load(path)
 
     def _load(self, path: Path) -> None:
-        try:
-            data = json.loads(path.read_text())
+        def parse(data: dict) -> None:  # type: ignore[type-arg]
             self.done = {str(k): float(v) for k, v in dict(data["done"]).items()}
             for entry in data["pending"]:
                 item = PendingRequeue(str(entry["key"]), str(entry["target"]),
                                       float(entry["start"]), float(entry["due"]),
                                       str(entry["node"]), str(entry["why"]))
                 self.pending[item.key] = item
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ReportError(f"cannot read the requeue state {path}: {plain(exc)}; fix it "
-                              "or move it away (jobs signalled would be signalled again, "
-                              "due requeues lost)", EXIT_STATE) from None
+
+        load_state(path, "the requeue state", "jobs signalled would be signalled again, "
+                   "due requeues lost", parse)
 
     def __contains__(self, key: object) -> bool:
         return key in self.done
@@ -95,13 +84,6 @@ class RequeueBook:
 
     def save(self) -> None:
         """Write the file; a failure is logged (the memory holds until a restart)."""
-        if self.path is None:
-            return
-        body = json.dumps({"done": self.done,
-                           "pending": [asdict(p) for p in self.pending.values()]},
-                          indent=1, sort_keys=True) + "\n"
-        try:
-            write_private(self.path, body.encode(), "the requeue state", EXIT_STATE)
-        except ReportError as exc:
-            log.error("%s: after a restart remediate would lose its due requeues",
-                      plain(exc))
+        save_state(self.path, {"done": self.done,
+                               "pending": [asdict(p) for p in self.pending.values()]},
+                   "the requeue state", "after a restart remediate would lose its due requeues")
