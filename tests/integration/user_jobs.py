@@ -89,9 +89,11 @@ def run_gpu_jobs(cluster: SlurmCluster, work: Path, started: list, seconds: int
     """OWNER's job on 2 GPUs (one 100 % busy) and OTHER's on 1, ``seconds`` long, run to
     their end and scraped to the last sample; the daemons started go on ``started``.
     Returns the job ids by user and the Prometheus."""
-    monitored = start_monitoring(cluster, work, started)
+    # Submitted before the agent starts (as these tests always ran): the agent finds them
+    # running, so their GPU time counts from its first sample, busy GPU or not.
     jobs = {user: cluster.submit(f"sleep {seconds}\n", user=user, gres=gres)
             for user, gres in ((OWNER, "gpu:2"), (OTHER, "gpu:1"))}
+    monitored = start_monitoring(cluster, work, started)
     for jobid in jobs.values():
         cluster.wait_state(jobid, "RUNNING", timeout=30)
     monitored.busy(cluster, jobs[OWNER], 100)
