@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.agent import Agent
-from tests.daemons import Alertmanager, Daemon, Prometheus, WebhookReceiver
+from tests.daemons import Alertmanager, Daemon, Prometheus
 from tests.fakenvml import Device, FakeNvml, NvmlState, XidEvent, fake_nvml_or_skip
 from tests.integration.slurmcluster import SlurmCluster
 from tests.integration.test_remediate_slurm import (
@@ -31,9 +31,10 @@ from tests.integration.test_remediate_slurm import (
     firing_payload,
     post,
     resume,
+    start_alerting,
     with_slurm_env,
 )
-from tests.observe.conftest import alertmanager_config, generate_alerts
+from tests.observe.conftest import generate_alerts
 from tests.support import free_port, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
@@ -88,28 +89,8 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                       log_path=base / "agent.log")
         started.append(agent)
         port = free_port()
-        sink = WebhookReceiver()
-        started.append(sink)
-        am_config = alertmanager_config(sink)
-        for receiver in am_config["receivers"]:
-            if receiver["name"] == "remediate":
-                receiver["webhook_configs"] = [{
-                    "url": f"http://127.0.0.1:{port}/alerts", "send_resolved": False,
-                    "http_config": {"basic_auth": {"username": USER,
-                                                   "password_file": str(password_file)}}}]
-        am = Alertmanager(am_config, base / "alertmanager")
-        started.append(am)
-        prom = Prometheus("prometheus", {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(alerts)],
-            "alerting": {"alertmanagers": [{"static_configs": [
-                {"targets": [f"127.0.0.1:{am.port}"]}]}]},
-            "scrape_configs": [{"job_name": "slurm-gpu-exporter", "scrape_timeout": "1s",
-                                "static_configs": [{
-                                    "targets": [f"127.0.0.1:{agent.port}"],
-                                    "labels": {"node": slurm_cluster.node_name}}]}],
-        }, base / "prometheus")
-        started.append(prom)
+        am, prom = start_alerting(started, base, f"http://127.0.0.1:{port}", password_file,
+                                  alerts, agent.port, slurm_cluster.node_name)
         remediate = Daemon("remediate", [
             *with_slurm_env(slurm_cluster), str(REPORT), "remediate",
             "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web_config),

@@ -90,6 +90,36 @@ def resume(cluster: SlurmCluster) -> None:
         cluster.run(["scontrol", "update", f"NodeName={cluster.node_name}", "State=RESUME"])
 
 
+
+def start_alerting(started: list, base: Path, remediate_url: str, password_file: Path,
+                   alerts: Path, agent_port: int, node: str
+                   ) -> tuple[Alertmanager, Prometheus]:
+    """A real Alertmanager whose ``remediate`` receiver posts to ``remediate_url`` (basic
+    auth), and a Prometheus that scrapes the agent every second, evaluates ``alerts``
+    and sends them there; each goes on ``started`` as it starts."""
+    sink = WebhookReceiver()
+    started.append(sink)
+    am_config = alertmanager_config(sink)
+    for receiver in am_config["receivers"]:
+        if receiver["name"] == "remediate":
+            receiver["webhook_configs"] = [{
+                "url": f"{remediate_url}/alerts", "send_resolved": False,
+                "http_config": {"basic_auth": {"username": USER,
+                                               "password_file": str(password_file)}}}]
+    am = Alertmanager(am_config, base / "alertmanager")
+    started.append(am)
+    prom = Prometheus("prometheus", {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(alerts)],
+        "alerting": {"alertmanagers": [{"static_configs": [
+            {"targets": [f"127.0.0.1:{am.port}"]}]}]},
+        "scrape_configs": [{"job_name": "slurm-gpu-exporter", "scrape_timeout": "1s",
+                            "static_configs": [{"targets": [f"127.0.0.1:{agent_port}"],
+                                                "labels": {"node": node}}]}],
+    }, base / "prometheus")
+    started.append(prom)
+    return am, prom
+
 @pytest.fixture(scope="module")
 def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
         ) -> Iterator[Rig]:
@@ -115,28 +145,8 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
         started.append(agent)
         port = free_port()
         remediate_url = f"http://127.0.0.1:{port}"
-        sink = WebhookReceiver()
-        started.append(sink)
-        am_config = alertmanager_config(sink)
-        for receiver in am_config["receivers"]:
-            if receiver["name"] == "remediate":
-                receiver["webhook_configs"] = [{
-                    "url": f"{remediate_url}/alerts", "send_resolved": False,
-                    "http_config": {"basic_auth": {"username": USER,
-                                                   "password_file": str(password_file)}}}]
-        am = Alertmanager(am_config, base / "alertmanager")
-        started.append(am)
-        prom = Prometheus("prometheus", {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(alerts)],
-            "alerting": {"alertmanagers": [{"static_configs": [
-                {"targets": [f"127.0.0.1:{am.port}"]}]}]},
-            "scrape_configs": [{"job_name": "slurm-gpu-exporter", "scrape_timeout": "1s",
-                                "static_configs": [{
-                                    "targets": [f"127.0.0.1:{agent.port}"],
-                                    "labels": {"node": slurm_cluster.node_name}}]}],
-        }, base / "prometheus")
-        started.append(prom)
+        am, prom = start_alerting(started, base, remediate_url, password_file, alerts,
+                                  agent.port, slurm_cluster.node_name)
         remediate_argv = [
             *with_slurm_env(slurm_cluster), str(REPORT), "remediate",
             "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web_config),
