@@ -67,9 +67,8 @@ def child(args: argparse.Namespace, tmp: Path) -> None:
     os.makedirs(tmp / "relay", mode=0o700)
     relay.start()
     training = TrainingSource(relay, jobs, errors)
-    sampler = Sampler(registry, jobstats, errors, args.interval,
-                      state=StateStore(tmp / "state"), gpu=gpu, training=training,
-                      publish=ExpositionHolder().show)
+    sampler = Sampler([registry, jobstats, gpu, training], errors, args.interval,
+                      state=StateStore(tmp / "state"), publish=ExpositionHolder().show)
     for _ in range(args.warmup):  # look-ups, first GPU reads, held files opened
         sampler.sample_once()
         time.sleep(args.interval)

@@ -53,8 +53,8 @@ def main() -> None:
                               proc_root=node.proc_root, trusted_uids=frozenset({0, os.geteuid()}))
         backend = TimedBackend(node.gpu_count, node.gpu_processes)
         gpu = GpuSampler(backend, node.proc_root, errors, cgroups=cgroups)
-        sampler = Sampler(registry, JobStatsCollector(cgroups, node.proc_root, errors), errors,
-                          1.0, state=StateStore(node.state_dir), gpu=gpu)
+        sampler = Sampler([registry, JobStatsCollector(cgroups, node.proc_root, errors), gpu],
+                          errors, 1.0, state=StateStore(node.state_dir))
         sampler.sample_once()  # warm caches, first GPU look
         cpu, nvml, render_cpu = [], [], []
         snapshot = None

@@ -22,30 +22,18 @@ from aiohttp import web
 
 from slurm_gpu_exporter import __version__
 from slurm_gpu_exporter.agent.flags import DEFAULT_HWMON_ROOT, DEFAULT_LISTEN, build_parser
+from slurm_gpu_exporter.agent.sources import Node, build_sources
 from slurm_gpu_exporter.agent.trust import (
     UntrustedPathError,
     check_private_dir,
     warn_if_web_config_exposed,
 )
 from slurm_gpu_exporter.exposition.snapshot import NodeIdentity
-from slurm_gpu_exporter.gpu.backend import GpuBackend
-from slurm_gpu_exporter.gpu.sampler import GpuSampler
-from slurm_gpu_exporter.hooks import spool
-from slurm_gpu_exporter.jobs.cpu_energy import CpuEnergySource
-from slurm_gpu_exporter.jobs.node_energy import NodeEnergySource
-from slurm_gpu_exporter.jobs.stats import JobStatsCollector
-from slurm_gpu_exporter.jobs.tracker import JobTracker
 from slurm_gpu_exporter.node.cgroup import CgroupFS
-from slurm_gpu_exporter.node.hwmon import DEFAULT_METERS, HwmonPowerMeter
-from slurm_gpu_exporter.node.power_command import PowerCommand
-from slurm_gpu_exporter.node.powercap import PowercapReader
 from slurm_gpu_exporter.node.slurm.conf import read_cluster_name, slurm_conf_path
-from slurm_gpu_exporter.node.slurm.lookup import SlurmMetadata, make_lookup
 from slurm_gpu_exporter.node.source_health import SourceErrors
 from slurm_gpu_exporter.node.state_dir import StateStore
 from slurm_gpu_exporter.sampling.sampler import Sampler
-from slurm_gpu_exporter.training_relay import RelayLimits, TrainingRelay
-from slurm_gpu_exporter.training_relay.source import RelayJobs, TrainingSource
 from slurm_gpu_exporter.web.config import WebConfigError
 from slurm_gpu_exporter.web.connections import (
     ConnectionLimits,
@@ -125,51 +113,13 @@ def main(argv: list[str] | None = None) -> int:
             log.error("refusing to start: %s", exc)
             return 2
         errors = SourceErrors()
-        cgroups = CgroupFS(args.cgroup_root, held_files=held_files_budget(cap))
-        if simulation is not None:
-            lookup = simulation.slurm_lookup
-        elif args.slurm_lookup == "off":
-            lookup = None
-        else:
-            lookup = make_lookup(args.node_name, prefer_pyslurm=args.slurm_lookup == "auto")
-        registry = JobTracker(
-            args.spool_dir, cgroups, SlurmMetadata(lookup, errors=errors), errors,
-            proc_root=args.proc_root, job_linger=args.job_linger,
-            cgroup_grace=args.cgroup_grace, trusted_uids=trusted_uids,
-        )
-        jobstats = JobStatsCollector(cgroups, args.proc_root, errors)
-        backend: GpuBackend
-        if simulation is not None:
-            from slurm_gpu_exporter.gpu.simulated import SimulatedBackend
-
-            backend = SimulatedBackend(simulation.gpu_count, simulation.gpu_processes)
-        else:
-            from slurm_gpu_exporter.gpu.nvml import NvmlBackend
-
-            backend = NvmlBackend()
-        gpu = GpuSampler(backend, args.proc_root, errors, cgroups=cgroups,
-                         poll_timeout=max(1.0, 0.8 * args.sample_interval))
-        training = None
-        if args.training_relay:
-            training = _start_training_relay(args.spool_dir, args.proc_root, cgroups,
-                                             args.sample_interval, errors)
-        if training is not None:
-            stack.callback(training.stop)
-        cpu_energy = None
-        if args.powercap_root:
-            cpu_energy = CpuEnergySource(PowercapReader(Path(args.powercap_root)),
-                                         args.proc_root, errors)
-        node_energy = _node_energy(args, errors)
-        if node_energy is not None and isinstance(node_energy.meter, PowerCommand):
-            node_energy.meter.start()
-            stack.callback(node_energy.meter.stop)
+        node = Node(args, CgroupFS(args.cgroup_root, held_files=held_files_budget(cap)),
+                    errors, trusted_uids, stack, simulation)
+        sources = build_sources(node)
         holder = ExpositionHolder(stale_after=max(120.0, 10 * args.sample_interval))
-        sampler = Sampler(
-            registry, jobstats, errors, args.sample_interval,
-            state=StateStore(args.state_dir), gpu=gpu, training=training,
-            cpu_energy=cpu_energy, node_energy=node_energy, publish=holder.show,
-            identity=_identity(args, simulation),
-        )
+        sampler = Sampler(sources, errors, args.sample_interval,
+                          state=StateStore(args.state_dir), publish=holder.show,
+                          identity=_identity(args, simulation))
         try:
             asyncio.run(_serve(make_app(holder, web_config, limits), listen, web_config, sampler,
                                args.web_config_reload))
@@ -187,46 +137,6 @@ def _identity(args: argparse.Namespace, simulation: object | None) -> NodeIdenti
 
         return NodeIdentity(NODE)
     return NodeIdentity(args.node_name, read_cluster_name(slurm_conf_path()))
-
-
-def _node_energy(args: argparse.Namespace, errors: SourceErrors) -> NodeEnergySource | None:
-    """The node power meter the flags ask for: the site command, else hwmon, else none."""
-    meter: PowerCommand | HwmonPowerMeter
-    if args.node_power_command:
-        meter = PowerCommand(args.node_power_command, args.node_power_interval,
-                             args.node_power_timeout)
-    elif args.hwmon_root:
-        meter = HwmonPowerMeter(Path(args.hwmon_root),
-                                tuple(args.node_power_hwmon_names or DEFAULT_METERS))
-    else:
-        return None
-    return NodeEnergySource(meter, errors)
-
-
-def _start_training_relay(spool_dir: str, proc_root: Path, cgroups: CgroupFS,
-                          sample_interval: float, errors: SourceErrors
-                          ) -> TrainingSource | None:
-    """Serve training.sock, or say in one line why not (the agent then runs without it)."""
-    jobs = RelayJobs(proc_root, cgroups)
-    # A job is known to the relay from the first sample after it starts: its first
-    # connections wait that long, with room for a slow sample.
-    limits = RelayLimits(pending_seconds=max(30.0, 3 * sample_interval))
-    relay = TrainingRelay(spool_dir, jobs.job_of_pid, job_of_key=jobs.job_of_key,
-                          limits=limits)
-    try:
-        os.close(spool.open_spool_dir(spool_dir, create=True))
-        relay.start()
-    except ValueError as exc:
-        log.error("training relay not started: %s; use a shorter --spool-dir or "
-                  "--no-training.relay", exc)
-        return None
-    except OSError as exc:
-        log.error("training relay not started: cannot serve %s: %s; running without it "
-                  "(check --spool-dir, or pass --no-training.relay)", relay.path,
-                  exc.strerror or exc)
-        return None
-    log.info("training relay listening on %s", relay.path)
-    return TrainingSource(relay, jobs, errors)
 
 
 async def _watch_web_config(web_config: LiveWebConfig, interval: float,

@@ -31,6 +31,7 @@ from slurm_gpu_exporter.gpu.clocks import HostClocks
 from slurm_gpu_exporter.gpu.polling import BackendLink
 from slurm_gpu_exporter.gpu.samples import job_gpu_samples
 from slurm_gpu_exporter.jobs.job import Job
+from slurm_gpu_exporter.jobs.source import SampleContext, SourceDefaults
 from slurm_gpu_exporter.node.cgroup import CgroupFS
 from slurm_gpu_exporter.node.procfs import PidJobMapper
 from slurm_gpu_exporter.node.source_health import SourceErrors
@@ -47,7 +48,7 @@ class GpuPartResult:
     unattributed: tuple[UnattributedSample, ...] = ()
 
 
-class GpuSampler:
+class GpuSampler(SourceDefaults):
     """Turns backend readings into job-GPU and device samples; owned by the sampler thread."""
 
     def __init__(
@@ -88,6 +89,37 @@ class GpuSampler:
     def close(self) -> None:
         """Stop the worker threads and release the backend."""
         self.link.close()
+
+    # As a source of the sample: the GPUs, with the tracker's jobs to attribute them to;
+    # it also reads the drivers' sample buffers between samples.
+    name = "nvml"
+    health = ("nvml",)
+    state_key = "gpu"
+
+    def take(self, ctx: SampleContext) -> GpuPartResult:
+        return self.sample(ctx.jobs, ctx.now)
+
+    def up(self, part: GpuPartResult | None) -> bool:
+        return part is not None and part.nvml_up  # a missing library counts only on retry
+
+    def snapshot_fields(self, part: GpuPartResult | None) -> dict[str, Any]:
+        if part is None:
+            return {"nvml_up": False}
+        return {"nvml_up": part.nvml_up, "job_gpus": part.job_gpus, "gpus": part.gpus,
+                "unattributed": part.unattributed}
+
+    def between_samples(self) -> float | None:
+        return self.buffer_read_interval()
+
+    def read_between(self) -> None:
+        self.read_buffers()
+
+    def lazy_state(self) -> tuple[str, float] | None:
+        """The sample cursors may be written up to two buffer-read intervals late (half
+        the drivers' buffer span): a restart reads on from an older cursor and finds every
+        sample since it still in the buffer, so it counts what it would have counted."""
+        every = self.buffer_read_interval()
+        return ("sample_cursors", 2 * every) if every else None
 
     def sample(self, jobs: list[Job], now: float) -> GpuPartResult:
         if self.attribution.first_poll is None:

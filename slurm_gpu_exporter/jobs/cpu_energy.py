@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_gpu_exporter.exposition.snapshot import CpuEnergySample, JobCpuEnergySample, JobSample
+from slurm_gpu_exporter.jobs.source import SampleContext, SourceDefaults
 from slurm_gpu_exporter.node.powercap import DOMAINS, PowercapReader, busy_cpu_seconds
 from slurm_gpu_exporter.node.source_health import SourceErrors
 
@@ -88,7 +89,7 @@ class EnergySharer:
         forget_gone_runs(self.jobs, self.unclaimed, alive)
 
 
-class CpuEnergySource:
+class CpuEnergySource(SourceDefaults):
     """Reads RAPL each sample and shares it among the jobs; thread-confined to the sampler."""
 
     def __init__(self, reader: PowercapReader, proc_root: Path, errors: SourceErrors,
@@ -102,6 +103,24 @@ class CpuEnergySource:
         self._totals: dict[tuple[str, str], float] = {}  # (socket, domain) -> joules
         self._until_rediscover = 0
         self._problems: list[str] = []  # what the last look for zones met
+
+    # As a source of the sample: after the cgroup figures, whose CPU time shares it.
+    name = "powercap"
+    health = ("powercap",)
+    state_key = "cpu_energy"
+
+    def take(self, ctx: SampleContext) -> CpuEnergyPart:
+        return self.sample(ctx.parts.get("cgroup") or [])
+
+    def failed_part(self) -> CpuEnergyPart:
+        return CpuEnergyPart(up=False)
+
+    def up(self, part: CpuEnergyPart) -> bool:
+        return part.up  # its zones found and read
+
+    def snapshot_fields(self, part: CpuEnergyPart) -> dict[str, Any]:
+        return {"powercap_up": part.up, "job_cpu_energy": part.jobs,
+                "cpu_energy": part.sockets, "cpu_energy_outside_jobs": part.outside_jobs}
 
     def sample(self, jobs: list[JobSample]) -> CpuEnergyPart:
         if not self.reader.zones:

@@ -26,6 +26,7 @@ from slurm_gpu_exporter.exposition.snapshot import (
     JobNodeEnergySample,
 )
 from slurm_gpu_exporter.jobs.cpu_energy import RunKey, forget_gone_runs
+from slurm_gpu_exporter.jobs.source import SampleContext, SourceDefaults
 from slurm_gpu_exporter.node.hwmon import MeterDown
 from slurm_gpu_exporter.node.source_health import SourceErrors
 
@@ -80,7 +81,7 @@ def _sum_by(items: dict[Any, float], key: Any) -> dict[Any, float]:
     return out
 
 
-class NodeEnergySource:
+class NodeEnergySource(SourceDefaults):
     """Integrates the meter each sample and shares the energy; thread-confined to the
     sampler."""
 
@@ -98,6 +99,31 @@ class NodeEnergySource:
         self._gpus = CounterDeltas()
         self._cpu_jobs = CounterDeltas()
         self._cpu = CounterDeltas()
+
+    # As a source of the sample: after the GPUs and RAPL, whose energy weighs the shares.
+    name = "nodepower"
+    health = ("nodepower",)
+    state_key = "node_energy"
+
+    def take(self, ctx: SampleContext) -> NodeEnergyPart:
+        job_samples = ctx.parts.get("cgroup") or []
+        gpu, cpu = ctx.parts.get("nvml"), ctx.parts.get("powercap")
+        measured = MeasuredParts(job_gpu=gpu.job_gpus if gpu else (),
+                                 gpus=gpu.gpus if gpu else (),
+                                 job_cpu=cpu.jobs if cpu else (),
+                                 cpu=cpu.sockets if cpu else ())
+        return self.sample(ctx.now, [s.job for s in job_samples], measured)
+
+    def failed_part(self) -> NodeEnergyPart:
+        return NodeEnergyPart(up=False)
+
+    def up(self, part: NodeEnergyPart) -> bool:
+        return part.up  # the meter read
+
+    def snapshot_fields(self, part: NodeEnergyPart) -> dict[str, Any]:
+        return {"node_power_up": part.up, "node_power_watts": part.power_watts,
+                "node_energy_joules": part.energy_joules, "job_node_energy": part.jobs,
+                "node_energy_outside_jobs": part.outside_jobs_joules}
 
     def sample(self, now: float, running: list[JobInfo], parts: MeasuredParts
                ) -> NodeEnergyPart:

@@ -18,6 +18,7 @@ from typing import Any
 
 from slurm_gpu_exporter.exposition.snapshot import JobSample
 from slurm_gpu_exporter.jobs.job import Job
+from slurm_gpu_exporter.jobs.source import SampleContext, SourceDefaults
 from slurm_gpu_exporter.node.cgroup import CgroupFS, CgroupGone
 from slurm_gpu_exporter.node.procfs import ProcessCpuAccumulator
 from slurm_gpu_exporter.node.source_health import SourceErrors
@@ -44,7 +45,7 @@ def _process_key(key: RunKey) -> str:
     return f"{key[0]}@{key[1]!r}"
 
 
-class JobStatsCollector:
+class JobStatsCollector(SourceDefaults):
     """Turns the registry's jobs into JobSamples; thread-confined to the sampler."""
 
     def __init__(self, cgroups: CgroupFS | None, proc_root: Path, errors: SourceErrors) -> None:
@@ -57,6 +58,20 @@ class JobStatsCollector:
         self._peak_floor: dict[RunKey, int] = {}
         # Restored runs no sample has shown yet -> samples left before they are dropped.
         self._unclaimed: dict[RunKey, int] = {}
+
+    # As a source of the sample: each job's CPU and memory, from its cgroup.
+    name = "cgroup"
+    health = ("cgroup",)
+    state_key = "jobs"
+
+    def take(self, ctx: SampleContext) -> list[JobSample]:
+        return self.collect(ctx.jobs)
+
+    def failed_part(self) -> list[JobSample]:
+        return []
+
+    def snapshot_fields(self, part: list[JobSample]) -> dict[str, Any]:
+        return {"jobs": tuple(part)}
 
     def collect(self, jobs: list[Job]) -> list[JobSample]:
         """One sample of every job the registry reports, running or lingering."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from slurm_gpu_exporter.hooks import spool
 from slurm_gpu_exporter.jobs.cgroup_jobs import find_cgroup_jobs, uid_from_processes
 from slurm_gpu_exporter.jobs.job import Job
+from slurm_gpu_exporter.jobs.source import SampleContext, SourceDefaults
 from slurm_gpu_exporter.jobs.tracked import (
     TrackedJob,
     cgroup_ino,
@@ -33,7 +34,7 @@ from slurm_gpu_exporter.node.spool_reader import FileKey, SpoolReader
 
 log = logging.getLogger(__name__)
 
-class JobTracker:
+class JobTracker(SourceDefaults):
     """Reconciles spool records, cgroups and Slurm metadata into the current job list."""
 
     def __init__(
@@ -68,6 +69,14 @@ class JobTracker:
         self._expired_cgroups: dict[str, int] = {}
 
     # -- public -------------------------------------------------------------
+
+    # As a source of the sample: the first, whose jobs every later source sees. Its
+    # problems count under the spool (its first read) and Slurm (its look-ups).
+    name = "registry"
+    health = ("spool", "slurm")
+
+    def take(self, ctx: SampleContext) -> list[Job]:
+        return self.refresh(ctx.now)
 
     def refresh(self, now: float | None = None) -> list[Job]:
         """Re-read the spool and cgroups; returns the jobs to report, running and lingering.

@@ -1,11 +1,11 @@
 """The sampler: a background thread that builds one immutable snapshot per interval.
 
-Each source (the job registry, cgroup statistics, the GPU backend, the training
-relay, the state dir) is timed and fails alone: an exception in one leaves the
-others' data in the snapshot and shows as that source's error count. A scrape never
-waits for a sample; it serves the last one. The sampler hands each snapshot to
-``publish`` and knows nothing of its rendering (web/server.py's holder renders it,
-each format when a scrape first asks for it).
+It runs the sources the agent built (agent/sources.py), in their order, each with the
+parts of those before it (jobs/source.py's protocol). Each is timed and fails alone: an
+exception in one leaves the others' data in the snapshot and shows as that source's
+error count. A scrape never waits for a sample; it serves the last one. The sampler
+hands each snapshot to ``publish`` and knows nothing of its rendering (web/server.py's
+holder renders it, each format when a scrape first asks for it).
 """
 
 from __future__ import annotations
@@ -13,49 +13,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
-
-from prometheus_client.metrics_core import Metric
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from slurm_gpu_exporter.exposition.snapshot import (
-    GpuSample,
-    JobGpuSample,
-    JobSample,
     NodeIdentity,
     Snapshot,
     SourceStatus,
     StepTiming,
-    UnattributedSample,
 )
-from slurm_gpu_exporter.jobs.cpu_energy import CpuEnergyPart, CpuEnergySource
-from slurm_gpu_exporter.jobs.job import Job
-from slurm_gpu_exporter.jobs.node_energy import MeasuredParts, NodeEnergyPart, NodeEnergySource
-from slurm_gpu_exporter.jobs.stats import JobStatsCollector
-from slurm_gpu_exporter.jobs.tracker import JobTracker
+from slurm_gpu_exporter.jobs.source import ReadsBetweenSamples, SampleContext, SampleSource
 from slurm_gpu_exporter.node.source_health import SOURCES, SourceErrors
 from slurm_gpu_exporter.node.state_dir import StateStore
-from slurm_gpu_exporter.training_relay.source import TrainingSource
 
 log = logging.getLogger(__name__)
 
-
-class GpuPart(Protocol):
-    """What a GPU sampler adds to a snapshot."""
-
-    nvml_up: bool
-    job_gpus: tuple[JobGpuSample, ...]
-    gpus: tuple[GpuSample, ...]
-    unattributed: tuple[UnattributedSample, ...]
-
-
-class GpuSource(Protocol):
-    """What the sampler needs from the GPU side (gpu/sampler.py's GpuSampler)."""
-
-    def sample(self, jobs: list[Job], now: float) -> GpuPart: ...
-    def export_state(self) -> dict[str, Any]: ...
-    def import_state(self, data: dict[str, Any]) -> None: ...
-    def close(self) -> None: ...
+STATE_STEP = "state"  # the step that saves every source's state, and its health name
 
 
 class Sampler:
@@ -63,48 +36,44 @@ class Sampler:
 
     def __init__(
         self,
-        registry: JobTracker,
-        jobstats: JobStatsCollector,
+        sources: Sequence[SampleSource],
         errors: SourceErrors,
         interval: float,
         *,
         state: StateStore | None = None,
-        gpu: GpuSource | None = None,
-        training: TrainingSource | None = None,
-        cpu_energy: CpuEnergySource | None = None,
-        node_energy: NodeEnergySource | None = None,
         publish: Callable[[Snapshot], None] = lambda snapshot: None,
         clock: Callable[[], float] = time.time,
         identity: NodeIdentity | None = None,
     ) -> None:
         """``clock``: one wall clock per sample, the snapshot's timestamp and each source's now."""
-        self.registry = registry
-        self.jobstats = jobstats
+        names = [s.name for s in sources]
+        if len(set(names)) != len(names) or STATE_STEP in names:
+            raise ValueError(f"source names must be unique and not {STATE_STEP!r}: {names}")
+        self.sources = tuple(sources)
         self.errors = errors
         self.interval = interval
         self.state = state
-        self.gpu = gpu
-        self.training = training
-        self.cpu_energy = cpu_energy
-        self.node_energy = node_energy
         self.publish = publish
         self.clock = clock
         self.identity = identity
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if state is not None:
-            saved = state.load()
-            try:
-                jobstats.import_state(saved.get("jobs", {}))
-                if gpu is not None:
-                    gpu.import_state(saved.get("gpu", {}))
-                if cpu_energy is not None:
-                    cpu_energy.import_state(saved.get("cpu_energy", {}))
-                if node_energy is not None:
-                    node_energy.import_state(saved.get("node_energy", {}))
-            except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
-                # Of the wrong shape deeper down: never a reason not to start.
-                state.move_aside(f"{type(exc).__name__}: {exc}")
+            self._restore(state)
+
+    def source(self, name: str) -> SampleSource:
+        """The source of that name (tests, benchmarks)."""
+        return next(s for s in self.sources if s.name == name)
+
+    def _restore(self, state: StateStore) -> None:
+        saved = state.load()
+        try:
+            for source in self.sources:
+                if source.state_key is not None:
+                    source.import_state(saved.get(source.state_key, {}))
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+            # Of the wrong shape deeper down: never a reason not to start.
+            state.move_aside(f"{type(exc).__name__}: {exc}")
 
     def start(self) -> None:
         """Take the first sample now, then keep sampling in a daemon thread."""
@@ -115,8 +84,8 @@ class Sampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        if self.gpu is not None:
-            self.gpu.close()
+        for source in self.sources:
+            source.close()
 
     def _run(self) -> None:
         next_at = time.monotonic()
@@ -130,168 +99,107 @@ class Sampler:
             if delay < 0:  # fell behind (slow NVML?): skip missed ticks, keep the cadence
                 next_at = time.monotonic()
                 delay = 0
-            self._wait_reading_buffers(next_at)
+            self._wait_reading_between(next_at)
 
-    def _wait_reading_buffers(self, until: float) -> None:
-        """Wait until ``until`` (monotonic s); meanwhile read the GPUs' sample buffers as
-        often as they need, so that a long interval loses none to the driver's buffer."""
-        every = getattr(self.gpu, "buffer_read_interval", None)
+    def _readers(self) -> list[ReadsBetweenSamples]:
+        return [s for s in self.sources if isinstance(s, ReadsBetweenSamples)]
+
+    def _wait_reading_between(self, until: float) -> None:
+        """Wait until ``until`` (monotonic s); meanwhile let the sources that must read
+        between samples (the GPUs' sample buffers) read as often as they need, so that a
+        long interval loses nothing to the driver's buffer."""
+        readers = self._readers()
+        due = {id(r): time.monotonic() for r in readers}
         while True:
-            gap = every() if every is not None else None
-            left = until - time.monotonic()
-            if gap is None or gap >= left:
-                self._stop.wait(max(0.0, left))
+            now = time.monotonic()
+            next_read, reader = until, None
+            for r in readers:
+                gap = r.between_samples()
+                if gap is not None and due[id(r)] + gap < next_read:
+                    next_read, reader = due[id(r)] + gap, r
+            if reader is None:
+                self._stop.wait(max(0.0, until - now))
                 return
-            if self._stop.wait(gap):
+            if self._stop.wait(max(0.0, next_read - now)):
                 return
+            due[id(reader)] = time.monotonic()
             try:
-                self.gpu.read_buffers()  # type: ignore[union-attr]
+                reader.read_between()
             except Exception:  # as a failed sample: the next one reads on
-                log.exception("reading the GPU sample buffers failed")
+                log.exception("reading between samples failed")
 
     def sample_once(self) -> Snapshot:
         """Take one sample, save state and publish it; returns the snapshot."""
         started = time.monotonic()  # for the sample's own duration only
-        now = self.clock()
+        ctx = SampleContext(now=self.clock())
         self.errors.take_failed()  # what failed between samples is not this sample's
         steps: list[StepTiming] = []
-
-        refreshed: list[Job] | None = self._timed("registry", steps,
-                                                  lambda: self.registry.refresh(now), None)
-        jobs = refreshed if refreshed is not None else []
-        job_samples: list[JobSample] = self._timed(
-            "cgroup", steps, lambda: self.jobstats.collect(jobs), [])
-        energy: CpuEnergyPart | None = None
-        if self.cpu_energy is not None:
-            energy = self._timed("powercap", steps,
-                                 lambda: self.cpu_energy.sample(job_samples),  # type: ignore[union-attr]
-                                 CpuEnergyPart(up=False))
-        gpu_part: GpuPart | None = None
-        if self.gpu is not None:
-            gpu_part = self._timed("nvml", steps, lambda: self.gpu.sample(jobs, now), None)  # type: ignore[union-attr]
-        node: NodeEnergyPart | None = None
-        if self.node_energy is not None:
-            node = self._timed("nodepower", steps, lambda: self.node_energy.sample(  # type: ignore[union-attr]
-                now, [s.job for s in job_samples], _measured(gpu_part, energy)),
-                NodeEnergyPart(up=False))
-        training: tuple[Metric, ...] = ()
-        if self.training is not None:
-            # Without the registry's answer nothing is forgotten (None, not []).
-            training = self._timed("training", steps,
-                                   lambda: self.training.sample(refreshed), ())  # type: ignore[union-attr]
+        fields: dict[str, Any] = {}
+        for source in self.sources:
+            part = self._timed(source.name, source.health[0], steps,
+                               lambda s=source: s.take(ctx), source.failed_part)
+            ctx.parts[source.name] = part
+            fields.update(source.snapshot_fields(part))
         if self.state is not None:
-            self._timed("state", steps, self._save_state, None)
+            self._timed(STATE_STEP, STATE_STEP, steps, self._save_state, lambda: None)
 
-        nvml_up = (gpu_part is not None and gpu_part.nvml_up) if self.gpu is not None else None
         failed = self.errors.take_failed()
         snapshot = Snapshot(
-            timestamp=now,
-            jobs=tuple(job_samples),
-            job_gpus=gpu_part.job_gpus if gpu_part else (),
-            gpus=gpu_part.gpus if gpu_part else (),
-            unattributed=gpu_part.unattributed if gpu_part else (),
-            nvml_up=nvml_up,
-            sources=self._source_statuses(failed, nvml_up,
-                                          energy.up if energy is not None else None,
-                                          node.up if node is not None else None),
+            timestamp=ctx.now,
+            sources=self._source_statuses(failed, ctx),
             steps=tuple(steps),
             errors=self.errors.snapshot(),
             sample_duration_seconds=time.monotonic() - started,
-            training=training,
-            powercap_up=energy.up if energy is not None else None,
-            job_cpu_energy=energy.jobs if energy is not None else (),
-            cpu_energy=energy.sockets if energy is not None else (),
-            cpu_energy_outside_jobs=energy.outside_jobs if energy is not None else (),
-            **_node_fields(node),
             identity=self.identity,
+            **fields,
         )
         self.publish(snapshot)
         return snapshot
 
-    def _source_statuses(self, failed: frozenset[str], nvml_up: bool | None,
-                         powercap_up: bool | None = None,
-                         nodepower_up: bool | None = None) -> tuple[SourceStatus, ...]:
-        """A source is up when it counted no error of its own in this sample; NVML also
-        needs nvml_up (a missing library is counted only when a re-initialisation is tried),
-        powercap its zones found and read."""
-        statuses = []
-        for source in SOURCES:
-            if ((source == "nvml" and nvml_up is None)
-                    or (source == "state" and self.state is None)
-                    or (source == "training" and self.training is None)
-                    or (source == "powercap" and powercap_up is None)
-                    or (source == "nodepower" and nodepower_up is None)):
-                continue  # not collected at all
-            ok = source not in failed
-            if source == "nvml":
-                ok = ok and bool(nvml_up)
-            if source == "powercap":
-                ok = ok and bool(powercap_up)
-            if source == "nodepower":
-                ok = ok and bool(nodepower_up)
-            statuses.append(SourceStatus(source, ok))
-        return tuple(statuses)
+    def _source_statuses(self, failed: frozenset[str], ctx: SampleContext
+                         ) -> tuple[SourceStatus, ...]:
+        """A source is up when it counted no error of its own in this sample and its part
+        is good (NVML initialised, RAPL zones found and read, the meter read); a source
+        not configured is not listed. In SOURCES order."""
+        ok: dict[str, bool] = {}
+        for source in self.sources:
+            good = source.up(ctx.parts[source.name])
+            for name in source.health:
+                ok[name] = good and name not in failed
+        if self.state is not None:
+            ok[STATE_STEP] = STATE_STEP not in failed
+        return tuple(SourceStatus(name, ok[name]) for name in SOURCES if name in ok)
 
-    def _timed(self, name: str, steps: list[StepTiming], fn: Callable[[], Any],
-               fallback: Any) -> Any:
+    def _timed(self, name: str, health: str, steps: list[StepTiming],
+               fn: Callable[[], Any], fallback: Callable[[], Any]) -> Any:
         t0 = time.monotonic()
         try:
             result = fn()
         except Exception as exc:
             log.exception("sampling step %s failed", name)
-            self.errors.count(_STEP_SOURCE[name], f"{name} failed: {exc}", log_it=False)
-            result = fallback
+            self.errors.count(health, f"{name} failed: {exc}", log_it=False)
+            result = fallback()
         steps.append(StepTiming(name, time.monotonic() - t0))
         return result
 
     def _save_state(self) -> None:
         assert self.state is not None
-        data: dict[str, Any] = {"jobs": self.jobstats.export_state()}
-        if self.gpu is not None:
-            data["gpu"] = self.gpu.export_state()
-        if self.cpu_energy is not None:
-            data["cpu_energy"] = self.cpu_energy.export_state()
-        if self.node_energy is not None:
-            data["node_energy"] = self.node_energy.export_state()
+        data: dict[str, Any] = {s.state_key: s.export_state() for s in self.sources
+                                if s.state_key is not None}
         try:
-            self.state.save(data, *_cursors_may_wait(self.gpu, data))
+            self.state.save(data, *self._lazy_state(data))
         except OSError as exc:
             self.errors.count("state", f"cannot save state to {self.state.path}: "
                               f"{exc.strerror}; a restart may reset counters")
 
-
-# The error source a step's own crash is counted under: the registry's first job is
-# the spool, so a crash there shows as a spool problem.
-_STEP_SOURCE = {"registry": "spool", "cgroup": "cgroup", "nvml": "nvml", "state": "state",
-                "training": "training", "powercap": "powercap", "nodepower": "nodepower"}
-
-
-def _cursors_may_wait(gpu: object, data: dict[str, Any]
-                      ) -> tuple[tuple[str, str] | None, float]:
-    """(where the GPUs' sample cursors are in the state, how long a change of those
-    alone may wait to be written): half the drivers' buffer span, two buffer-read
-    intervals. A restart then reads on from an older cursor and finds every sample since
-    it still in the buffer, so it counts what it would have counted. (None, 0) where no
-    GPU has sample buffers."""
-    every = getattr(gpu, "buffer_read_interval", None)
-    read_interval = every() if every is not None else None
-    if not read_interval or "sample_cursors" not in data.get("gpu", {}):
+    def _lazy_state(self, data: dict[str, Any]) -> tuple[tuple[str, str] | None, float]:
+        """(where in the state a part may be written late, how late): the GPUs' sample
+        cursors, at most half the drivers' buffer span late. A restart then reads on from
+        an older cursor and finds every sample since it still in the buffer. (None, 0)
+        where nothing may wait."""
+        for reader in self._readers():
+            lazy = reader.lazy_state()
+            key = getattr(reader, "state_key", None)
+            if lazy is not None and key is not None and lazy[0] in data.get(key, {}):
+                return (key, lazy[0]), lazy[1]
         return None, 0.0
-    return ("gpu", "sample_cursors"), 2 * read_interval
-
-
-def _measured(gpu_part: GpuPart | None, energy: CpuEnergyPart | None) -> MeasuredParts:
-    """What the GPUs and RAPL measured in this sample, for sharing the node's energy."""
-    return MeasuredParts(job_gpu=gpu_part.job_gpus if gpu_part else (),
-                         gpus=gpu_part.gpus if gpu_part else (),
-                         job_cpu=energy.jobs if energy else (),
-                         cpu=energy.sockets if energy else ())
-
-
-def _node_fields(node: NodeEnergyPart | None) -> dict[str, Any]:
-    """The snapshot's node power fields (none where no meter is configured)."""
-    if node is None:
-        return {}
-    return {"node_power_up": node.up, "node_power_watts": node.power_watts,
-            "node_energy_joules": node.energy_joules, "job_node_energy": node.jobs,
-            "node_energy_outside_jobs": node.outside_jobs_joules}

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
 from slurm_gpu_exporter.jobs.job import Job
+from slurm_gpu_exporter.jobs.source import SampleContext, SourceDefaults
 from slurm_gpu_exporter.node.cgroup import CgroupFS
 from slurm_gpu_exporter.node.procfs import PidJobMapper
 from slurm_gpu_exporter.node.source_health import SourceErrors
@@ -72,7 +74,7 @@ class RelayJobs:
         return self._by_key.get(key)
 
 
-class TrainingSource:
+class TrainingSource(SourceDefaults):
     """What the sampler asks of the training relay once per sample."""
 
     def __init__(self, relay: TrainingRelay, jobs: RelayJobs, errors: SourceErrors) -> None:
@@ -80,6 +82,19 @@ class TrainingSource:
         self.jobs = jobs
         self.errors = errors
         self._counted = relay.error_counts()  # refusals already counted, by reason
+
+    # As a source of the sample: the last, with the tracker's answer as it was.
+    name = "training"
+    health = ("training",)
+
+    def take(self, ctx: SampleContext) -> tuple[Metric, ...]:
+        return self.sample(ctx.tracked)
+
+    def failed_part(self) -> tuple[Metric, ...]:
+        return ()
+
+    def snapshot_fields(self, part: tuple[Metric, ...]) -> dict[str, Any]:
+        return {"training": part}
 
     def sample(self, jobs: list[Job] | None) -> tuple[Metric, ...]:
         """Sync with the registry's ``jobs`` (None: the registry failed this sample, so

@@ -61,8 +61,8 @@ def _rig(base: Path, limits: RelayLimits) -> Rig:
     relay.start()
     source = TrainingSource(relay, jobs, errors)
     published: list[tuple[Snapshot, str]] = []
-    sampler = Sampler(registry, JobStatsCollector(cgroups, node.proc_root, errors), errors,
-                      1.0, training=source,
+    sampler = Sampler([registry, JobStatsCollector(cgroups, node.proc_root, errors), source],
+                      errors, 1.0,
                       publish=lambda s: published.append((s, render(s).text.decode())))
     return Rig(node, errors, relay, source, sampler, published)
 

@@ -60,10 +60,11 @@ def _sampler(node: SynthNode, errors: SourceErrors, *, state_dir: Path | None = 
     registry = JobTracker(str(node.spool_dir), cgroups, metadata or SlurmMetadata(None), errors,
                         proc_root=node.proc_root, trusted_uids=frozenset({0, os.geteuid()}))
     published: list[tuple[Snapshot, Exposition]] = []
+    sources = [registry, JobStatsCollector(cgroups, node.proc_root, errors), cpu_energy, gpu,
+               node_energy, training]  # in the agent's order (agent/sources.py)
     sampler = Sampler(
-        registry, JobStatsCollector(cgroups, node.proc_root, errors), errors, 5.0,
-        state=StateStore(state_dir) if state_dir is not None else None, gpu=gpu,
-        training=training, cpu_energy=cpu_energy, node_energy=node_energy,
+        [s for s in sources if s is not None], errors, 5.0,
+        state=StateStore(state_dir) if state_dir is not None else None,
         publish=lambda s: published.append((s, render(s))),
     )
     return sampler, published
@@ -198,15 +199,16 @@ def test_a_source_that_raises_is_down_and_counted_and_the_others_still_report(
     def broken(jobs: list[Any]) -> list[Any]:
         raise RuntimeError("cgroup reader bug")
 
-    sampler.jobstats.collect = broken  # type: ignore[method-assign]
+    jobstats: Any = sampler.source("cgroup")
+    jobstats.collect = broken
     snapshot = sampler.sample_once()
     assert snapshot.jobs == ()
     up = _source_up(published[-1][1])
     assert up["cgroup"] == 0 and up["spool"] == 1
     assert snapshot.errors["cgroup"] == 1
     # The next sample, without a new error, is up again.
-    sampler.jobstats.collect = JobStatsCollector(  # type: ignore[method-assign]
-        sampler.registry.cgroups, node.proc_root, errors).collect
+    jobstats.collect = JobStatsCollector(
+        CgroupFS(node.cgroup_root), node.proc_root, errors).collect
     sampler.sample_once()
     assert _source_up(published[-1][1])["cgroup"] == 1
 
@@ -310,17 +312,17 @@ def test_cpu_energy_goes_to_the_jobs_by_their_cgroup_cpu_time(tmp_path: Path) ->
     assert _source_up(published[-1][1])["powercap"] == 1
 
 
-def test_only_the_gpus_sample_cursors_may_wait_and_for_half_the_buffer_span() -> None:
-    from slurm_gpu_exporter.sampling.sampler import _cursors_may_wait
-
-    class Buffers:
-        def __init__(self, every: float | None) -> None:
-            self.every = every
-
-        def buffer_read_interval(self) -> float | None:
-            return self.every
-
+def test_only_the_gpus_sample_cursors_may_wait_and_for_half_the_buffer_span(
+        tmp_path: Path) -> None:
+    node = SynthNode(tmp_path)
+    errors = SourceErrors()
+    gpu = GpuSampler(NoLibrary(), node.proc_root, errors)
+    sampler, _ = _sampler(node, errors, gpu=gpu)
+    every: list[float | None] = [5.0]
+    gpu.buffer_read_interval = lambda: every[0]  # type: ignore[method-assign]
     data = {"jobs": {"1": 2}, "gpu": {"sample_cursors": {"g": 7}, "busy": {"g": 1.5}}}
-    assert _cursors_may_wait(Buffers(5.0), data) == (("gpu", "sample_cursors"), 10.0)
-    assert _cursors_may_wait(Buffers(None), data) == (None, 0.0)  # no sample buffers
-    assert _cursors_may_wait(None, data) == (None, 0.0)  # no GPUs
+    assert sampler._lazy_state(data) == (("gpu", "sample_cursors"), 10.0)
+    every[0] = None  # no sample buffers
+    assert sampler._lazy_state(data) == (None, 0.0)
+    without_gpu, _ = _sampler(node, errors)
+    assert without_gpu._lazy_state(data) == (None, 0.0)
