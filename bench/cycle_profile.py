@@ -56,7 +56,7 @@ def child(args: argparse.Namespace, tmp: Path) -> None:
     proc = Path("/proc")
     cgroups = CgroupFS(Path(args.cgroup_root), held_files=1024)
     lookup = make_lookup(args.node_name, prefer_pyslurm=False) if args.node_name else None
-    registry = JobTracker(args.spool_dir, cgroups, SlurmMetadata(lookup, errors=errors),
+    tracker = JobTracker(args.spool_dir, cgroups, SlurmMetadata(lookup, errors=errors),
                           errors, proc_root=proc, trusted_uids=frozenset({0, os.geteuid()}))
     jobstats = JobStatsCollector(cgroups, proc, errors)
     gpu = GpuSampler(NvmlBackend(), proc, errors, cgroups=cgroups,
@@ -67,7 +67,7 @@ def child(args: argparse.Namespace, tmp: Path) -> None:
     os.makedirs(tmp / "relay", mode=0o700)
     relay.start()
     training = TrainingSource(relay, jobs, errors)
-    sampler = Sampler([registry, jobstats, gpu, training], errors, args.interval,
+    sampler = Sampler([tracker, jobstats, gpu, training], errors, args.interval,
                       state=StateStore(tmp / "state"), publish=ExpositionHolder().show)
     for _ in range(args.warmup):  # look-ups, first GPU reads, held files opened
         sampler.sample_once()

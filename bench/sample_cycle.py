@@ -49,11 +49,11 @@ def main() -> None:
         errors = SourceErrors()
         cgroups = CgroupFS(node.cgroup_root)
         metadata = SlurmMetadata(node.slurm_lookup, errors=errors)
-        registry = JobTracker(str(node.spool_dir), cgroups, metadata, errors,
+        tracker = JobTracker(str(node.spool_dir), cgroups, metadata, errors,
                               proc_root=node.proc_root, trusted_uids=frozenset({0, os.geteuid()}))
         backend = TimedBackend(node.gpu_count, node.gpu_processes)
         gpu = GpuSampler(backend, node.proc_root, errors, cgroups=cgroups)
-        sampler = Sampler([registry, JobStatsCollector(cgroups, node.proc_root, errors), gpu],
+        sampler = Sampler([tracker, JobStatsCollector(cgroups, node.proc_root, errors), gpu],
                           errors, 1.0, state=StateStore(node.state_dir))
         sampler.sample_once()  # warm caches, first GPU look
         cpu, nvml, render_cpu = [], [], []

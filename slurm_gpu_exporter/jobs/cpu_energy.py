@@ -59,7 +59,7 @@ class EnergySharer:
         self.outside: dict[str, float] = dict.fromkeys(DOMAINS, 0.0)
         self._cpu_last: dict[RunKey, float] = {}
         # Runs restored from the state dir that no sample has shown yet -> samples left
-        # (the registry may need a few to find a job again after a restart).
+        # (the tracker may need a few to find a job again after a restart).
         self.unclaimed: dict[RunKey, int] = {}
 
     def cpu_deltas(self, cpu_now: dict[RunKey, float]) -> dict[RunKey, float]:

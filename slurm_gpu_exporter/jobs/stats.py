@@ -24,7 +24,7 @@ from slurm_gpu_exporter.node.procfs import ProcessCpuAccumulator
 from slurm_gpu_exporter.node.source_health import SourceErrors
 
 # Floors restored from the state dir for a run no sample has shown are dropped after
-# this many samples (the registry may need a few to find a job again after a restart).
+# this many samples (the tracker may need a few to find a job again after a restart).
 RESTORED_FLOOR_SAMPLES = 60
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def _process_key(key: RunKey) -> str:
 
 
 class JobStatsCollector(SourceDefaults):
-    """Turns the registry's jobs into JobSamples; thread-confined to the sampler."""
+    """Turns the tracker's jobs into JobSamples; thread-confined to the sampler."""
 
     def __init__(self, cgroups: CgroupFS | None, proc_root: Path, errors: SourceErrors) -> None:
         self.cgroups = cgroups
@@ -74,7 +74,7 @@ class JobStatsCollector(SourceDefaults):
         return {"jobs": tuple(part)}
 
     def collect(self, jobs: list[Job]) -> list[JobSample]:
-        """One sample of every job the registry reports, running or lingering."""
+        """One sample of every job the tracker reports, running or lingering."""
         samples = []
         for job in jobs:
             key = run_key(job)

@@ -71,7 +71,8 @@ class JobTracker(SourceDefaults):
     # -- public -------------------------------------------------------------
 
     # As a source of the sample: the first, whose jobs every later source sees. Its
-    # problems count under the spool (its first read) and Slurm (its look-ups).
+    # problems count under the spool (its first read) and Slurm (its look-ups). Its step
+    # keeps the name it has in slurm_gpu_exporter_sample_step_duration_seconds.
     name = "registry"
     health = ("spool", "slurm")
 

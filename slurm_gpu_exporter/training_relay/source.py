@@ -2,9 +2,9 @@
 
 ``RelayJobs`` tells the relay which job a sending process runs in: its Slurm cgroup
 (never its environment, which the user sets), and the job's ``jobid`` and ``user`` as
-the registry knows them (never from the payload). ``TrainingSource`` runs in each
-sample: it hands the registry's jobs to ``RelayJobs``, drops what the relay holds of
-jobs the registry no longer reports (their linger passed, or they ended while the
+the job tracker knows them (never from the payload). ``TrainingSource`` runs in each
+sample: it hands the tracker's jobs to ``RelayJobs``, drops what the relay holds of
+jobs the tracker no longer reports (their linger passed, or they ended while the
 agent was down), counts the relay's refusals under the ``training`` error source and
 returns the families for the snapshot.
 """
@@ -63,7 +63,7 @@ class RelayJobs:
 
     def job_of_pid(self, pid: int) -> tuple[str, str] | PendingJob | None:
         """(jobid, user) of the job whose cgroup holds ``pid``; pending while the
-        registry has not reported that job yet; None for a process in no job."""
+        tracker has not reported that job yet; None for a process in no job."""
         found = self._mapper.job_of(pid)
         if found is None or found.source != "cgroup":
             return None
@@ -97,7 +97,7 @@ class TrainingSource(SourceDefaults):
         return {"training": part}
 
     def sample(self, jobs: list[Job] | None) -> tuple[Metric, ...]:
-        """Sync with the registry's ``jobs`` (None: the registry failed this sample, so
+        """Sync with the tracker's ``jobs`` (None: the tracker failed this sample, so
         nothing is forgotten) and return the relay's current families."""
         if jobs is not None:
             # Pending connections wait for their job: only new jobs can settle them, so

@@ -1,4 +1,4 @@
-"""The relay inside the agent: the real sampler and registry over a synthetic node, the
+"""The relay inside the agent: the real sampler and job tracker over a synthetic node, the
 real relay on a unix socket, and real sender processes whose pids the node's /proc puts
 in (or out of) a job."""
 
@@ -52,7 +52,7 @@ def _rig(base: Path, limits: RelayLimits) -> Rig:
     errors = SourceErrors()
     cgroups = CgroupFS(node.cgroup_root, rescan_interval=0)
     # No linger and no grace: a job whose cgroup went is dropped two samples later.
-    registry = JobTracker(str(node.spool_dir), cgroups, SlurmMetadata(None), errors,
+    tracker = JobTracker(str(node.spool_dir), cgroups, SlurmMetadata(None), errors,
                         proc_root=node.proc_root, job_linger=0, cgroup_grace=0,
                         trusted_uids=frozenset({0, os.geteuid()}))
     jobs = RelayJobs(node.proc_root, cgroups)
@@ -61,7 +61,7 @@ def _rig(base: Path, limits: RelayLimits) -> Rig:
     relay.start()
     source = TrainingSource(relay, jobs, errors)
     published: list[tuple[Snapshot, str]] = []
-    sampler = Sampler([registry, JobStatsCollector(cgroups, node.proc_root, errors), source],
+    sampler = Sampler([tracker, JobStatsCollector(cgroups, node.proc_root, errors), source],
                       errors, 1.0,
                       publish=lambda s: published.append((s, render(s).text.decode())))
     return Rig(node, errors, relay, source, sampler, published)

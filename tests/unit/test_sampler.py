@@ -1,4 +1,4 @@
-"""The sampler over a synthetic node: real registry, cgroup reader and GPU sampler."""
+"""The sampler over a synthetic node: real job tracker, cgroup reader and GPU sampler."""
 
 from __future__ import annotations
 
@@ -57,10 +57,10 @@ def _sampler(node: SynthNode, errors: SourceErrors, *, state_dir: Path | None = 
              node_energy: NodeEnergySource | None = None,
              ) -> tuple[Sampler, list[tuple[Snapshot, Exposition]]]:
     cgroups = CgroupFS(node.cgroup_root)
-    registry = JobTracker(str(node.spool_dir), cgroups, metadata or SlurmMetadata(None), errors,
+    tracker = JobTracker(str(node.spool_dir), cgroups, metadata or SlurmMetadata(None), errors,
                         proc_root=node.proc_root, trusted_uids=frozenset({0, os.geteuid()}))
     published: list[tuple[Snapshot, Exposition]] = []
-    sources = [registry, JobStatsCollector(cgroups, node.proc_root, errors), cpu_energy, gpu,
+    sources = [tracker, JobStatsCollector(cgroups, node.proc_root, errors), cpu_energy, gpu,
                node_energy, training]  # in the agent's order (agent/sources.py)
     sampler = Sampler(
         [s for s in sources if s is not None], errors, 5.0,
