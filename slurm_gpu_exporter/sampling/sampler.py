@@ -50,6 +50,8 @@ class Sampler:
         if len(set(names)) != len(names) or STATE_STEP in names:
             raise ValueError(f"source names must be unique and not {STATE_STEP!r}: {names}")
         self.sources = tuple(sources)
+        # Once: a check against a runtime protocol walks its attributes each time.
+        self._readers = [s for s in self.sources if isinstance(s, ReadsBetweenSamples)]
         self.errors = errors
         self.interval = interval
         self.state = state
@@ -101,14 +103,11 @@ class Sampler:
                 delay = 0
             self._wait_reading_between(next_at)
 
-    def _readers(self) -> list[ReadsBetweenSamples]:
-        return [s for s in self.sources if isinstance(s, ReadsBetweenSamples)]
-
     def _wait_reading_between(self, until: float) -> None:
         """Wait until ``until`` (monotonic s); meanwhile let the sources that must read
         between samples (the GPUs' sample buffers) read as often as they need, so that a
         long interval loses nothing to the driver's buffer."""
-        readers = self._readers()
+        readers = self._readers
         due = {id(r): time.monotonic() for r in readers}
         while True:
             now = time.monotonic()
@@ -197,7 +196,7 @@ class Sampler:
         cursors, at most half the drivers' buffer span late. A restart then reads on from
         an older cursor and finds every sample since it still in the buffer. (None, 0)
         where nothing may wait."""
-        for reader in self._readers():
+        for reader in self._readers:
             lazy = reader.lazy_state()
             key = getattr(reader, "state_key", None)
             if lazy is not None and key is not None and lazy[0] in data.get(key, {}):
