@@ -16,7 +16,7 @@ from aiohttp import web
 
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.detail_data import detail_to_data
-from slurm_gpu_exporter.report.figures.model import Accounting, JobDetail, JobUsage
+from slurm_gpu_exporter.report.figures.shapes import Accounting, JobDetail, JobUsage
 from slurm_gpu_exporter.report.prometheus.archived import ProxyArchive, archived_jobs
 from slurm_gpu_exporter.report.prometheus.client import (
     EXIT_QUERY,

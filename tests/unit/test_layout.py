@@ -188,13 +188,13 @@ def test_an_upward_import_in_a_made_tree_is_found(tmp_path: Path) -> None:
         (package / folder).mkdir(parents=True)
     (package / "report/errors.py").write_text("")
     (package / "report/cli/main.py").write_text("")
-    (package / "report/figures/model.py").write_text(
+    (package / "report/figures/shapes.py").write_text(
         "from slurm_gpu_exporter.report.errors import ReportError\n"
         "def late():\n    import slurm_gpu_exporter.report.cli.main\n")
     (package / "model/job.py").write_text("from slurm_gpu_exporter.node import procfs\n")
     assert _layer_of(package / "report/errors.py", package) == "report"
     assert _wrong_imports("report.figures", MAY_IMPORT, package) == {
-        "report/figures/model.py imports ['report.cli']"}
+        "report/figures/shapes.py imports ['report.cli']"}
     assert _wrong_imports("model", MAY_IMPORT, package) == {"model/job.py imports ['node']"}
 
 

@@ -28,8 +28,8 @@ from slurm_gpu_exporter.report.enforce.decisions_text import decisions_json, dec
 from slurm_gpu_exporter.report.enforce.policy import load_policy
 from slurm_gpu_exporter.report.enforce.run import EXIT_DOUBTFUL, EnforceOptions, run_enforce
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.model import JobDetail, LowUtilReport
 from slurm_gpu_exporter.report.figures.rules import Config, load_config
+from slurm_gpu_exporter.report.figures.shapes import JobDetail, LowUtilReport
 from slurm_gpu_exporter.report.figures.window import Window, make_window
 from slurm_gpu_exporter.report.notify.notices import NotifyState, messages
 from slurm_gpu_exporter.report.notify.send import dry_run_text, send

@@ -17,7 +17,7 @@ from urllib.parse import quote
 import aiohttp
 
 from slurm_gpu_exporter.report.figures.detail_data import DetailDataError, detail_from_data
-from slurm_gpu_exporter.report.figures.model import JobDetail
+from slurm_gpu_exporter.report.figures.shapes import JobDetail
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from slurm_gpu_exporter.model.ids import JOB_ID_CHARS
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.model import GpuDetail, JobUsage, NodeDetail
+from slurm_gpu_exporter.report.figures.shapes import GpuDetail, JobUsage, NodeDetail
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample, gather
 from slurm_gpu_exporter.report.prometheus.nodes import NODE_INFO, join_node, shown_nodes
