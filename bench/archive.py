@@ -34,7 +34,7 @@ from bench.common import RESULTS, record
 from bench.report import Job, build_tsdb, start_prometheus
 from slurm_gpu_exporter.report.archive.rows import ArchiveRecord
 from slurm_gpu_exporter.report.archive.store import ArchiveStore
-from slurm_gpu_exporter.report.figures.model import (
+from slurm_gpu_exporter.report.figures.shapes import (
     Accounting,
     GpuDetail,
     JobDetail,

@@ -13,13 +13,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from slurm_gpu_exporter.mail.config import MailConfig
+from slurm_gpu_exporter.model.ids import JOB_ID_DIGITS
 
 # What Slurm puts in a mail's environment (slurmctld, 21.08 on).
 END_STATES = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "CANCELLED",
                         "NODE_FAIL", "PREEMPTED", "DEADLINE", "BOOT_FAIL"})
 END_MAIL_TYPES = frozenset({"ended", "failed", "reached_time_limit", "time_limit",
                             "out_of_memory", "end", "fail"})
-JOBID = re.compile(r"\d{1,12}")
+JOBID = re.compile(JOB_ID_DIGITS)
 EXIT_UNKNOWN_JOB = 5  # slurm-gpu-report: no metrics for the job (report/reports.py)
 MAX_REPORT_BYTES = 4 << 20
 # Control characters (terminal escapes, newlines) never reach the mail from a figure.

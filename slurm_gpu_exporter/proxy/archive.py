@@ -13,21 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from slurm_gpu_exporter.model.extras import archive_install_hint, missing_archive_library
+from slurm_gpu_exporter.model.ids import NAMED_JOB
 from slurm_gpu_exporter.proxy.enforce import Scope
 
 ROUTE = "/slurm-gpu/v1/jobs/{jobid}"
 # Slurm's job ids: a number, an array task (123_4) or a heterogeneous component
 # (123+1); nothing else reaches the database, however it is encoded.
-JOBID = re.compile(r"[1-9][0-9]{0,11}(?:_[0-9]{1,9}|\+[0-9]{1,4})?")
+JOBID = re.compile(NAMED_JOB)
 CLUSTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAX_READS = 4
 READ_TIMEOUT_S = 20.0
-ARCHIVE_LIBRARIES = frozenset({"sqlalchemy", "psycopg", "psycopg_binary", "greenlet"})
 
 
 class ArchiveUnavailable(Exception):
@@ -53,10 +53,6 @@ def may_see(scope: Scope, owner: str) -> bool:
     return scope.admin or owner in scope.users
 
 
-def _install_hint() -> str:
-    return f"{sys.prefix}/bin/pip install 'slurm-gpu-exporter[archive]'"
-
-
 class ArchiveReader:
     """Reads jobs from the archive at ``url`` (read only: the proxy never writes it)."""
 
@@ -65,12 +61,12 @@ class ArchiveReader:
             from slurm_gpu_exporter.report.archive.store import parse_db_url, shown
             from slurm_gpu_exporter.report.errors import ReportError
         except ModuleNotFoundError as exc:
-            library = (exc.name or "").split(".")[0]
-            if library not in ARCHIVE_LIBRARIES:
+            library = missing_archive_library(exc)
+            if library is None:
                 raise
             raise ArchiveSetupError(f"--archive.url needs the job archive's libraries, "
                                     f"which are not installed (no module {library!r}): "
-                                    f"{_install_hint()}") from None
+                                    f"{archive_install_hint()}") from None
         try:
             self.where = shown(parse_db_url(url))
         except ReportError as exc:

@@ -14,7 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from slurm_gpu_exporter import __version__
-from slurm_gpu_exporter.munge_audience import audience
+from slurm_gpu_exporter.model.munge_wire import audience
 from slurm_gpu_exporter.proxy.app import make_app
 from slurm_gpu_exporter.proxy.archive import ArchiveReader, ArchiveSetupError
 from slurm_gpu_exporter.proxy.config import ConfigError, ProxyConfig, load_config

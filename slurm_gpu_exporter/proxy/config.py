@@ -26,10 +26,9 @@ from typing import Any
 
 import yaml
 
+from slurm_gpu_exporter.model.users import is_user_name
 from slurm_gpu_exporter.proxy.enforce import Scope
 
-# Names a caller can have: Unix and Slurm user names, Grafana logins (e-mail style).
-USER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@+-]{0,127}")
 _TOP_KEYS = {"prometheus_url", "admins", "public_metrics", "account_users", "coordinators",
              "user_header", "upstream_timeout_seconds"}
 _HEADER_KEYS = {"name", "secret_header", "secret_file", "client_cert_sans"}
@@ -84,7 +83,7 @@ def _names(where: str, value: Any) -> frozenset[str]:
 def _user_names(where: str, value: Any) -> frozenset[str]:
     names = _names(where, value)
     for name in names:
-        if not USER_NAME.fullmatch(name):
+        if not is_user_name(name):
             raise ConfigError(f"{where}: {name!r} is not a user name (letters, digits, ._@+-)")
     return names
 
@@ -148,7 +147,7 @@ def parse_config(data: Any, base: Path) -> dict[str, Any]:
                          _mapping("coordinators", data.get("coordinators")).items()},
         "user_header": _user_header(data.get("user_header"), base),
     }
-    if not all(USER_NAME.fullmatch(c) for c in out["coordinators"]):
+    if not all(is_user_name(c) for c in out["coordinators"]):
         raise ConfigError("coordinators: every key must be a user name")
     if "prometheus_url" in data:
         out["prometheus_url"] = str(data["prometheus_url"])

@@ -12,8 +12,10 @@ from typing import Any
 
 from aiohttp import web
 
-from slurm_gpu_exporter.proxy.config import USER_NAME, UserHeader
-from slurm_gpu_exporter.proxy.munge import SCHEME, MungeDecoder, MungeRefusal
+from slurm_gpu_exporter.model.munge_wire import credential_in
+from slurm_gpu_exporter.model.users import is_user_name
+from slurm_gpu_exporter.proxy.config import UserHeader
+from slurm_gpu_exporter.proxy.munge import MungeDecoder, MungeRefusal
 from slurm_gpu_exporter.web.config import AuthBusy, WebConfig
 
 
@@ -70,13 +72,14 @@ async def identify(request: web.Request, web_config: WebConfig,
             return Refusal(401, "forged_user_header", f"{user_header.name} is accepted only "
                            "from a client that proves itself (shared secret or client "
                            "certificate)", claimed)
-        if len(values) != 1 or not USER_NAME.fullmatch(claimed):
+        if len(values) != 1 or not is_user_name(claimed):
             return Refusal(401, "bad_user_header", f"{user_header.name} must hold one user "
                            "name (letters, digits, ._@+-)", claimed)
         return Caller(claimed, "header")
     authorization = request.headers.get("Authorization")
-    if authorization and authorization.startswith(SCHEME):
-        return await _munge_caller(authorization[len(SCHEME):].strip(), munge)
+    credential = credential_in(authorization) if authorization else None
+    if credential is not None:
+        return await _munge_caller(credential, munge)
     if not web_config.users or not authorization:
         ways = ["basic auth with a user of the web config"] if web_config.users else []
         if munge is not None:
@@ -95,7 +98,7 @@ async def identify(request: web.Request, web_config: WebConfig,
                        "retry in a second", name)
     if not verified:
         return Refusal(401, "bad_credentials", "wrong user name or password", name)
-    if not USER_NAME.fullmatch(name):
+    if not is_user_name(name):
         return Refusal(401, "bad_credentials", "basic-auth user names must be letters, "
                        "digits and ._@+-", name)
     return Caller(name, "basic")
@@ -108,7 +111,7 @@ async def _munge_caller(credential: str, munge: MungeDecoder | None) -> Caller |
     who = await munge.decode(credential)
     if isinstance(who, MungeRefusal):
         return Refusal(who.status, who.reason, who.message)
-    if not USER_NAME.fullmatch(who.name):
+    if not is_user_name(who.name):
         return Refusal(401, "bad_credentials", "user names must be letters, digits and "
                        "._@+-", who.name)
     return Caller(who.name, "munge")

@@ -3,7 +3,7 @@
 The credential is decoded by the site's munged, through Debian's ``unmunge``: munged
 checks the MAC (the site's key), the TTL, its replay cache and any uid or gid the
 credential is restricted to, and says whose it is. Its payload must name this proxy
-(``slurm-gpu-proxy <URL>``, munge_audience.py): any service that takes munge
+(``slurm-gpu-proxy <URL>``, model/munge_wire.py): any service that takes munge
 credentials sees them, and one made for another service must not sign in here.
 Nothing the client says besides the credential counts; the uid munged answers is
 mapped to a user name here, through the system's user database.
@@ -20,16 +20,11 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_gpu_exporter.munge_audience import PREFIX
+from slurm_gpu_exporter.model.munge_wire import PREFIX, is_credential
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = Path("/run/munge/munge.socket.2")
-SCHEME = "Munge "
-# What munge prints: "MUNGE:" base64 ":" (a credential without payload is ~130
-# characters; the cap leaves room for a small payload and refuses the rest unread).
-CREDENTIAL = re.compile(r"MUNGE:[A-Za-z0-9+/]+={0,2}:")
-MAX_CREDENTIAL_CHARS = 4096
 DECODE_TIMEOUT_S = 5.0
 # Decodes at once; a request past them waits no longer than this, then gets 503.
 MAX_CONCURRENT = 8
@@ -130,13 +125,13 @@ class MungeDecoder:
             raise FileNotFoundError("unmunge not found; install munge (Debian: apt-get "
                                     "install munge)")
         self.socket, self.unmunge, self.timeout_s = socket, found, timeout_s
-        # The canonical URLs (munge_audience.audience) a credential may name.
+        # The canonical URLs (munge_wire.audience) a credential may name.
         self.audiences = frozenset(audiences)
         self._slots = asyncio.Semaphore(max_concurrent)
 
     async def decode(self, credential: str) -> MungeUser | MungeRefusal:
         """The user a credential belongs to, or why it is refused."""
-        if len(credential) > MAX_CREDENTIAL_CHARS or not CREDENTIAL.fullmatch(credential):
+        if not is_credential(credential):
             return MungeRefusal(401, "munge_malformed", "the Authorization header must be "
                                 "'Munge ' and one credential as `munge` prints it")
         try:

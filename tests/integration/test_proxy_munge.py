@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.munge_audience import payload
+from slurm_gpu_exporter.model.munge_wire import payload
 from slurm_gpu_exporter.proxy.munge import MungeDecoder, MungeRefusal
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.prometheus.client import Connection, PrometheusClient

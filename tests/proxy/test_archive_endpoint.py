@@ -19,7 +19,7 @@ import pytest
 from slurm_gpu_exporter.report.archive.rows import ArchiveRecord
 from slurm_gpu_exporter.report.archive.store import ArchiveStore
 from slurm_gpu_exporter.report.figures.detail_data import detail_from_data
-from slurm_gpu_exporter.report.figures.model import (
+from slurm_gpu_exporter.report.figures.shapes import (
     Accounting,
     GpuDetail,
     JobDetail,

@@ -1,6 +1,7 @@
 """The proxy is its own product: it reaches the agent's code only for the web config,
-and the report's code only for the job archive (``--archive.url``), loaded inside
-functions of proxy/archive.py so that a plain install (no ``archive`` extra) runs it."""
+the report's code only for the job archive (``--archive.url``), loaded inside
+functions of proxy/archive.py so that a plain install (no ``archive`` extra) runs it,
+and shares with both only the bottom layer every product may import (``model/``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PROXY = ROOT / "slurm_gpu_exporter" / "proxy"
 # The shared web layer's config reader and connection guard (standard library only).
 ALLOWED = {"slurm_gpu_exporter", "slurm_gpu_exporter.web.config",
-           "slurm_gpu_exporter.web.connections", "slurm_gpu_exporter.munge_audience"}
+           "slurm_gpu_exporter.web.connections"}
+# The bottom layer of every product: job identity, user names, the munge wire format.
+SHARED_BOTTOM = "slurm_gpu_exporter.model."
 # What archive.py may load, inside its functions only.
 ARCHIVE_ONLY = {"slurm_gpu_exporter.report.archive.store", "slurm_gpu_exporter.report.errors",
                 "slurm_gpu_exporter.report.figures.detail_data"}
@@ -33,7 +36,8 @@ def test_the_proxy_imports_no_agent_module_but_the_web_config_and_connection_gua
         for node in ast.walk(ast.parse(path.read_text())):
             outside |= {(path.name, n) for n in _names(node)
                         if n.startswith("slurm_gpu_exporter")
-                        and not n.startswith("slurm_gpu_exporter.proxy") and n not in allowed}
+                        and not n.startswith(("slurm_gpu_exporter.proxy", SHARED_BOTTOM))
+                        and n not in allowed}
     assert not outside
 
 

@@ -9,12 +9,12 @@ import asyncio
 
 import pytest
 
+from slurm_gpu_exporter.model.munge_wire import CREDENTIAL
 from slurm_gpu_exporter.proxy import cli as proxy_cli
 from slurm_gpu_exporter.proxy import munge as munge_module
 from slurm_gpu_exporter.proxy.cli import munge_audiences
 from slurm_gpu_exporter.proxy.identity import Caller, Refusal, _munge_caller
 from slurm_gpu_exporter.proxy.munge import (
-    CREDENTIAL,
     MungeDecoder,
     MungeRefusal,
     MungeUser,

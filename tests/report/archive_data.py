@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from slurm_gpu_exporter.report.archive.rows import ArchiveRecord
-from slurm_gpu_exporter.report.figures.model import (
+from slurm_gpu_exporter.report.figures.shapes import (
     Accounting,
     GpuDetail,
     JobDetail,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from slurm_gpu_exporter.report.figures.model import (
+from slurm_gpu_exporter.report.figures.shapes import (
     Accounting,
     GpuDetail,
     JobDetail,

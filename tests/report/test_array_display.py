@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from slurm_gpu_exporter.report.figures.detail_data import detail_from_data, detail_to_data
-from slurm_gpu_exporter.report.figures.model import JobUsage
+from slurm_gpu_exporter.report.figures.shapes import JobUsage
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.array_tasks import (
     array_task_query,

@@ -12,7 +12,7 @@ from slurm_gpu_exporter.report.figures.detail_data import (
     detail_from_data,
     detail_to_data,
 )
-from slurm_gpu_exporter.report.figures.model import (
+from slurm_gpu_exporter.report.figures.shapes import (
     Accounting,
     GpuDetail,
     JobDetail,

@@ -20,7 +20,7 @@ from slurm_gpu_exporter.report.enforce.decisions import Decision
 from slurm_gpu_exporter.report.enforce.policy import parse_policy
 from slurm_gpu_exporter.report.enforce.run import EnforceOptions, act_all
 from slurm_gpu_exporter.report.enforce.state import EnforceState
-from slurm_gpu_exporter.report.figures.model import JobUsage
+from slurm_gpu_exporter.report.figures.shapes import JobUsage
 from slurm_gpu_exporter.report.notify.notices import NotifyState
 from slurm_gpu_exporter.report.notify.send import EXIT_NOTIFY
 from slurm_gpu_exporter.report.prometheus.queries import Filters

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from slurm_gpu_exporter.munge_audience import audience, payload
+from slurm_gpu_exporter.model.munge_wire import audience, payload
 from slurm_gpu_exporter.report.cli import flags as cli_flags
 from slurm_gpu_exporter.report.cli.client_config import CLIENT_ENV, load_client_config
 from slurm_gpu_exporter.report.errors import ReportError

@@ -15,6 +15,9 @@ import pytest
 from aiohttp import web
 
 from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.figures.detail_data import detail_to_data
+from slurm_gpu_exporter.report.figures.shapes import Accounting, JobDetail, JobUsage
+from slurm_gpu_exporter.report.prometheus.archived import ProxyArchive, archived_jobs
 from slurm_gpu_exporter.report.prometheus.client import (
     EXIT_QUERY,
     Connection,
@@ -169,6 +172,77 @@ def test_every_try_signs_in_with_a_fresh_munge_credential() -> None:
     count = iter(range(100))
     _run_query(handler, [], munge_credential=lambda: f"cred{next(count)}")
     assert seen == ["Munge cred0", "Munge cred1", "Munge cred2"]
+
+
+def _ask_archive(handler: Handler, jobids: list[str], **conn: object
+                 ) -> tuple[ProxyArchive, PrometheusClient]:
+    """What ``archived_jobs`` made of a proxy that answers with ``handler``, asked
+    through the queries' own client."""
+    async def scenario() -> tuple[ProxyArchive, PrometheusClient]:
+        app = web.Application()
+        app.router.add_get("/prefix/slurm-gpu/v1/jobs/{jobid}", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/prefix/"
+        try:
+            async with _client(url, [], **conn) as prom:
+                return await archived_jobs(prom, jobids, "c1"), prom
+        finally:
+            await runner.cleanup()
+    return asyncio.run(scenario())
+
+
+def test_the_proxys_archive_is_asked_through_the_queries_client() -> None:
+    # Signed in as the queries are, a fresh munge credential for each job (the basic
+    # auth of the connection under it), and not counted as a query.
+    detail = JobDetail(usage=JobUsage(jobid="12", user="alice", gpus=1, allocated_s=10.0,
+                                      busy_s=5.0, start=1.0, end=11.0),
+                       nodes=[], accounting=Accounting(), now=11.0)
+    seen: list[tuple[str, str, str]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        jobid = request.match_info["jobid"]
+        seen.append((jobid, request.headers["Authorization"], request.query["cluster"]))
+        if jobid == "12":
+            return web.json_response({"status": "success", "data": {"jobs": [
+                {"cluster": "c1", "user": "alice", "archived_at": 20.0,
+                 "detail": detail_to_data(detail)}]}})
+        if jobid == "13_4":
+            return web.json_response({"status": "error", "errorType": "not_yours",
+                                      "error": "job 13_4 is not yours"}, status=403)
+        return web.json_response({"status": "error", "errorType": "not_archived",
+                                  "error": "not archived"}, status=404)
+
+    count = iter(range(100))
+    asked, prom = _ask_archive(handler, ["12", "13_4", "14"], username="u", password="p",
+                               munge_credential=lambda: f"cred{next(count)}")
+    assert seen == [("12", "Munge cred0", "c1"), ("13_4", "Munge cred1", "c1"),
+                    ("14", "Munge cred2", "c1")]
+    assert asked.found == {"12": [(detail, 20.0)]} and asked.problem is None
+    assert asked.not_yours == {"13_4": "job 13_4 is not yours"}
+    assert prom.queries == 0
+    basic: list[str] = []
+
+    async def plain(request: web.Request) -> web.Response:
+        basic.append(request.headers["Authorization"])
+        return web.json_response({"status": "error", "errorType": "not_archived",
+                                  "error": "not archived"}, status=404)
+
+    _ask_archive(plain, ["15"], username="u", password="p")
+    assert basic == ["Basic dTpw"]
+
+
+def test_a_server_without_the_archive_endpoint_is_asked_once() -> None:
+    asked_for: list[str] = []
+
+    async def prometheus(request: web.Request) -> web.Response:
+        asked_for.append(request.match_info["jobid"])
+        return web.Response(status=404, text="404 page not found")
+
+    asked, _ = _ask_archive(prometheus, ["12", "13"])
+    assert asked_for == ["12"] and asked.found == {} and asked.problem is None
 
 
 @pytest.fixture

@@ -8,18 +8,18 @@ from typing import Any
 import pytest
 
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.model import (
-    Accounting,
-    GpuDetail,
-    JobDetail,
-    JobUsage,
-    NodeDetail,
-)
 from slurm_gpu_exporter.report.figures.rules import (
     job_facts,
     load_config,
     notes_for,
     render_template,
+)
+from slurm_gpu_exporter.report.figures.shapes import (
+    Accounting,
+    GpuDetail,
+    JobDetail,
+    JobUsage,
+    NodeDetail,
 )
 
 CONFIG = load_config(None)

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.model import GpuDetail, JobDetail, JobUsage, NodeDetail
+from slurm_gpu_exporter.report.figures.shapes import GpuDetail, JobDetail, JobUsage, NodeDetail
 from slurm_gpu_exporter.report.prometheus.client import Sample
 from slurm_gpu_exporter.report.prometheus.queries import Filters
 from slurm_gpu_exporter.report.top.frame import frame

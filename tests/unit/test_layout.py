@@ -19,7 +19,9 @@ TOP = "<top>"  # the package's own __init__ (its version), which imports nothing
 PRODUCTS = {"report"}
 
 # For each layer (a subpackage, or a module at the top), the other layers it may import.
-# From the bottom: model is the pure job model every layer shares; hooks run inside
+# From the bottom: model is the one bottom layer every layer and product shares (the job
+# model and identity, user names, the munge wire format, the optional extras: standard
+# library only, no I/O); hooks run inside
 # slurmd's prolog (stdlib only); node reads the
 # node; exposition is pure (no I/O); jobs, then gpu and the training relay decide;
 # sampling runs them all; web serves what exposition made. sim, agent, check are the
@@ -48,7 +50,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "sim": {"model", "hooks", "node", "gpu", "exposition"},
     "agent": {TOP, "check"} | AGENT_LAYERS,
     "check": {TOP, "agent", "model", "hooks", "node", "gpu", "training_relay"},
-    # model (the job identity, Slurm's id grammar) is the bottom of every product too.
+    # model (job identity, user names, the munge wire format, the optional extras) is
+    # the bottom of every product too.
     "report": {"model"},
     "report.figures": {"model", "report"},
     "report.prometheus": {"model", "report", "report.figures"},
@@ -61,18 +64,15 @@ MAY_IMPORT: dict[str, set[str]] = {
     "report.remediate": {"model", "report", "report.prometheus", "report.slurm", "web"},
     # top: one running job now (its queries) and its frame (text, no I/O)
     "report.top": {"model", "report", "report.figures", "report.prometheus", "report.render"},
-    "report.cli": {TOP, "model", "web", "munge_audience", "report", "report.figures",
+    "report.cli": {TOP, "model", "web", "report", "report.figures",
                    "report.prometheus", "report.slurm", "report.render", "report.notify",
                    "report.archive", "report.enforce", "report.remediate", "report.top"},
     # only web.config, and the job archive (with the figures it returns and its one
     # exception) inside functions, for --archive.url: tests/proxy/test_boundary.py
-    "proxy": {TOP, "model", "web", "report", "report.figures", "report.archive",
-              "munge_audience"},
+    "proxy": {TOP, "model", "web", "report", "report.figures", "report.archive"},
     # MailProg: runs slurm-gpu-report as a command, imports none of it
     "mail": {"model"},
     "training": set(),  # the client library jobs import: stdlib and prometheus-client
-    # what a munge credential for the proxy names: made by report.cli, checked by proxy
-    "munge_audience": set(),
 }
 # Modules a layer may not import though their layer is allowed: the sampler publishes
 # snapshots through a callback and renders nothing (the web holder does); check takes
@@ -176,7 +176,7 @@ def test_a_broken_rule_is_found() -> None:
     """The check above fails when a layer imports past its rule: a rule taken away from
     the real table, and an upward import (top level and in a function) in a tree made
     for the test."""
-    tighter = {**MAY_IMPORT, "report.prometheus": {"report"}}
+    tighter = {**MAY_IMPORT, "report.prometheus": {"model", "report"}}
     assert "report/prometheus/queries.py imports ['report.figures']" in \
         _wrong_imports("report.prometheus", tighter)
     assert _wrong_imports("report.prometheus", MAY_IMPORT) == set()
@@ -188,13 +188,13 @@ def test_an_upward_import_in_a_made_tree_is_found(tmp_path: Path) -> None:
         (package / folder).mkdir(parents=True)
     (package / "report/errors.py").write_text("")
     (package / "report/cli/main.py").write_text("")
-    (package / "report/figures/model.py").write_text(
+    (package / "report/figures/shapes.py").write_text(
         "from slurm_gpu_exporter.report.errors import ReportError\n"
         "def late():\n    import slurm_gpu_exporter.report.cli.main\n")
     (package / "model/job.py").write_text("from slurm_gpu_exporter.node import procfs\n")
     assert _layer_of(package / "report/errors.py", package) == "report"
     assert _wrong_imports("report.figures", MAY_IMPORT, package) == {
-        "report/figures/model.py imports ['report.cli']"}
+        "report/figures/shapes.py imports ['report.cli']"}
     assert _wrong_imports("model", MAY_IMPORT, package) == {"model/job.py imports ['node']"}
 
 
@@ -324,6 +324,20 @@ def test_hooks_import_only_the_standard_library() -> None:
         for name in _imports(path) if name.split(".")[0] not in known
     }
     assert outside == set()
+
+
+# What the shared bottom layer may import: pure parts of the standard library.
+MODEL_MAY_IMPORT = {"__future__", "collections.abc", "dataclasses", "functools", "re", "sys",
+                    "typing", "urllib.parse"}
+
+
+def test_the_shared_bottom_imports_only_pure_parts_of_the_standard_library() -> None:
+    """model/ is what every product may import: no I/O, no third-party library."""
+    wrong = {f"{path.relative_to(PACKAGE)} imports {name}"
+             for path in (PACKAGE / "model").glob("*.py")
+             for name in _imports(path)
+             if name not in MODEL_MAY_IMPORT and not name.startswith("slurm_gpu_exporter.model")}
+    assert wrong == set()
 
 
 def test_exposition_and_web_sit_on_no_layer_that_does_io() -> None:

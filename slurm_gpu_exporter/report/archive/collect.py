@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from slurm_gpu_exporter.report.archive.rows import ArchiveRecord
 from slurm_gpu_exporter.report.archive.store import ArchiveStore
-from slurm_gpu_exporter.report.figures.model import Accounting, JobDetail
 from slurm_gpu_exporter.report.figures.rules import Config, job_facts, notes_for
+from slurm_gpu_exporter.report.figures.shapes import Accounting, JobDetail
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, gather
 from slurm_gpu_exporter.report.prometheus.emissions import apply_series_factor

@@ -9,19 +9,13 @@ the libraries are missing, says in one line what to install (exit 2, no tracebac
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from slurm_gpu_exporter.model.extras import archive_install_hint, missing_archive_library
 from slurm_gpu_exporter.report.errors import ReportError
 
-ARCHIVE_LIBRARIES = frozenset({"sqlalchemy", "psycopg", "psycopg_binary", "greenlet"})
 EXIT_ARCHIVE_NOT_INSTALLED = 2
-
-
-def install_hint() -> str:
-    """The pip command that adds the archive to this program's own environment."""
-    return f"{sys.prefix}/bin/pip install 'slurm-gpu-exporter[archive]'"
 
 
 @contextmanager
@@ -32,9 +26,9 @@ def archive_libraries(what: str) -> Iterator[None]:
     try:
         yield
     except ModuleNotFoundError as exc:
-        library = (exc.name or "").split(".")[0]
-        if library not in ARCHIVE_LIBRARIES:
+        library = missing_archive_library(exc)
+        if library is None:
             raise
         raise ReportError(f"{what} needs the job archive's libraries, which are not "
-                          f"installed (no module {library!r}): {install_hint()}",
+                          f"installed (no module {library!r}): {archive_install_hint()}",
                           EXIT_ARCHIVE_NOT_INSTALLED) from None

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurm_gpu_exporter.report.cli.archive_open import archive_libraries
-from slurm_gpu_exporter.report.cli.flags import connection, munge_auth, prometheus
+from slurm_gpu_exporter.report.cli.flags import munge_auth, prometheus
 from slurm_gpu_exporter.report.cli.reports import (
     EXIT_UNKNOWN_JOB,
     job_report,
@@ -28,8 +28,8 @@ from slurm_gpu_exporter.report.enforce.decisions_text import decisions_json, dec
 from slurm_gpu_exporter.report.enforce.policy import load_policy
 from slurm_gpu_exporter.report.enforce.run import EXIT_DOUBTFUL, EnforceOptions, run_enforce
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.model import JobDetail, LowUtilReport
 from slurm_gpu_exporter.report.figures.rules import Config, load_config
+from slurm_gpu_exporter.report.figures.shapes import JobDetail, LowUtilReport
 from slurm_gpu_exporter.report.figures.window import Window, make_window
 from slurm_gpu_exporter.report.notify.notices import NotifyState, messages
 from slurm_gpu_exporter.report.notify.send import dry_run_text, send
@@ -205,7 +205,8 @@ async def run_job(args: argparse.Namespace, config: Config, now: float) -> int:
     problem = None
     not_yours: list[str] = []
     if unknown:  # past retention: the archive behind slurm-gpu-proxy, if it has one
-        asked = await archived_jobs(connection(args), unknown, args.cluster)
+        async with prometheus(args) as prom:
+            asked = await archived_jobs(prom, unknown, args.cluster)
         details = _with_archived(args, details, asked.found, f"through {asked.url}")
         unknown = [j for j in unknown if j not in asked.found and j not in asked.not_yours]
         not_yours, problem = list(asked.not_yours), asked.problem

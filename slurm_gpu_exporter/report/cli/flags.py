@@ -8,7 +8,7 @@ import functools
 import logging
 import os
 
-from slurm_gpu_exporter.munge_audience import payload as munge_payload
+from slurm_gpu_exporter.model.munge_wire import payload as munge_payload
 from slurm_gpu_exporter.report.cli.client_config import (
     AUTH_METHODS,
     CLIENT_ENV,
@@ -255,7 +255,7 @@ def connection(args: argparse.Namespace) -> Connection:
 
 
 def _munge_payload(url: str) -> str:
-    """What names the proxy at ``url`` in each munge credential (munge_audience.py)."""
+    """What names the proxy at ``url`` in each munge credential (model/munge_wire.py)."""
     try:
         return munge_payload(url)
     except ValueError as exc:

@@ -7,8 +7,8 @@ import pwd
 from collections.abc import Callable
 
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.model import Accounting, JobDetail, JobUsage, LowUtilReport
 from slurm_gpu_exporter.report.figures.rules import Config, job_facts, notes_for
+from slurm_gpu_exporter.report.figures.shapes import Accounting, JobDetail, JobUsage, LowUtilReport
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
 from slurm_gpu_exporter.report.prometheus.emissions import apply_series_factor

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from slurm_gpu_exporter.report.cli.flags import DEFAULT_SMTP
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.model import LowUtilReport
+from slurm_gpu_exporter.report.figures.shapes import LowUtilReport
 from slurm_gpu_exporter.report.notify.review import (
     parse_recipients,
     review_file_name,

@@ -22,8 +22,8 @@ from slurm_gpu_exporter.report.cli.reports import (
     unknown_jobs_error,
 )
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.model import JobDetail
 from slurm_gpu_exporter.report.figures.rules import Config
+from slurm_gpu_exporter.report.figures.shapes import JobDetail
 from slurm_gpu_exporter.report.figures.window import Window, make_window
 from slurm_gpu_exporter.report.prometheus.array_tasks import resolve_array_tasks
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient

@@ -13,7 +13,7 @@ import types
 import typing
 from typing import Any
 
-from slurm_gpu_exporter.report.figures.model import (
+from slurm_gpu_exporter.report.figures.shapes import (
     Accounting,
     GpuDetail,
     JobDetail,

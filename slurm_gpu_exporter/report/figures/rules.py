@@ -18,7 +18,7 @@ from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.defaults import DEFAULT_CONFIG
-from slurm_gpu_exporter.report.figures.model import JobDetail
+from slurm_gpu_exporter.report.figures.shapes import JobDetail
 
 GIB = 2**30
 OPERATORS: dict[str, Callable[[float, float], bool]] = {

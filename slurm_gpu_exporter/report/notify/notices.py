@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.model import JobUsage, LowUtilReport
 from slurm_gpu_exporter.report.figures.rules import Config, render_template
+from slurm_gpu_exporter.report.figures.shapes import JobUsage, LowUtilReport
 from slurm_gpu_exporter.report.inert_text import plain
 from slurm_gpu_exporter.report.notify.send import EXIT_NOTIFY, Message, make_message
 from slurm_gpu_exporter.report.private_file import write_private

@@ -16,7 +16,7 @@ from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.model import LowUtilReport
+from slurm_gpu_exporter.report.figures.shapes import LowUtilReport
 from slurm_gpu_exporter.report.inert_text import plain
 from slurm_gpu_exporter.report.render.html import low_util_html
 from slurm_gpu_exporter.report.render.text import low_util_table

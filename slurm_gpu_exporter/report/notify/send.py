@@ -9,7 +9,6 @@ header lines. A failure is a ReportError with ``EXIT_NOTIFY``.
 from __future__ import annotations
 
 import json
-import re
 import smtplib
 import urllib.error
 import urllib.parse
@@ -17,17 +16,13 @@ import urllib.request
 from dataclasses import dataclass
 from email.message import EmailMessage
 
+from slurm_gpu_exporter.model.users import is_mailable_user
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.rules import render_template
 from slurm_gpu_exporter.report.inert_text import plain
 
 EXIT_NOTIFY = 6
 SEND_TIMEOUT_S = 30.0
-
-# A user name that can stand in a mail address: POSIX's portable name characters.
-# Anything else (commas, spaces, angle brackets, quotes, "@") could name more or other
-# recipients, so such a user is not written to.
-MAILABLE_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -44,7 +39,7 @@ def make_message(user: str, to_template: str, subject: str, text: str,
     """A message to ``user``: the recipient from ``to_template`` (``{user}@example.org``),
     the subject made one plain line. ReportError (``EXIT_NOTIFY``) when the user's name
     cannot stand in a mail address safely."""
-    if not MAILABLE_USER.fullmatch(user):
+    if not is_mailable_user(user):  # could name other recipients
         raise ReportError(f"not writing to the user {plain(user)!r}: the name cannot stand "
                           "in a mail address safely; tell them another way", EXIT_NOTIFY)
     return Message(user=user, to=plain(render_template(to_template, {"user": user})),

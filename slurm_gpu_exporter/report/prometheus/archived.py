@@ -1,7 +1,7 @@
 """Jobs from the job archive behind slurm-gpu-proxy (``GET /slurm-gpu/v1/jobs/<jobid>``),
-for the jobs Prometheus has no samples of: signed in the way the queries are (munge,
-basic auth, a bearer token, a client certificate), so the proxy applies the same
-identity rules to them.
+for the jobs Prometheus has no samples of: asked through the queries' own client
+(client.py), so signed in the way they are (munge, basic auth, a bearer token, a client
+certificate) and the proxy applies the same identity rules to them.
 
 A URL with no such endpoint (a plain Prometheus, a proxy without ``--archive.url``)
 is no error: the jobs stay unknown, as they were without it.
@@ -9,8 +9,6 @@ is no error: the jobs stay unknown, as they were without it.
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
 import logging
 from dataclasses import dataclass, field
@@ -19,8 +17,8 @@ from urllib.parse import quote
 import aiohttp
 
 from slurm_gpu_exporter.report.figures.detail_data import DetailDataError, detail_from_data
-from slurm_gpu_exporter.report.figures.model import JobDetail
-from slurm_gpu_exporter.report.prometheus.client import Connection, ssl_context
+from slurm_gpu_exporter.report.figures.shapes import JobDetail
+from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
 
 log = logging.getLogger(__name__)
 
@@ -40,41 +38,23 @@ class ProxyArchive:
     problem: str | None = None  # why it could not be asked (None: asked, or none there)
 
 
-def _headers(conn: Connection) -> dict[str, str]:
-    if conn.username is not None:
-        pair = f"{conn.username}:{conn.password or ''}".encode()
-        return {"Authorization": "Basic " + base64.b64encode(pair).decode()}
-    if conn.bearer_token:
-        return {"Authorization": f"Bearer {conn.bearer_token}"}
-    return {}
-
-
-async def archived_jobs(conn: Connection, jobids: list[str],
+async def archived_jobs(prom: PrometheusClient, jobids: list[str],
                         cluster: str | None = None) -> ProxyArchive:
-    """Ask the proxy at ``conn.url`` for each job, one request each (a munge credential
+    """Ask the proxy behind ``prom`` for each job, one request each (a munge credential
     is good for one request)."""
-    out = ProxyArchive(url=conn.url)
-    base = conn.url.rstrip("/") + PATH
+    url = prom.conn.url
+    out = ProxyArchive(url=url)
     params = {"cluster": cluster} if cluster else {}
-    async with aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=conn.timeout_s),
-            connector=aiohttp.TCPConnector(ssl=ssl_context(conn))) as session:
-        for jobid in jobids:
-            headers = _headers(conn)
-            if conn.munge_credential is not None:
-                credential = await asyncio.to_thread(conn.munge_credential)
-                headers["Authorization"] = f"Munge {credential}"
-            try:
-                async with session.get(base + quote(jobid, safe=""), params=params,
-                                       headers=headers) as resp:
-                    status = resp.status
-                    raw = await resp.content.read(MAX_ANSWER_BYTES)
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                why = str(exc) or type(exc).__name__
-                out.problem = f"the job archive at {conn.url} did not answer ({why})"
-                return out
-            if not _take(out, jobid, status, raw, conn.url):
-                return out
+    for jobid in jobids:
+        try:
+            status, raw = await prom.get(PATH + quote(jobid, safe=""), params,
+                                         MAX_ANSWER_BYTES)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            why = str(exc) or type(exc).__name__
+            out.problem = f"the job archive at {url} did not answer ({why})"
+            return out
+        if not _take(out, jobid, status, raw, url):
+            return out
     return out
 
 

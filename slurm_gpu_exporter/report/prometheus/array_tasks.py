@@ -6,11 +6,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from slurm_gpu_exporter.model.ids import ARRAY_TASK
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample
 from slurm_gpu_exporter.report.prometheus.queries import Filters, selector
 
-ARRAY_TASK_RE = re.compile(r"([0-9]{1,12})_([0-9]{1,10})")
+ARRAY_TASK_RE = re.compile(ARRAY_TASK)
 
 
 def array_task_query(window: Window, names: Iterable[str], filters: Filters) -> str:

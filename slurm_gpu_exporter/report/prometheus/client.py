@@ -1,11 +1,13 @@
-"""A small client for the Prometheus HTTP API (Prometheus, Thanos, VictoriaMetrics).
+"""The one client for the Prometheus HTTP API (Prometheus, Thanos, VictoriaMetrics, and
+slurm-gpu-proxy in front of them): the reports', the archive's, enforce's, remediate's
+and top's queries, and the proxy's job archive (``get``, archived.py).
 
-Instant and range queries over aiohttp, with basic auth, a bearer token and TLS
-options, a timeout per query, and a count of the queries made (the report's cost
-does not grow with the number of jobs, and this count shows it). At most
-``max_concurrent`` queries are in flight at once, however many the caller gathers,
-and a busy answer (503, 429) is tried again as ``retry.py`` says. Every failure
-becomes a ReportError with one line that says what to do.
+Instant and range queries over aiohttp, with basic auth, a bearer token, a fresh munge
+credential per request and TLS options, a timeout per query, and a count of the
+queries made (the report's cost does not grow with the number of jobs, and this count
+shows it). At most ``max_concurrent`` queries are in flight at once, however many the
+caller gathers, and a busy answer (503, 429) is tried again as ``retry.py`` says.
+Every failure of a query becomes a ReportError with one line that says what to do.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from slurm_gpu_exporter.model.munge_wire import authorization
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.prometheus.retry import (
     DEFAULT_MAX_CONCURRENT,
@@ -170,15 +173,30 @@ class PrometheusClient:
                           f"{policy.retries + 1} tries over {waited:.1f} s; try again later, "
                           "or lower --max-concurrent-queries", EXIT_QUERY)
 
+    async def get(self, path: str, params: dict[str, str], max_bytes: int
+                  ) -> tuple[int, bytes]:
+        """One GET of ``path`` under the base URL, signed in as the queries are: its
+        status and at most ``max_bytes`` of its body. Not a query: neither counted nor
+        tried again; aiohttp's errors and TimeoutError are the caller's to word."""
+        assert self._session is not None, "use the client as an async context manager"
+        url = self.conn.url.rstrip("/") + path
+        async with self._session.get(url, params=params,
+                                     headers=await self._request_headers()) as resp:
+            return resp.status, await resp.content.read(max_bytes)
+
+    async def _request_headers(self) -> dict[str, str]:
+        """What one request adds to the session's sign-in: a munge credential."""
+        if self.conn.munge_credential is None:
+            return {}
+        # A fresh credential for every request: the proxy refuses one seen before.
+        credential = await asyncio.to_thread(self.conn.munge_credential)
+        return {"Authorization": authorization(credential)}
+
     async def _post(self, url: str, params: dict[str, str]
                     ) -> tuple[int, object, str | None]:
         """One request: its status, its body (JSON, else text) and its Retry-After."""
         assert self._session is not None
-        headers = {}
-        if self.conn.munge_credential is not None:
-            # A fresh credential for every try: the proxy refuses one seen before.
-            credential = await asyncio.to_thread(self.conn.munge_credential)
-            headers["Authorization"] = f"Munge {credential}"
+        headers = await self._request_headers()
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 
 from slurm_gpu_exporter.report.figures.emissions import series_factor
-from slurm_gpu_exporter.report.figures.model import JobDetail
 from slurm_gpu_exporter.report.figures.rules import Config
+from slurm_gpu_exporter.report.figures.shapes import JobDetail
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Series, gather
 from slurm_gpu_exporter.report.prometheus.queries import (

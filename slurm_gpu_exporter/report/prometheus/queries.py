@@ -16,8 +16,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from slurm_gpu_exporter.model.ids import JOB_ID_CHARS
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.model import GpuDetail, JobUsage, NodeDetail
+from slurm_gpu_exporter.report.figures.shapes import GpuDetail, JobUsage, NodeDetail
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample, gather
 from slurm_gpu_exporter.report.prometheus.nodes import NODE_INFO, join_node, shown_nodes
@@ -35,7 +36,7 @@ CPU = "slurm_job_cpu_seconds_total"
 BASELINE_LOOKBACK = "5m"
 TIMELINE_POINTS = 120
 
-_JOBID_RE = re.compile(r"[A-Za-z0-9_.+-]+")
+_JOBID_RE = re.compile(JOB_ID_CHARS)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from slurm_gpu_exporter.report.figures.model import JobDetail, LowUtilReport
+from slurm_gpu_exporter.report.figures.shapes import JobDetail, LowUtilReport
 from slurm_gpu_exporter.report.render.svg import hbar_chart, histogram, line_chart
 from slurm_gpu_exporter.report.render.values import (
     GPU_COLUMNS,

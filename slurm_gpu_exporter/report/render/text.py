@@ -11,7 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from slurm_gpu_exporter.report.figures.model import JobDetail, LowUtilReport
+from slurm_gpu_exporter.report.figures.shapes import JobDetail, LowUtilReport
 from slurm_gpu_exporter.report.render.inert import csv_cell, markdown, terminal
 from slurm_gpu_exporter.report.render.values import (
     GPU_COLUMNS,

@@ -9,7 +9,7 @@ import json
 from html import escape
 from typing import Any
 
-from slurm_gpu_exporter.report.figures.model import UsageGroup, UsageReport
+from slurm_gpu_exporter.report.figures.shapes import UsageGroup, UsageReport
 from slurm_gpu_exporter.report.render import html, text
 from slurm_gpu_exporter.report.render.svg import hbar_chart
 from slurm_gpu_exporter.report.render.values import HEADINGS, when

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from slurm_gpu_exporter.report.figures.model import JobDetail, JobUsage, LowUtilReport, Total
+from slurm_gpu_exporter.report.figures.shapes import JobDetail, JobUsage, LowUtilReport, Total
 
 GIB = 2**30
 

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from datetime import datetime
 
-from slurm_gpu_exporter.report.figures.model import Accounting
+from slurm_gpu_exporter.report.figures.shapes import Accounting
 
 log = logging.getLogger(__name__)
 

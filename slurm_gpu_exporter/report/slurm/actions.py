@@ -23,7 +23,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from slurm_gpu_exporter.model.ids import is_job_id
+from slurm_gpu_exporter.model.ids import is_job_target
 from slurm_gpu_exporter.model.slurm_id import SlurmJobId
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.inert_text import plain, slurm_value
@@ -90,8 +90,7 @@ def _checked_target(ident: SlurmJobId) -> str:
     """The one name Slurm resolves to this job (or its whole het job); ReportError where
     no id names it alone (an array's unsplit remainder)."""
     target = ident.target
-    array_job, _, task = (target or "").partition("_")
-    if target is None or not is_job_id(array_job) or (task and not task.isdigit()):
+    if target is None or not is_job_target(target):
         raise ReportError(f"refusing to act on {plain(ident.display)!r}: no Slurm job id "
                           "names that job alone", EXIT_SLURM)
     return target

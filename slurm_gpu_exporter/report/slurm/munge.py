@@ -1,6 +1,6 @@
 """A munge credential of whoever runs the report, for a proxy that takes
 ``Authorization: Munge <credential>``. Its payload names the proxy it is for
-(slurm_gpu_exporter/munge_audience.py, made by the caller), so the proxy refuses a
+(model/munge_wire.py, made by the caller), so the proxy refuses a
 credential made for another service, and no other proxy takes this one. One credential
 per request: munged refuses a credential it has decoded before."""
 

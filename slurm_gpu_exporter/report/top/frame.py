@@ -14,7 +14,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from slurm_gpu_exporter.report.figures.model import JobDetail
+from slurm_gpu_exporter.report.figures.shapes import JobDetail
 from slurm_gpu_exporter.report.prometheus.nodes import node_name
 from slurm_gpu_exporter.report.render.inert import terminal
 from slurm_gpu_exporter.report.render.values import duration
