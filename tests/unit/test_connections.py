@@ -41,7 +41,7 @@ def _guard(limit: int, now: list[float], per_client: int = 0) -> ConnectionGuard
     return ConnectionGuard(ConnectionLimits(max_connections=limit, max_per_client=per_client,
                                             header_timeout=10, keepalive_timeout=15,
                                             request_timeout=60),
-                           clock=lambda: now[0])
+                           product="slurm-gpu-exporter", clock=lambda: now[0])
 
 
 def _connect(guard: ConnectionGuard, data: bytes = b"", peer: str = "10.0.0.1"

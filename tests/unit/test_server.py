@@ -21,7 +21,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from slurm_gpu_exporter.exposition.rendered import render
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.web.config import WebConfig, parse_web_config
-from slurm_gpu_exporter.web.server import ExpositionHolder, make_app, parse_listen_address
+from slurm_gpu_exporter.web.listen import parse_listen_address
+from slurm_gpu_exporter.web.server import ExpositionHolder, make_app
 
 HASH = bcrypt.hashpw(b"good", bcrypt.gensalt(rounds=4)).decode()
 

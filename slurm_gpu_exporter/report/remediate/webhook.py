@@ -26,7 +26,7 @@ from slurm_gpu_exporter.report.remediate.remediator import Outcome, Remediator
 from slurm_gpu_exporter.report.remediate.requeuer import Requeuer
 from slurm_gpu_exporter.web.config import WebConfig
 from slurm_gpu_exporter.web.connections import ConnectionGuard, ConnectionLimits
-from slurm_gpu_exporter.web.server import GUARD_KEY, auth_middleware, guard_middleware
+from slurm_gpu_exporter.web.middleware import auth_middleware, guarded_app
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def make_app(remediator: Remediator, confirm: Callable[[], Awaitable[Firing]],
         requeuer.count = counters.count_job  # its jobs are counted beside the alerts
     lock = asyncio.Lock()
     # The agent's listener rules: a connection cap, header and idle timeouts.
-    guard = ConnectionGuard(ConnectionLimits())
+    guard = ConnectionGuard(ConnectionLimits(), product="slurm-gpu-report remediate")
 
     async def alerts(request: web.Request) -> web.Response:
         try:
@@ -96,9 +96,7 @@ def make_app(remediator: Remediator, confirm: Callable[[], Awaitable[Firing]],
     # Health probes say nothing but "up": no secret needed for them.
     security = auth_middleware(lambda: config, "slurm-gpu-report remediate",
                                HEALTH_PATHS)
-    app = web.Application(middlewares=[guard_middleware(guard), security],
-                          client_max_size=MAX_BODY_BYTES)
-    app[GUARD_KEY] = guard
+    app = guarded_app(guard, security, client_max_size=MAX_BODY_BYTES)
     app.router.add_post("/alerts", alerts)
     app.router.add_get("/metrics", exposition)
     app.router.add_get("/-/healthy", healthy)
