@@ -145,3 +145,12 @@ def test_the_proxy_tells_the_guard_of_its_requests_so_kept_alive_ones_stay_open(
     # A flood's busy connections were closed at the header timeout (10 s) otherwise.
     first, second = asyncio.run(_kept_alive_past_the_header_timeout())
     assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200")
+
+
+def test_the_proxys_guard_names_the_proxy() -> None:
+    from slurm_gpu_exporter.proxy.app import make_app
+    from slurm_gpu_exporter.proxy.config import ProxyConfig
+    from slurm_gpu_exporter.web.middleware import GUARD_KEY
+
+    app = make_app(ProxyConfig(prometheus_url="http://127.0.0.1:9"))
+    assert app[GUARD_KEY].product == "slurm-gpu-proxy"
