@@ -64,6 +64,7 @@ from slurm_gpu_exporter.web.server import ExpositionHolder, make_app
 
 log = logging.getLogger("slurm_gpu_exporter")
 
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["check"]:
@@ -236,6 +237,7 @@ async def _serve(app: web.Application, listen: list[str], web_config: LiveWebCon
             watcher.cancel()
             await runner.cleanup()
             await asyncio.get_running_loop().run_in_executor(None, sampler.stop)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -218,6 +218,7 @@ async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str]
         await runner.cleanup()  # closes the listeners and the open connections
     return 0
 
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, PROXY_FORMAT)
