@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -40,25 +39,18 @@ from slurm_gpu_exporter.web.connections import (
     connection_cap,
     held_files_budget,
 )
-from slurm_gpu_exporter.web.logthrottle import throttle_client_driven_logs
-from slurm_gpu_exporter.web.reload import LiveWebConfig
-from slurm_gpu_exporter.web.server import (
-    ExpositionHolder,
+from slurm_gpu_exporter.web.listen import (
     ListenError,
-    make_app,
     parse_listen_address,
-    start_server,
+    ssl_context_of,
+    start,
 )
+from slurm_gpu_exporter.web.logging_setup import AGENT_FORMAT, setup_logging
+from slurm_gpu_exporter.web.reload import LiveWebConfig, watch_web_config
+from slurm_gpu_exporter.web.serve import stop_signals
+from slurm_gpu_exporter.web.server import ExpositionHolder, make_app
 
 log = logging.getLogger("slurm_gpu_exporter")
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level={"warn": logging.WARNING}.get(level, getattr(logging, level.upper())),
-        format="%(asctime)s level=%(levelname)s source=%(name)s msg=%(message)s",
-        stream=sys.stderr,
-    )
-    throttle_client_driven_logs()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return check_main(argv[1:])
     args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level)
+    setup_logging(args.log_level, AGENT_FORMAT, throttle_clients=True)
     listen = args.listen or [DEFAULT_LISTEN]
     try:
         for address in listen:
@@ -139,37 +131,24 @@ def _identity(args: argparse.Namespace, simulation: object | None) -> NodeIdenti
     return NodeIdentity(args.node_name, read_cluster_name(slurm_conf_path()))
 
 
-async def _watch_web_config(web_config: LiveWebConfig, interval: float,
-                            wake: asyncio.Event) -> None:
-    """Re-read the web config every ``interval`` seconds, or at once when woken (SIGHUP).
-    Without a web config file there is nothing to re-read: only SIGHUP wakes it."""
-    loop = asyncio.get_running_loop()
-    while True:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), interval if web_config.path else None)
-        wake.clear()
-        # Off the event loop: loading certificates reads files.
-        await loop.run_in_executor(None, web_config.check)
 
 
 async def _serve(app: web.Application, listen: list[str], web_config: LiveWebConfig,
                  sampler: Sampler, reload_interval: float) -> None:
-    stop, reread = asyncio.Event(), asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, reread.set)
-    runner = await start_server(app, listen, web_config)
-    watcher = asyncio.create_task(_watch_web_config(web_config, reload_interval, reread))
-    sampler.start()
-    log.info("slurm-gpu-exporter %s started; sampling every %g s", __version__, sampler.interval)
-    try:
-        await stop.wait()
-        log.info("stopping")
-    finally:
-        watcher.cancel()
-        await runner.cleanup()
-        await loop.run_in_executor(None, sampler.stop)
+    reread = asyncio.Event()
+    async with stop_signals(on_hup=reread.set) as stop:
+        runner = await start(app, listen, ssl_context_of(web_config))
+        watcher = asyncio.create_task(watch_web_config(web_config, reload_interval, reread))
+        sampler.start()
+        log.info("slurm-gpu-exporter %s started; sampling every %g s", __version__,
+                 sampler.interval)
+        try:
+            await stop.wait()
+            log.info("stopping")
+        finally:
+            watcher.cancel()
+            await runner.cleanup()
+            await asyncio.get_running_loop().run_in_executor(None, sampler.stop)
 
 
 if __name__ == "__main__":

@@ -6,34 +6,35 @@ import argparse
 import asyncio
 import logging
 import shutil
-import signal
 import socket
 import sys
 from pathlib import Path
 
-from aiohttp import web
-
 from slurm_gpu_exporter import __version__
 from slurm_gpu_exporter.model.munge_wire import audience
-from slurm_gpu_exporter.proxy.app import make_app
+from slurm_gpu_exporter.proxy.app import PRODUCT, make_app
 from slurm_gpu_exporter.proxy.archive import ArchiveReader, ArchiveSetupError
 from slurm_gpu_exporter.proxy.config import ConfigError, ProxyConfig, load_config
 from slurm_gpu_exporter.proxy.fairness import FairLimits
-from slurm_gpu_exporter.proxy.listener import (
-    DEFAULT_MAX_CONNECTIONS,
-    CountingGuard,
-    ListenError,
-    listen,
-    parse_listen_address,
-)
 from slurm_gpu_exporter.proxy.munge import DEFAULT_SOCKET, MungeDecoder
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
 from slurm_gpu_exporter.web.config import WebConfig, WebConfigError, load_web_config
-from slurm_gpu_exporter.web.connections import ConnectionLimits, connection_cap
+from slurm_gpu_exporter.web.connections import (
+    ConnectionGuard,
+    ConnectionLimits,
+    connection_cap,
+)
+from slurm_gpu_exporter.web.listen import Bound, ListenError, parse_listen_address, start
+from slurm_gpu_exporter.web.logging_setup import PROXY_FORMAT, setup_logging
+from slurm_gpu_exporter.web.serve import stop_signals
 
 log = logging.getLogger("slurm_gpu_exporter.proxy")
 
 DEFAULT_LISTEN = ":9818"
+# Below the unit's LimitNOFILE (4096), with room for the upstream pool and files.
+DEFAULT_MAX_CONNECTIONS = 1024
+# The listen backlog: connections the kernel holds for the proxy to accept.
+BACKLOG = 512
 KEEPALIVE_TIMEOUT_S = 75.0
 # How long the rest of a refused request's body is read so the client sees the answer.
 LINGERING_TIME_S = 2.0
@@ -180,11 +181,11 @@ async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str]
     if cap < max_connections:
         log.warning("the file limit leaves room for %d connections, not %d; raise "
                     "LimitNOFILE", cap, max_connections)
-    guard = CountingGuard(ConnectionLimits(
+    guard = ConnectionGuard(ConnectionLimits(
         max_connections=cap, max_per_client=max_per_client, header_timeout=HEADER_TIMEOUT_S,
         keepalive_timeout=KEEPALIVE_TIMEOUT_S,
         request_timeout=config.upstream_timeout + REQUEST_GRACE_S),
-        on_refused=metrics.connections_refused.inc)
+        product=PRODUCT, on_refused=metrics.connections_refused.inc)
     munge = MungeDecoder(munge_socket, audiences=audiences) if munge_socket else None
     if munge is not None:
         log.info("taking munge credentials made for %s", ", ".join(sorted(audiences)))
@@ -194,48 +195,33 @@ async def serve(config: ProxyConfig, web_config: WebConfig, addresses: list[str]
             log.warning("the job archive cannot be read yet: %s", problem)
         else:
             log.info("serving archived jobs from %s", archive.where)
-    runner = web.AppRunner(make_app(config, web_config, metrics, munge=munge,
-                                    archive=archive, limits=limits, guard=guard),
-                           access_log=None,
-                           handle_signals=False, keepalive_timeout=KEEPALIVE_TIMEOUT_S,
-                           lingering_time=LINGERING_TIME_S)
+    app = make_app(config, web_config, metrics, munge=munge, archive=archive, limits=limits,
+                   guard=guard)
+
+    def announce(bound: Bound) -> None:
+        log.info("listening on %s (%s), forwarding to %s", bound.address,
+                 "https" if bound.tls else "http", config.prometheus_url)
+
     try:
-        await runner.setup()  # starts the query checkers (check_pool.py)
+        # Setting the app up starts the query checkers (check_pool.py).
+        runner = await start(app, addresses, web_config.ssl_context(), backlog=BACKLOG,
+                             lingering_time=LINGERING_TIME_S, announce=announce)
+    except ListenError as exc:
+        log.error("%s; pick a free address", exc)
+        return 1
     except OSError as exc:
         log.error("%s; check that slurm-gpu-exporter is installed for %s", exc,
                   sys.executable)
-        await runner.cleanup()
         return 1
-    ssl_context = web_config.ssl_context()
-    try:
-        servers = await listen(runner, addresses, ssl_context, guard)
-    except ListenError as exc:
-        guard.stop()
-        await runner.cleanup()
-        log.error("%s; pick a free address", exc)
-        return 1
-    for address in addresses:
-        log.info("listening on %s (%s), forwarding to %s", address,
-                 "https" if ssl_context else "http", config.prometheus_url)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    for server in servers:
-        server.close()
-    guard.stop()
-    await runner.cleanup()  # closes the open connections, so the servers can finish
-    for server in servers:
-        await server.wait_closed()
+    async with stop_signals() as stop:
+        await stop.wait()
+        await runner.cleanup()  # closes the listeners and the open connections
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = {"warn": "WARNING"}.get(args.log_level, args.log_level.upper())
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
+    setup_logging(args.log_level, PROXY_FORMAT)
     try:
         config = load_config(args.config, args.prometheus_url, args.admin, args.public_metric)
         web_config = load_web_config(args.web_config) if args.web_config else WebConfig()

@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import resource
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from prometheus_client.core import Metric
 
 from slurm_gpu_exporter.exposition.rendered import Exposition
 from slurm_gpu_exporter.sim.fleet import FleetMix, snapshot
+from slurm_gpu_exporter.web.serve import stop_signals
 
 MAX_REQUEST_BYTES = 8192
 READ_TIMEOUT_S = 10.0
@@ -115,15 +115,10 @@ async def serve(fleet: Fleet, targets_file: Path, cluster: str, host: str = "127
     tmp = targets_file.with_name(targets_file.name + ".tmp")
     tmp.write_text(json.dumps([{"targets": addresses, "labels": {"cluster": cluster}}]))
     os.replace(tmp, targets_file)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if stop_after is not None:
-        loop.call_later(stop_after, stop.set)
-    await stop.wait()
-    for s in servers:
-        s.close()
+    async with stop_signals(stop_after=stop_after) as stop:
+        await stop.wait()
+        for s in servers:
+            s.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -135,13 +135,20 @@ class ConnectionGuard:
 
     Runs on the event loop only (not thread-safe); ``sweep`` runs every second while a
     connection is open or closes are left to log (an agent nobody scrapes does not
-    wake for it).
+    wake for it). ``product`` is who serves (``slurm-gpu-proxy``…), named in the log
+    line; ``on_refused`` is told of each connection refused, ``on_evicted`` of each
+    idle one closed for a new one past half the cap (for the server's own counters).
     """
 
-    def __init__(self, limits: ConnectionLimits,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, limits: ConnectionLimits, *, product: str,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_refused: Callable[[], None] | None = None,
+                 on_evicted: Callable[[], None] | None = None) -> None:
         self.limits = limits
+        self.product = product
         self.clock = clock
+        self._on_refused = on_refused
+        self._on_evicted = on_evicted
         self._open: dict[asyncio.BaseTransport, _Connection] = {}
         self._closed: dict[str, int] = {}  # why -> connections closed since the last log
         self._logged_at = -float("inf")
@@ -191,7 +198,7 @@ class ConnectionGuard:
         yet: one accept batch of a flood must not close a scraper's connection.
         """
         if self.limits.max_per_client and not self._room_for_client(conn):
-            self._note("refused: every connection of the client is in a request")
+            self._refuse("refused: every connection of the client is in a request")
             return False
         limit = self.limits.max_connections
         if len(self._open) >= limit // 2:
@@ -202,8 +209,10 @@ class ConnectionGuard:
             if candidates:
                 self._close(min(candidates, key=lambda c: (c.spoke, c.used, c.since)),
                             "closed for a new one")
+                if self._on_evicted is not None:
+                    self._on_evicted()
             elif len(self._open) >= limit:
-                self._note("refused: every connection is in a request")
+                self._refuse("refused: every connection is in a request")
                 return False
         assert conn.transport is not None
         self._open[conn.transport] = conn
@@ -249,6 +258,11 @@ class ConnectionGuard:
             conn.transport.abort()
         self._note(why)
 
+    def _refuse(self, why: str) -> None:
+        self._note(why)
+        if self._on_refused is not None:
+            self._on_refused()
+
     def _note(self, why: str) -> None:
         self._closed[why] = self._closed.get(why, 0) + 1
 
@@ -259,10 +273,10 @@ class ConnectionGuard:
         self._logged_at = now
         counts = ", ".join(f"{n} {why}" for why, n in sorted(self._closed.items()))
         self._closed = {}
-        log.warning("HTTP connections closed by the agent in the last minute: %s (cap %d, "
+        log.warning("HTTP connections closed by %s in the last minute: %s (cap %d, "
                     "header timeout %g s); if these are real scrapers, raise "
-                    "--web.max-connections", counts, self.limits.max_connections,
-                    self.limits.header_timeout)
+                    "--web.max-connections", self.product, counts,
+                    self.limits.max_connections, self.limits.header_timeout)
 
     async def _sweep_forever(self) -> None:
         assert self._work is not None

@@ -14,6 +14,8 @@ restart; such a file is refused like a broken one.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import ssl
@@ -150,3 +152,16 @@ class _FollowingContext(ssl.SSLContext):
         current = self._live.current_ssl_context()
         assert current is not None  # TLS cannot be turned off by a re-read
         return current.wrap_bio(*args, **kwargs)
+
+
+async def watch_web_config(web_config: LiveWebConfig, interval: float,
+                           wake: asyncio.Event) -> None:
+    """Re-read the web config every ``interval`` seconds, or at once when woken (SIGHUP).
+    Without a web config file there is nothing to re-read: only SIGHUP wakes it."""
+    loop = asyncio.get_running_loop()
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), interval if web_config.path else None)
+        wake.clear()
+        # Off the event loop: loading certificates reads files.
+        await loop.run_in_executor(None, web_config.check)

@@ -1,5 +1,6 @@
-"""The proxy is its own product: it reaches the agent's code only for the web config,
-the report's code only for the job archive (``--archive.url``), loaded inside
+"""The proxy is its own product: it reaches the agent's code only for the web layer
+every server shares (listening, the connection guard, the web config, stopping,
+logging), the report's code only for the job archive (``--archive.url``), loaded inside
 functions of proxy/archive.py so that a plain install (no ``archive`` extra) runs it,
 and shares with both only the bottom layer every product may import (``model/``)."""
 
@@ -14,9 +15,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PROXY = ROOT / "slurm_gpu_exporter" / "proxy"
-# The shared web layer's config reader and connection guard (standard library only).
+# The web layer every server shares (none of the agent's exposition).
 ALLOWED = {"slurm_gpu_exporter", "slurm_gpu_exporter.web.config",
-           "slurm_gpu_exporter.web.connections"}
+           "slurm_gpu_exporter.web.connections", "slurm_gpu_exporter.web.listen",
+           "slurm_gpu_exporter.web.middleware", "slurm_gpu_exporter.web.serve",
+           "slurm_gpu_exporter.web.logging_setup"}
 # The bottom layer of every product: job identity, user names, the munge wire format.
 SHARED_BOTTOM = "slurm_gpu_exporter.model."
 # What archive.py may load, inside its functions only.
@@ -29,7 +32,7 @@ def _names(node: ast.AST) -> list[str]:
             else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
 
 
-def test_the_proxy_imports_no_agent_module_but_the_web_config_and_connection_guard() -> None:
+def test_the_proxy_imports_no_agent_module_but_the_shared_web_layer() -> None:
     outside = set()
     for path in PROXY.glob("*.py"):
         allowed = ALLOWED | (ARCHIVE_ONLY if path.name == "archive.py" else set())

@@ -1,7 +1,7 @@
-"""The proxy's listener: past half its cap a new connection closes the one idle the
-longest (so idle sockets cannot keep a caller out); only when every connection is in a
-request is a new one closed at once and counted. A request body that trickles is
-refused."""
+"""The proxy's listener (web/listen.py): past half its cap a new connection closes the
+one idle the longest (so idle sockets cannot keep a caller out); only when every
+connection is in a request is a new one closed at once and counted. A request body
+that trickles is refused."""
 
 from __future__ import annotations
 
@@ -10,54 +10,39 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from slurm_gpu_exporter.proxy.listener import CountingGuard, listen
-from slurm_gpu_exporter.web.connections import ConnectionLimits
+from slurm_gpu_exporter.web.connections import ConnectionGuard, ConnectionLimits
+from slurm_gpu_exporter.web.listen import start
+from slurm_gpu_exporter.web.middleware import guarded_app
 from tests.support import free_port
 
 GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 async def _serve(busy: asyncio.Event | None, cap: int
-                 ) -> tuple[web.AppRunner, list[asyncio.AbstractServer], CountingGuard, int,
-                            list[str]]:
+                 ) -> tuple[web.AppRunner, ConnectionGuard, int, list[str]]:
     async def hello(request: web.Request) -> web.Response:
         if busy is not None:
             await busy.wait()  # held in a request until the test lets go
         return web.Response(text="hello")
 
-    @web.middleware
-    async def in_request(request: web.Request, handler):  # type: ignore[no-untyped-def]
-        with guard.request(request.transport):
-            return await handler(request)
-
-    app = web.Application(middlewares=[in_request])
-    app.router.add_get("/", hello)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
     counted: list[str] = []
-    guard = CountingGuard(ConnectionLimits(max_connections=cap),
-                          on_refused=lambda: counted.append("refused"),
-                          on_evicted=lambda: counted.append("evicted"))
+    guard = ConnectionGuard(ConnectionLimits(max_connections=cap), product="slurm-gpu-proxy",
+                            on_refused=lambda: counted.append("refused"),
+                            on_evicted=lambda: counted.append("evicted"))
+    app = guarded_app(guard)
+    app.router.add_get("/", hello)
     port = free_port()
-    servers = await listen(runner, [f"127.0.0.1:{port}"], None, guard)
-    return runner, servers, guard, port, counted
+    runner = await start(app, [f"127.0.0.1:{port}"], None, backlog=512)
+    return runner, guard, port, counted
 
 
-async def _stop(runner: web.AppRunner, servers: list[asyncio.AbstractServer],
-                guard: CountingGuard) -> None:
-    for server in servers:
-        server.close()
-    guard.stop()
-    await runner.cleanup()
-
-
-async def _held_until(guard: CountingGuard, n: int) -> None:
+async def _held_until(guard: ConnectionGuard, n: int) -> None:
     while len(guard) < n:
         await asyncio.sleep(0.01)
 
 
 async def _idle_connections_make_room() -> tuple[bytes, list[str]]:
-    runner, servers, guard, port, counted = await _serve(None, 4)
+    runner, guard, port, counted = await _serve(None, 4)
     held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
     await asyncio.wait_for(_held_until(guard, 4), 5)
     await asyncio.sleep(0.2)  # older than the guard's grace for new connections
@@ -66,7 +51,7 @@ async def _idle_connections_make_room() -> tuple[bytes, list[str]]:
     answer = await asyncio.wait_for(reader.readuntil(b"hello"), 5)
     for _, w in [*held, (reader, writer)]:
         w.close()
-    await _stop(runner, servers, guard)
+    await runner.cleanup()
     return answer, counted
 
 
@@ -79,7 +64,7 @@ def test_idle_connections_at_the_cap_are_closed_for_a_caller_who_asks() -> None:
 
 async def _busy_connections_past_the_cap() -> tuple[bytes, list[str]]:
     busy = asyncio.Event()
-    runner, servers, guard, port, counted = await _serve(busy, 2)
+    runner, _, port, counted = await _serve(busy, 2)
     held = []
     for _ in range(2):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -92,7 +77,7 @@ async def _busy_connections_past_the_cap() -> tuple[bytes, list[str]]:
     busy.set()
     for _, w in [*held, (reader, writer)]:
         w.close()
-    await _stop(runner, servers, guard)
+    await runner.cleanup()
     return answer, counted
 
 
@@ -111,19 +96,16 @@ async def _slow_body_answer() -> bytes:
     web_config = WebConfig(users={"alice": bcrypt.hashpw(b"pw", bcrypt.gensalt(4))})
     app = make_app(ProxyConfig(prometheus_url="http://127.0.0.1:9"), web_config,
                    read_timeout=0.3)
-    # Short lingering: the server would otherwise wait 10 s for the rest of the body.
-    runner = web.AppRunner(app, access_log=None, lingering_time=0.1)
-    await runner.setup()
     port = free_port()
-    guard = CountingGuard(ConnectionLimits())
-    servers = await listen(runner, [f"127.0.0.1:{port}"], None, guard)
+    # Short lingering: the server would otherwise wait 10 s for the rest of the body.
+    runner = await start(app, [f"127.0.0.1:{port}"], None, lingering_time=0.1)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"POST /api/v1/query HTTP/1.1\r\nHost: x\r\nAuthorization: Basic YWxpY2U6cHc=\r\n"
                  b"Content-Type: application/x-www-form-urlencoded\r\n"
                  b"Content-Length: 100\r\n\r\nquery=up")  # 92 bytes short, never sent
     status = await asyncio.wait_for(reader.readline(), 5)
     writer.close()
-    await _stop(runner, servers, guard)
+    await runner.cleanup()
     return status
 
 
@@ -138,12 +120,11 @@ async def _kept_alive_past_the_header_timeout() -> tuple[bytes, bytes]:
 
     # A header timeout far below the keepalive one: a connection that has had a
     # request must be held to the keepalive timeout, so the app must tell the guard.
-    guard = CountingGuard(ConnectionLimits(header_timeout=0.05, keepalive_timeout=30))
+    guard = ConnectionGuard(ConnectionLimits(header_timeout=0.05, keepalive_timeout=30),
+                            product="slurm-gpu-proxy")
     app = make_app(ProxyConfig(prometheus_url="http://127.0.0.1:9"), guard=guard)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
     port = free_port()
-    servers = await listen(runner, [f"127.0.0.1:{port}"], None, guard)
+    runner = await start(app, [f"127.0.0.1:{port}"], None)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
     first = await asyncio.wait_for(reader.readuntil(b"Healthy\n"), 5)
@@ -155,7 +136,7 @@ async def _kept_alive_past_the_header_timeout() -> tuple[bytes, bytes]:
     except (asyncio.IncompleteReadError, ConnectionError):
         second = b""
     writer.close()
-    await _stop(runner, servers, guard)
+    await runner.cleanup()
     return first, second
 
 
@@ -164,3 +145,12 @@ def test_the_proxy_tells_the_guard_of_its_requests_so_kept_alive_ones_stay_open(
     # A flood's busy connections were closed at the header timeout (10 s) otherwise.
     first, second = asyncio.run(_kept_alive_past_the_header_timeout())
     assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200")
+
+
+def test_the_proxys_guard_names_the_proxy() -> None:
+    from slurm_gpu_exporter.proxy.app import make_app
+    from slurm_gpu_exporter.proxy.config import ProxyConfig
+    from slurm_gpu_exporter.web.middleware import GUARD_KEY
+
+    app = make_app(ProxyConfig(prometheus_url="http://127.0.0.1:9"))
+    assert app[GUARD_KEY].product == "slurm-gpu-proxy"

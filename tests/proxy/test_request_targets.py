@@ -21,9 +21,8 @@ from aiohttp import web
 from slurm_gpu_exporter.proxy.app import make_app
 from slurm_gpu_exporter.proxy.config import ProxyConfig
 from slurm_gpu_exporter.proxy.enforce import Scope
-from slurm_gpu_exporter.proxy.listener import CountingGuard, listen
 from slurm_gpu_exporter.web.config import WebConfig
-from slurm_gpu_exporter.web.connections import ConnectionLimits
+from slurm_gpu_exporter.web.listen import start
 from tests.support import free_port
 
 
@@ -65,22 +64,15 @@ async def _proxy() -> AsyncIterator[Running]:
     upstream_port = free_port()
     await web.TCPSite(upstream, "127.0.0.1", upstream_port).start()
     hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(4))
-    guard = CountingGuard(ConnectionLimits())
     app = make_app(ProxyConfig(prometheus_url=f"http://127.0.0.1:{upstream_port}",
                                admins=frozenset({"root"})),
                    WebConfig(users={"alice": hashed, "root": hashed}),
-                   checks=NoChecks(), admin_checks=NoChecks(),  # type: ignore[arg-type]
-                   guard=guard)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
+                   checks=NoChecks(), admin_checks=NoChecks())  # type: ignore[arg-type]
     port = free_port()
-    servers = await listen(runner, [f"127.0.0.1:{port}"], None, guard)
+    runner = await start(app, [f"127.0.0.1:{port}"], None)
     try:
         yield Running(port, seen)
     finally:
-        for server in servers:
-            server.close()
-        guard.stop()
         await runner.cleanup()
         await upstream.cleanup()
 

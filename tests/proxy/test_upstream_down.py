@@ -7,14 +7,12 @@ import asyncio
 import aiohttp
 import bcrypt
 import pytest
-from aiohttp import web
 
 from slurm_gpu_exporter.proxy.app import make_app
 from slurm_gpu_exporter.proxy.config import ProxyConfig
-from slurm_gpu_exporter.proxy.listener import CountingGuard, listen
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
 from slurm_gpu_exporter.web.config import WebConfig
-from slurm_gpu_exporter.web.connections import ConnectionLimits
+from slurm_gpu_exporter.web.listen import start
 from tests.support import free_port
 
 
@@ -22,13 +20,10 @@ async def _answers_with_the_store_down() -> tuple[int, str, int, float | None]:
     nothing_there = free_port()  # nothing listens here
     metrics = ProxyMetrics()
     web_config = WebConfig(users={"alice": bcrypt.hashpw(b"pw", bcrypt.gensalt(4))})
-    guard = CountingGuard(ConnectionLimits())
     app = make_app(ProxyConfig(prometheus_url=f"http://127.0.0.1:{nothing_there}"),
-                   web_config, metrics, guard=guard)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
+                   web_config, metrics)
     port = free_port()
-    servers = await listen(runner, [f"127.0.0.1:{port}"], None, guard)
+    runner = await start(app, [f"127.0.0.1:{port}"], None)
     try:
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{port}/-/ready") as resp:
@@ -38,9 +33,6 @@ async def _answers_with_the_store_down() -> tuple[int, str, int, float | None]:
                                    headers={"Authorization": "Basic YWxpY2U6cHc="}) as resp:
                 query = resp.status
     finally:
-        for server in servers:
-            server.close()
-        guard.stop()
         await runner.cleanup()
     errors = metrics.registry.get_sample_value("slurm_gpu_proxy_upstream_errors_total",
                                                {"endpoint": "query"})

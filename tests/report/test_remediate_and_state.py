@@ -254,3 +254,14 @@ def test_a_post_prometheus_cannot_confirm_drains_nothing_and_gets_503() -> None:
     assert status == 503 and drains == []
     assert results == ["refused: cannot confirm the alert: Prometheus did not answer"]
     assert 'reason="prometheus_unavailable"} 1.0' in metrics
+
+
+def test_the_webhooks_connection_guard_names_remediate() -> None:
+    from slurm_gpu_exporter.web.middleware import GUARD_KEY
+
+    rem, _ = remediator()
+
+    async def confirm() -> Firing:
+        return FIRING
+
+    assert make_app(rem, confirm)[GUARD_KEY].product == "slurm-gpu-report remediate"

@@ -83,8 +83,7 @@ def test_zero_seconds_is_refused_where_it_makes_no_sense() -> None:
 def test_without_a_web_config_file_the_watcher_wakes_only_on_sighup() -> None:
     import asyncio
 
-    from slurm_gpu_exporter.agent.cli import _watch_web_config
-    from slurm_gpu_exporter.web.reload import LiveWebConfig
+    from slurm_gpu_exporter.web.reload import LiveWebConfig, watch_web_config
 
     config = LiveWebConfig(None)
     checks: list[int] = []
@@ -92,7 +91,7 @@ def test_without_a_web_config_file_the_watcher_wakes_only_on_sighup() -> None:
 
     async def run() -> None:
         wake = asyncio.Event()
-        watcher = asyncio.create_task(_watch_web_config(config, 0.05, wake))
+        watcher = asyncio.create_task(watch_web_config(config, 0.05, wake))
         await asyncio.sleep(0.4)
         assert checks == []  # eight intervals: no executor thread started for nothing
         wake.set()

@@ -41,7 +41,7 @@ def _guard(limit: int, now: list[float], per_client: int = 0) -> ConnectionGuard
     return ConnectionGuard(ConnectionLimits(max_connections=limit, max_per_client=per_client,
                                             header_timeout=10, keepalive_timeout=15,
                                             request_timeout=60),
-                           clock=lambda: now[0])
+                           product="slurm-gpu-exporter", clock=lambda: now[0])
 
 
 def _connect(guard: ConnectionGuard, data: bytes = b"", peer: str = "10.0.0.1"
@@ -191,3 +191,38 @@ def test_the_sweeper_sleeps_while_no_connection_is_open_and_sweeps_once_one_is()
         guard.stop()
 
     asyncio.run(run())
+
+
+def test_the_guards_log_line_names_the_server_it_guards(
+        caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    guard = ConnectionGuard(ConnectionLimits(max_connections=2), product="slurm-gpu-proxy",
+                            clock=lambda: now[0])
+    busy = [_connect(guard, b"GET /")[1] for _ in range(2)]
+    with guard.request(busy[0]), guard.request(busy[1]):
+        _connect(guard)
+    with caplog.at_level(logging.WARNING, logger="slurm_gpu_exporter.web.connections"):
+        guard.sweep()
+    assert "HTTP connections closed by slurm-gpu-proxy in the last minute: 1 refused" \
+        in caplog.text
+    assert "the agent" not in caplog.text
+
+
+def test_the_server_is_told_of_each_refused_and_each_evicted_connection() -> None:
+    now = [0.0]
+    told: list[str] = []
+    guard = ConnectionGuard(ConnectionLimits(max_connections=2, max_per_client=1),
+                            product="slurm-gpu-proxy", clock=lambda: now[0],
+                            on_refused=lambda: told.append("refused"),
+                            on_evicted=lambda: told.append("evicted"))
+    _connect(guard, peer="10.0.0.2")
+    now[0] = 1.0
+    _connect(guard, peer="10.0.0.3")  # past half the cap: the idle one makes room
+    assert told == ["evicted"]
+    now[0] = 2.0
+    _connect(guard, peer="10.0.0.3")  # its own cap: its own idle one, not counted
+    assert told == ["evicted"]
+    _, busy = _connect(guard, b"GET /", peer="10.0.0.4")
+    with guard.request(busy):
+        _connect(guard, peer="10.0.0.4")  # its only connection is in a request
+    assert told == ["evicted", "refused"]

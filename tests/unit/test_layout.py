@@ -46,8 +46,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "gpu": {"model", "hooks", "node", "jobs", "exposition"},
     "training_relay": {"model", "hooks", "node", "jobs", "exposition"},
     "sampling": {"model", "hooks", "node", "jobs", "gpu", "training_relay", "exposition"},
-    # sim/fleet renders simulated nodes with the agent's own exposition code.
-    "sim": {"model", "hooks", "node", "gpu", "exposition"},
+    # sim/fleet renders simulated nodes with the agent's own exposition code; its
+    # server stops as every server does (web.serve).
+    "sim": {"model", "hooks", "node", "gpu", "exposition", "web"},
     "agent": {TOP, "check"} | AGENT_LAYERS,
     "check": {TOP, "agent", "model", "hooks", "node", "gpu", "training_relay"},
     # model (job identity, user names, the munge wire format, the optional extras) is
@@ -345,6 +346,36 @@ def test_exposition_and_web_sit_on_no_layer_that_does_io() -> None:
         assert MAY_IMPORT[layer] & IO_LAYERS == set()
 
 
+# The web layer's one module of the agent's own: its exposition routes. Every other web
+# module is what all servers stand on (the proxy and remediate too), so it imports no
+# module of ours outside web/ but the package's version.
+AGENT_WEB_MODULES = {"server.py"}
+
+
+def _shared_web_imports_outside_web(package: Path = PACKAGE) -> set[str]:
+    return {f"web/{path.name} imports {name}"
+            for path in sorted((package / "web").glob("*.py"))
+            if path.name not in AGENT_WEB_MODULES
+            for name in _imports(path)
+            if name.startswith("slurm_gpu_exporter.")
+            and not name.startswith("slurm_gpu_exporter.web.")}
+
+
+def test_the_shared_web_modules_import_nothing_of_the_agent() -> None:
+    assert _shared_web_imports_outside_web() == set()
+
+
+def test_an_agent_import_in_a_shared_web_module_is_found(tmp_path: Path) -> None:
+    web = tmp_path / "slurm_gpu_exporter" / "web"
+    web.mkdir(parents=True)
+    (web / "listen.py").write_text("from slurm_gpu_exporter.web.config import WebConfig\n"
+                                   "def late():\n"
+                                   "    import slurm_gpu_exporter.exposition.rendered\n")
+    (web / "server.py").write_text("import slurm_gpu_exporter.exposition.rendered\n")
+    assert _shared_web_imports_outside_web(tmp_path / "slurm_gpu_exporter") == {
+        "web/listen.py imports slurm_gpu_exporter.exposition.rendered"}
+
+
 def _imported_package_modules(module: str) -> set[str]:
     """The package's modules loaded by importing ``module`` in a fresh interpreter."""
     code = (
@@ -368,6 +399,17 @@ def test_report_commands_outside_the_archive_load_no_database_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.process
+def test_the_web_layer_every_server_shares_loads_only_itself() -> None:
+    """The proxy and remediate load the web layer's shared modules without any of the
+    agent's (exposition, node readers)."""
+    loaded = _imported_package_modules(", ".join(
+        f"slurm_gpu_exporter.web.{p.stem}" for p in sorted((PACKAGE / "web").glob("*.py"))
+        if p.name not in AGENT_WEB_MODULES and p.name != "__init__.py"))
+    assert loaded and {m for m in loaded if m != "slurm_gpu_exporter"
+                       and not m.startswith("slurm_gpu_exporter.web")} == set()
 
 
 @pytest.mark.parametrize("module", ["slurm_gpu_exporter.exposition.snapshot",

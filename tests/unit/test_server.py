@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import gzip
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -15,13 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import bcrypt
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from slurm_gpu_exporter.exposition.rendered import render
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.web.config import WebConfig, parse_web_config
-from slurm_gpu_exporter.web.server import ExpositionHolder, make_app, parse_listen_address
+from slurm_gpu_exporter.web.listen import ListenError, parse_listen_address, start
+from slurm_gpu_exporter.web.middleware import GUARD_KEY
+from slurm_gpu_exporter.web.server import ExpositionHolder, make_app
+from tests.support import free_port
 
 HASH = bcrypt.hashpw(b"good", bcrypt.gensalt(rounds=4)).decode()
 
@@ -207,6 +212,78 @@ def test_listen_addresses_are_parsed_or_refused() -> None:
             assert bad in str(exc)
         else:
             raise AssertionError(f"{bad!r} was accepted")
+
+
+def _listening_app(events: list[str]) -> web.Application:
+    """The agent's app, with a start-up and a clean-up hook that note they ran."""
+    app = make_app(_holder_with_sample())
+
+    async def hooks(app: web.Application):  # type: ignore[no-untyped-def]
+        events.append("started")
+        yield
+        events.append("cleaned up")
+
+    app.cleanup_ctx.append(hooks)
+    return app
+
+
+def test_start_listens_with_the_apps_guard_and_cleanup_stops_it() -> None:
+    async def run() -> tuple[int, bytes, list[str], list[str]]:
+        events: list[str] = []
+        announced: list[str] = []
+        app = _listening_app(events)
+        port = free_port()
+        runner = await start(app, [f"127.0.0.1:{port}"], None,
+                             announce=lambda bound: announced.append(bound.url))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /-/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await asyncio.wait_for(reader.readuntil(b"Ready\n"), 5)
+        held = len(app[GUARD_KEY])
+        writer.close()
+        await runner.cleanup()
+        return held, answer, events, announced
+
+    held, answer, events, announced = asyncio.run(run())
+    assert held == 1 and answer.startswith(b"HTTP/1.1 200")
+    assert events == ["started", "cleaned up"]
+    assert announced and announced[0].startswith("http://127.0.0.1:")
+
+
+def test_an_address_in_use_is_a_listen_error_and_nothing_is_left_running() -> None:
+    async def run() -> tuple[str, list[str], bool]:
+        events: list[str] = []
+        app = _listening_app(events)
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            address = f"127.0.0.1:{taken.getsockname()[1]}"
+            try:
+                await start(app, [f"127.0.0.1:{free_port()}", address], None)
+            except ListenError as exc:
+                return str(exc), events, address in str(exc)
+        raise AssertionError("a port in use was listened on")
+
+    message, events, named = asyncio.run(run())
+    assert named and "in use" in message
+    assert events == ["started", "cleaned up"]
+
+
+def test_a_failing_start_up_hook_is_raised_as_it_is_not_as_a_listen_error() -> None:
+    async def run() -> None:
+        app = make_app(_holder_with_sample())
+
+        async def broken(app: web.Application) -> None:
+            raise OSError("no worker process")
+
+        app.on_startup.append(broken)
+        await start(app, [f"127.0.0.1:{free_port()}"], None)
+
+    with pytest.raises(OSError, match="no worker process"):
+        asyncio.run(run())
+
+
+def test_the_agents_guard_names_the_agent() -> None:
+    assert make_app(ExpositionHolder())[GUARD_KEY].product == "slurm-gpu-exporter"
 
 
 @contextmanager

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import ipaddress
 import logging
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -37,7 +36,14 @@ from slurm_gpu_exporter.report.remediate.requeuer import Requeuer
 from slurm_gpu_exporter.report.remediate.webhook import make_app
 from slurm_gpu_exporter.report.slurm.actions import SIGNAL_SCOPES
 from slurm_gpu_exporter.web.config import WebConfig, WebConfigError, load_web_config
-from slurm_gpu_exporter.web.server import ListenError, parse_listen_address, start_server
+from slurm_gpu_exporter.web.listen import (
+    ListenError,
+    parse_listen_address,
+    ssl_context_of,
+    start,
+)
+from slurm_gpu_exporter.web.logging_setup import setup_logging
+from slurm_gpu_exporter.web.serve import stop_signals
 
 DEFAULT_LISTEN = "127.0.0.1:9818"
 DEFAULT_MAX_DRAINS = 2
@@ -143,18 +149,14 @@ def check_exposure(listen: list[str], config: WebConfig, insecure: bool) -> None
 async def _serve(args: argparse.Namespace, web_config: WebConfig,
                  prom: PrometheusClient, remediator: Remediator, book: RequeueBook) -> None:
     allowed = remediator.allowed
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     listen = args.listen or [DEFAULT_LISTEN]
-    async with prom:
+    async with stop_signals() as stop, prom:
         requeuer = Requeuer(_policy(args), book, lambda q: prom.instant(q, time.time()),
                             node_label=args.node_label, dry_run=args.dry_run)
         app = make_app(remediator, lambda: firing_alerts(prom, allowed, args.node_label),
                        web_config, requeuer=requeuer)
         requeuer.resume()  # the requeues a previous run left due
-        runner = await start_server(app, listen, web_config)
+        runner = await start(app, listen, ssl_context_of(web_config))
         log.info("receiving Alertmanager's webhook at POST /alerts on %s, confirming alerts "
                  "with %s%s", ", ".join(listen), prom.conn.url,
                  " (dry run: no node is drained)" if args.dry_run else "")
@@ -206,7 +208,7 @@ def run_remediate(args: argparse.Namespace,
                   prometheus: Callable[[argparse.Namespace], PrometheusClient]) -> int:
     """Serve until SIGTERM; 2 for a bad flag, web config or address, an exposed
     listener without client authentication, or a state file it cannot read."""
-    logging.getLogger("slurm_gpu_exporter").setLevel(logging.INFO)
+    setup_logging("info")  # on slurm-gpu-report's own handler (cli/main.py)
     try:
         remediator = _remediator(args)
         _policy(args)  # a bad requeue flag stops the start, before it listens

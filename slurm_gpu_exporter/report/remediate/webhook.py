@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -26,7 +27,7 @@ from slurm_gpu_exporter.report.remediate.remediator import Outcome, Remediator
 from slurm_gpu_exporter.report.remediate.requeuer import Requeuer
 from slurm_gpu_exporter.web.config import WebConfig
 from slurm_gpu_exporter.web.connections import ConnectionGuard, ConnectionLimits
-from slurm_gpu_exporter.web.server import GUARD_KEY, auth_middleware, guard_middleware
+from slurm_gpu_exporter.web.middleware import auth_middleware, guarded_app
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,21 @@ async def outcomes_of(remediator: Remediator, items: list[dict],  # type: ignore
         None, remediator.decide, items, firing)
 
 
+@dataclass
+class Receiver:
+    """What the webhook's handlers share (``request.app[RECEIVER]``); a post is
+    handled whole under ``lock``."""
+
+    remediator: Remediator
+    confirm: Callable[[], Awaitable[Firing]]
+    counters: RemediateMetrics
+    requeuer: Requeuer | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+RECEIVER = web.AppKey("remediate_receiver", Receiver)
+
+
 def make_app(remediator: Remediator, confirm: Callable[[], Awaitable[Firing]],
              web_config: WebConfig | None = None,
              metrics: RemediateMetrics | None = None,
@@ -60,47 +76,49 @@ def make_app(remediator: Remediator, confirm: Callable[[], Awaitable[Firing]],
     counters = metrics or RemediateMetrics(remediator.budget, remediator.clock)
     if requeuer is not None:
         requeuer.count = counters.count_job  # its jobs are counted beside the alerts
-    lock = asyncio.Lock()
     # The agent's listener rules: a connection cap, header and idle timeouts.
-    guard = ConnectionGuard(ConnectionLimits())
-
-    async def alerts(request: web.Request) -> web.Response:
-        try:
-            payload = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            return web.Response(status=400, text="the body is not JSON: post Alertmanager's "
-                                                 "webhook payload\n")
-        items = payload.get("alerts") if isinstance(payload, dict) else None
-        if not isinstance(items, list) or not all(isinstance(a, dict) for a in items):
-            return web.Response(status=400, text="no alerts list: post Alertmanager's "
-                                                 "webhook payload\n")
-        async with lock:
-            outcomes = await outcomes_of(remediator, items, confirm)
-            faults = [o.fault for o in outcomes if o.fault is not None]
-            if requeuer is not None and faults:
-                await requeuer.on_faults(faults)
-        for outcome in outcomes:
-            counters.count(outcome.outcome, outcome.reason)
-        unconfirmed = any(o.reason == "prometheus_unavailable" for o in outcomes)
-        return web.json_response({"results": [o.text for o in outcomes]},
-                                 status=503 if unconfirmed else 200)
-
-    async def exposition(request: web.Request) -> web.Response:
-        return web.Response(body=counters.render(),
-                            content_type="text/plain", charset="utf-8",
-                            headers={"X-Content-Type-Options": "nosniff"})
-
-    async def healthy(request: web.Request) -> web.Response:
-        return web.Response(text="Healthy\n")
-
+    guard = ConnectionGuard(ConnectionLimits(), product="slurm-gpu-report remediate")
     # Health probes say nothing but "up": no secret needed for them.
     security = auth_middleware(lambda: config, "slurm-gpu-report remediate",
                                HEALTH_PATHS)
-    app = web.Application(middlewares=[guard_middleware(guard), security],
-                          client_max_size=MAX_BODY_BYTES)
-    app[GUARD_KEY] = guard
+    app = guarded_app(guard, security, client_max_size=MAX_BODY_BYTES)
+    app[RECEIVER] = Receiver(remediator, confirm, counters, requeuer)
     app.router.add_post("/alerts", alerts)
     app.router.add_get("/metrics", exposition)
     app.router.add_get("/-/healthy", healthy)
     app.router.add_get("/-/ready", healthy)
     return app
+
+
+async def alerts(request: web.Request) -> web.Response:
+    """Alertmanager's post: each alert's outcome; 503 where Prometheus could not confirm."""
+    receiver = request.app[RECEIVER]
+    try:
+        payload = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        return web.Response(status=400, text="the body is not JSON: post Alertmanager's "
+                                             "webhook payload\n")
+    items = payload.get("alerts") if isinstance(payload, dict) else None
+    if not isinstance(items, list) or not all(isinstance(a, dict) for a in items):
+        return web.Response(status=400, text="no alerts list: post Alertmanager's "
+                                             "webhook payload\n")
+    async with receiver.lock:
+        outcomes = await outcomes_of(receiver.remediator, items, receiver.confirm)
+        faults = [o.fault for o in outcomes if o.fault is not None]
+        if receiver.requeuer is not None and faults:
+            await receiver.requeuer.on_faults(faults)
+    for outcome in outcomes:
+        receiver.counters.count(outcome.outcome, outcome.reason)
+    unconfirmed = any(o.reason == "prometheus_unavailable" for o in outcomes)
+    return web.json_response({"results": [o.text for o in outcomes]},
+                             status=503 if unconfirmed else 200)
+
+
+async def exposition(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[RECEIVER].counters.render(),
+                        content_type="text/plain", charset="utf-8",
+                        headers={"X-Content-Type-Options": "nosniff"})
+
+
+async def healthy(request: web.Request) -> web.Response:
+    return web.Response(text="Healthy\n")
