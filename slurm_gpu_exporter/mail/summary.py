@@ -126,7 +126,8 @@ def summary_text(job: Mapping[str, Any]) -> str:
     peak, request = _gib(job.get("memory_peak_gib")), _gib(job.get("memory_request_gib"))
     lines.append(("Memory peak", f"{peak} of {request} requested" if peak and request
                   else peak))
-    lines += _listed(job, "gpu_slowed", "GPU slowed") + _listed(job, "gpu_errors", "GPU error")
+    lines += _listed(job, "gpu_throttled", "GPU throttled")
+    lines += _listed(job, "gpu_errors", "GPU error")
     shown = [(label, value) for label, value in lines if value is not None]
     if not shown:
         raise NoSummary("the report knows no figure of the job")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from slurm_gpu_exporter.report.figures.gpu_events import GpuFault, Throttle
+from slurm_gpu_exporter.report.figures.gpu_events import FAULT_KINDS, GpuFault, Throttle
 from slurm_gpu_exporter.report.prometheus.client import Sample
 
 THROTTLED = "slurm_job_gpu_throttled_seconds_total"
@@ -74,4 +74,6 @@ def gpu_events(now: list[Sample], before: list[Sample]
             faults.append(GpuFault(event, detail, amount,
                                    got.get((gkey, "xid_last", detail)) if event == "xid"
                                    else None))
+    for _, faults in out.values():  # Xids first, as the reports list them
+        faults.sort(key=lambda f: (FAULT_KINDS.index(f.kind), f.detail))
     return out

@@ -207,7 +207,7 @@ def _job_values(detail: JobDetail) -> dict[str, Any]:
         "gpu_power_mean_w": detail.energy_j / (usage.allocated_s + usage.unknown_s)
         if detail.energy_j is not None and usage.allocated_s + usage.unknown_s > 0 else None,
         # what slowed the GPUs and what went wrong on them, as the report's lines say it
-        "gpu_slowed": [f"GPU {name}: {text}" for name, text in throttle_lines(detail)],
+        "gpu_throttled": [f"GPU {name}: {text}" for name, text in throttle_lines(detail)],
         "gpu_errors": fault_lines(detail),
     }
 

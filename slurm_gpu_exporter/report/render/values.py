@@ -149,7 +149,7 @@ def job_summary(detail: JobDetail) -> list[tuple[str, str]]:
         *([("Emissions", f"{detail.emissions_gco2e:.0f} gCO2e at "
                          f"{detail.gco2e_per_kwh:g} gCO2e/kWh")]
           if detail.emissions_gco2e is not None else []),
-        *[(f"GPU {name} slowed", text) for name, text in throttle_lines(detail)],
+        *[(f"GPU {name} throttled", text) for name, text in throttle_lines(detail)],
         *[("GPU error", line) for line in fault_lines(detail)],
     ]
 
