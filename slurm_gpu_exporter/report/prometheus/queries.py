@@ -145,15 +145,15 @@ async def fetch_usage(prom: PrometheusClient, window: Window, filters: Filters
     """Every job that held GPUs in the window, with its usage there (account/partition
     filters applied). Always ``len(low_util_queries()) + 1`` queries."""
     queries = low_util_queries(window, filters)
-    answers = await gather(*(prom.instant(q, window.end) for q in queries.values()))
-    got = {name: _by_job(a, filters.cluster_label) for name, a in zip(queries, answers,
-                                                                     strict=True)}
+    answers = dict(zip(queries, await gather(*(prom.instant(q, window.end)
+                                              for q in queries.values())), strict=True))
+    got = {name: _by_job(a, filters.cluster_label) for name, a in answers.items()}
     running_at_start = sorted({jobid for _, jobid in got["busy_base"]})
     idle_before = _by_job(await prom.instant(
         idle_before_query(window, filters, running_at_start), window.end),
         filters.cluster_label)
 
-    slowed = _top_reason(answers[list(queries).index("slowed")], filters.cluster_label)
+    slowed = _top_reason(answers["slowed"], filters.cluster_label)  # by reason too
 
     def value(name: str, key: tuple[str, str]) -> float | None:
         sample = got[name].get(key)
