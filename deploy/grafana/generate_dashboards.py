@@ -100,8 +100,9 @@ def layout(panels: list[Panel]) -> list[Panel]:
 
 
 def dashboard(uid: str, title: str, description: str, variables: list[dict],
-              panels: list[Panel], time_from: str = "now-6h") -> dict:
-    return {
+              panels: list[Panel], time_from: str = "now-6h",
+              annotations: list[dict] | None = None) -> dict:
+    board = {
         "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource",
                       "pluginId": "prometheus", "pluginName": "Prometheus"}],
         "__requires": [{"type": "datasource", "id": "prometheus", "name": "Prometheus",
@@ -116,6 +117,9 @@ def dashboard(uid: str, title: str, description: str, variables: list[dict],
                    "keepTime": True}],
         "panels": layout(panels),
     }
+    if annotations:
+        board["annotations"] = {"list": annotations}
+    return board
 
 
 def job_dashboard() -> dict:
@@ -197,15 +201,69 @@ def job_dashboard() -> dict:
         panel("timeseries", "Memory used against limit", [
             target(f"sum(slurm_job_memory_used_bytes{{{JOB}}})", "used"),
             target(f"sum(slurm_job_memory_limit_bytes{{{JOB}}})", "limit")], 12, 8, "bytes"),
+        *gpu_events_row(busy),
         *training_row(),
     ]
     return dashboard(
         "slurm-gpu-job", "Slurm GPU: job",
-        "One Slurm job: its GPUs' busy time, memory, power and energy, its CPU and "
-        "memory against what it asked for, and the training progress its scripts publish.",
+        "One Slurm job: its GPUs' busy time, memory, power and energy, what slowed its "
+        "GPUs and the errors they reported, its CPU and memory against what it asked for, "
+        "and the training progress its scripts publish.",
         [cluster_var(), var_query("jobid", "Job",
                                   'label_values(slurm_job_info{cluster=~"$cluster"}, jobid)')],
-        panels, time_from="now-3h")
+        panels, time_from="now-3h", annotations=[xid_annotation()])
+
+
+XID_LAST = f"slurm_job_gpu_xid_last_timestamp_seconds{{{JOB}}}"
+
+
+def gpu_events_row(busy: str) -> list[Panel]:
+    """What slowed the job's GPUs (throttled share by reason) and the Xids they raised."""
+    throttled = f"slurm_job_gpu_throttled_seconds_total{{{JOB}}}"
+    errors = "|".join(("ecc_errors", "remapped_rows", "pcie_replays", "nvlink_errors"))
+    return [
+        panel("bargauge", "GPU slowed: share of its busy time, by reason", [target(
+            f"sum by (instance, gpu, reason) (last_over_time({throttled}[$__range]))"
+            f" / on (instance, gpu) group_left sum by (instance, gpu) "
+            f"(last_over_time({busy}[$__range]))",
+            "{{instance}} GPU {{gpu}} {{reason}}", instant=True)], 12, 8, "percentunit",
+            "Seconds the GPU ran below its clocks for each reason (NVML's clock-event "
+            "reasons: power, thermal, board_limit, reliability, sync_boost, "
+            "low_utilization, app_clocks, base_clocks) over the seconds it was busy, over "
+            "the job's life. power and thermal while busy: the GPU, not the code, held the "
+            "job back. low_utilization follows from idleness. A reason the GPU does not "
+            "report has no bar.",
+            options={"displayMode": "basic", "orientation": "horizontal"},
+            fieldConfig={"defaults": {"unit": "percentunit", "min": 0, "max": 1},
+                         "overrides": []}),
+        panel("table", "GPU errors while the job held the GPU (Xid: last at)", [
+            target(f"max by (instance, gpu, xid) (last_over_time({XID_LAST}[$__range]))"
+                   " * 1000", instant=True),
+            target(f"max by (instance, gpu, xid) (last_over_time("
+                   f"slurm_job_gpu_xid_errors_total{{{JOB}}}[$__range]))", instant=True),
+            target(f"max by (__name__, instance, gpu, type, cause, kind) "
+                   f"({{__name__=~\"slurm_job_gpu_({errors})_total\", {JOB}}}) > 0",
+                   instant=True)], 12, 8, "",
+            "Xid codes with the time of the job's last one and how many; ECC errors, "
+            "remapped rows, PCIe replays and NVLink errors where non-zero. Empty when "
+            "nothing went wrong.",
+            transformations=[{"id": "merge", "options": {}}, {"id": "organize", "options": {
+                "excludeByName": {"Time": True},
+                "renameByName": {"Value #A": "last Xid at", "Value #B": "Xids",
+                                 "Value #C": "errors", "__name__": "counter"}}}],
+            fieldConfig={"defaults": {}, "overrides": [
+                {"matcher": {"id": "byName", "options": "last Xid at"},
+                 "properties": [{"id": "unit", "value": "dateTimeAsIso"}]}]}),
+    ]
+
+
+def xid_annotation() -> dict:
+    """A mark on every time panel at each Xid's time, from the series' own value."""
+    return {"name": "Xid", "datasource": DS, "enable": True, "iconColor": "red",
+            "expr": f"max by (instance, gpu, xid) ({XID_LAST}) * 1000",
+            "useValueForTime": True, "step": "60s",
+            "titleFormat": "Xid {{xid}}", "textFormat": "GPU {{gpu}} on {{instance}}",
+            "tagKeys": "xid,gpu"}
 
 
 def training_row() -> list[Panel]:

@@ -90,6 +90,13 @@ def _inert(text: object, most: int = 200) -> str:
     return CONTROL.sub(" ", str(text))[:most]
 
 
+def _listed(job: Mapping[str, Any], key: str, label: str) -> list[tuple[str, str | None]]:
+    """One line per text of the report's list ``key`` (a few at most)."""
+    found = job.get(key)
+    texts = [t for t in found if isinstance(t, str)][:8] if isinstance(found, list) else []
+    return [(label, text) for text in texts]
+
+
 def summary_text(job: Mapping[str, Any]) -> str:
     """The lines added to the mail (figures the report does not know are left out)."""
     lines: list[tuple[str, str | None]] = []
@@ -120,6 +127,8 @@ def summary_text(job: Mapping[str, Any]) -> str:
     peak, request = _gib(job.get("memory_peak_gib")), _gib(job.get("memory_request_gib"))
     lines.append(("Memory peak", f"{peak} of {request} requested" if peak and request
                   else peak))
+    lines += _listed(job, "gpu_throttled", "GPU throttled")
+    lines += _listed(job, "gpu_errors", "GPU error")
     shown = [(label, value) for label, value in lines if value is not None]
     if not shown:
         raise NoSummary("the report knows no figure of the job")

@@ -200,7 +200,7 @@ def test_sacct_has_the_real_states_exit_codes_and_accounts(scenario: Scenario) -
 def test_archive_stores_every_ended_job_once_over_overlapping_runs(scenario: Scenario) -> None:
     for run in scenario.archive_runs:
         assert run.returncode == 0, run.stderr
-        assert "17 PromQL queries" in run.stdout, run.stdout
+        assert "18 PromQL queries" in run.stdout, run.stdout
     for backend, counts in scenario.rows_after_each_run.items():
         first, again = counts
         assert first == again and first[0] >= 4, backend

@@ -52,3 +52,13 @@ def test_summary_shows_the_emissions_the_report_computed() -> None:
     text = summary_text({**JOB, "emissions_gco2e": 308.4})
     assert "Emissions:       308 gCO2e" in text
     assert "emissions" not in summary_text(JOB).lower()  # no factor configured: no line
+
+
+def test_summary_has_a_line_per_throttled_gpu_and_per_gpu_error() -> None:
+    text = summary_text({**JOB, "gpu_throttled": ["GPU 3: power-capped 23% of its busy time"],
+                         "gpu_errors": ["Xid 79 at 14:03 UTC on GPU 1", 7, "x\nBcc: y"]})
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    assert "GPU throttled: GPU 3: power-capped 23% of its busy time" in lines
+    assert "GPU error: Xid 79 at 14:03 UTC on GPU 1" in lines
+    assert "GPU error: x Bcc: y" in lines  # one line, whatever the text holds
+    assert "throttled" not in summary_text(JOB)  # an older report's JSON: no such lines

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from slurm_gpu_exporter.report.figures.gpu_events import GpuFault, Throttle
+from slurm_gpu_exporter.report.figures.rules import low_util_note
 from slurm_gpu_exporter.report.figures.shapes import (
     Accounting,
     GpuDetail,
@@ -40,6 +42,9 @@ def low_util_report() -> LowUtilReport:
             gpu_memory_peak=mem * GIB, start=START + 3 * H * (i + 1),
             end=START + 3 * H * (i + 1) + hours * H))
     flagged.sort(key=lambda j: (-j.wasted_gpu_hours, j.jobid))
+    # llm-eval's GPUs were power-capped 40 % of the time they were busy
+    slowed = next(j for j in flagged if j.jobid == "81301")
+    slowed.slowed_reason, slowed.slowed_s = "power", 0.4 * slowed.busy_s
     timelines = {}
     for job in flagged:
         assert job.start is not None and job.end is not None
@@ -52,8 +57,10 @@ def low_util_report() -> LowUtilReport:
     ratios = [r for r in (j.busy_ratio for j in flagged) if r is not None]
     ratios += [0.35, 0.42, 0.55, 0.61, 0.68, 0.72, 0.77, 0.81, 0.83, 0.86, 0.88, 0.9, 0.91,
                0.93, 0.95, 0.97, 0.99, 0.58, 0.74, 0.89]
+    notes = {j.jobid: note for j in flagged if (note := low_util_note(j, 0.2)) is not None}
     return LowUtilReport(window=Window(START, END), threshold=0.25, jobs_seen=len(ratios),
-                         flagged=flagged, queries=10, timelines=timelines, all_ratios=ratios)
+                         flagged=flagged, queries=11, timelines=timelines, all_ratios=ratios,
+                         notes=notes)
 
 
 def empty_low_util_report() -> LowUtilReport:
@@ -91,4 +98,13 @@ def job_details() -> list[JobDetail]:
         accounting=Accounting(state="RUNNING", time_limit_s=24 * H,
                               requested_memory=512 * GIB, cpus=64, nodes=2),
         now=END)
+    # What slowed train-vit's GPUs: gpu12's GPU 1 power-capped a quarter of its busy
+    # time, a little thermal throttling on both of gpu12's; one Xid 79 on gpu11's GPU 0.
+    for gpu in busy.nodes[1].gpus:
+        gpu.throttled = [Throttle("power", 0.25 * gpu.busy_s if gpu.gpu == "1" else 0.0),
+                         Throttle("thermal", 0.02 * gpu.busy_s),
+                         Throttle("low_utilization", 0.1 * (gpu.allocated_s - gpu.busy_s))]
+    busy.nodes[0].gpus[0].throttled = [Throttle("power", 0.0)]
+    busy.nodes[0].gpus[0].faults = [GpuFault("xid", "79", 1, END - 2 * H - 17 * 60),
+                                    GpuFault("ecc", "uncorrected", 2)]
     return [idle, busy]

@@ -6,6 +6,7 @@ new figures."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,7 @@ from slurm_gpu_exporter.report.archive.schema import (
     ADDED_IN_V2,
     ADDED_IN_V3,
     ADDED_IN_V4,
+    ADDED_IN_V5,
     SCHEMA_VERSION,
 )
 from slurm_gpu_exporter.report.archive.store import (
@@ -24,13 +26,14 @@ from slurm_gpu_exporter.report.archive.store import (
 )
 from slurm_gpu_exporter.report.archive.usage import month_window, usage_report
 from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.figures.gpu_events import GpuFault, Throttle
 from slurm_gpu_exporter.report.render.usage import render_usage
 from tests.report.archive_data import DEC_1, NOV_1, record
 
 
 def _as_version(url: str, version: int) -> None:
     """Turn a current store back into what ``version`` made (its roll-up as it was)."""
-    added = {2: ADDED_IN_V2, 3: ADDED_IN_V3, 4: ADDED_IN_V4}
+    added = {2: ADDED_IN_V2, 3: ADDED_IN_V3, 4: ADDED_IN_V4, 5: ADDED_IN_V5}
     engine = create_engine(parse_db_url(url).render_as_string(hide_password=False))
     with engine.begin() as conn:
         # The usage index covers columns of every version (version 3 makes it afresh).
@@ -44,7 +47,7 @@ def _as_version(url: str, version: int) -> None:
 
 
 def test_a_version_1_archive_migrates_and_keeps_its_rows(archive_url: str) -> None:
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     old = record("41", gpus=2, hours=2.0, busy=0.5)
     with ArchiveStore(archive_url, write=True) as store:
         store.store([old], archived_at=NOV_1)
@@ -146,3 +149,44 @@ def test_a_version_3_archive_migrates_and_new_rows_keep_their_array_task(archive
         found = store.details(["61", "64", "65"])
     shown = {jobid: found[jobid][0][0].usage.shown for jobid in found}
     assert shown == {"61": "61", "64": "60_3", "65": "65"}
+
+
+def test_a_version_4_archive_migrates_and_new_rows_keep_throttling_and_xids(archive_url: str
+                                                                           ) -> None:
+    """Version 5 keeps what slowed each GPU and what went wrong on it: old rows read as
+    not counted (NULL, no lines), new rows give the job report its lines back, and a
+    later run without the series keeps them."""
+    old = record("71", gpus=1, hours=1.0, busy=0.5)
+    with ArchiveStore(archive_url, write=True) as store:
+        store.store([old], archived_at=NOV_1)
+    _as_version(archive_url, 4)
+    with pytest.raises(ReportError), ArchiveStore(archive_url, write=False):
+        pass
+    slowed = record("72", gpus=2, hours=1.0, busy=0.5)
+    gpu = slowed.detail.nodes[0].gpus[1]
+    gpu.throttled = [Throttle("power", 900.0), Throttle("thermal", 0.0)]
+    gpu.faults = [GpuFault("xid", "79", 2, NOV_1 + 3600), GpuFault("pcie_replays", "", 5)]
+    slowed.detail.nodes[0].gpus[0].throttled = [Throttle("power", 100.0)]
+    with ArchiveStore(archive_url, write=True) as store:  # migrates, then stores
+        store.store([slowed], archived_at=NOV_1)
+    later = record("72", gpus=2, hours=1.0, busy=0.5)  # a later run: no such series
+    with ArchiveStore(archive_url, write=True) as store:
+        store.store([later], archived_at=NOV_1 + 60)
+    engine = create_engine(parse_db_url(archive_url).render_as_string(hide_password=False))
+    with engine.connect() as conn:
+        rows = dict(conn.execute(text("SELECT jobid, xid_errors FROM archive_jobs")).all())
+        throttled = conn.execute(text("SELECT throttled, gpu_errors FROM archive_jobs "
+                                      "WHERE jobid = '72'")).one()
+    engine.dispose()
+    assert rows == {"71": None, "72": 2.0}
+    assert json.loads(throttled[0]) == {"power": 1000.0, "thermal": 0.0}
+    assert json.loads(throttled[1]) == {"xid:79": 2.0, "pcie_replays": 5.0}
+    with ArchiveStore(archive_url, write=False) as store:
+        found = store.details(["71", "72"])
+    (was, _), = found["71"]
+    assert all(not g.throttled and not g.faults for g in was.nodes[0].gpus)
+    (now, _), = found["72"]
+    back = now.nodes[0].gpus[1]
+    assert back.throttled == [Throttle("power", 900.0), Throttle("thermal", 0.0)]
+    assert back.faults == [GpuFault("xid", "79", 2.0, NOV_1 + 3600),
+                           GpuFault("pcie_replays", "", 5.0)]

@@ -33,7 +33,7 @@ def test_a_job_is_archived_only_once_every_node_it_ran_on_has_sampled_its_end() 
 
 def test_archive_makes_the_same_queries_whatever_the_jobs_and_needs_no_baseline() -> None:
     queries = archive_queries(Window(0, 7200), Filters(cluster="east"))
-    assert len(queries) == 17
+    assert len(queries) == 18  # version 5 added gpu_events (throttling, errors)
     assert all("offset" not in q for q in queries.values())
     assert all('cluster="east"' in q for q in queries.values())
 

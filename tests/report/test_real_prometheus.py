@@ -235,7 +235,7 @@ def test_html_report_charts_the_flagged_jobs_with_one_more_query(node: Node,
     page = path.read_text()
     assert page.count('class="chart timeline"') >= 2
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
-    assert "10 PromQL queries" in page  # the 9 of low-util, plus one range query
+    assert "11 PromQL queries" in page  # the 10 of low-util, plus one range query
 
 
 def test_unknown_job_is_one_line_and_a_non_zero_exit(node: Node) -> None:

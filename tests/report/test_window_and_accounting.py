@@ -40,7 +40,7 @@ def test_low_util_query_count_and_filters_do_not_depend_on_jobs() -> None:
     window = Window(NOW - 86400, NOW)
     plain = low_util_queries(window, Filters())
     filtered = low_util_queries(window, Filters(user="bob", cluster="a"))
-    assert len(plain) == len(filtered) == 8
+    assert len(plain) == len(filtered) == 9
     assert all('user="bob"' in q and 'cluster="a"' in q for q in filtered.values())
 
 

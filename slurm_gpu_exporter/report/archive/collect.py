@@ -22,6 +22,7 @@ from slurm_gpu_exporter.report.figures.shapes import Accounting, JobDetail
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, gather
 from slurm_gpu_exporter.report.prometheus.emissions import apply_series_factor
+from slurm_gpu_exporter.report.prometheus.gpu_events import events_query
 from slurm_gpu_exporter.report.prometheus.queries import (
     ALLOCATED,
     BUSY,
@@ -81,6 +82,8 @@ def archive_queries(window: Window, filters: Filters) -> dict[str, str]:
                             f"{s('slurm_gpu_memory_total_bytes')}[{d}]))",
         "gpu_info": f"max by (instance, uuid, name) (last_over_time({s('slurm_gpu_info')}"
                     f"[{d}]))",
+        # version 5 on: throttled time by reason and GPU errors, one query
+        "gpu_events": events_query(lambda m: f"max_over_time({s(m)}[{d}])"),
     }
 
 

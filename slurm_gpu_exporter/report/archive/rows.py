@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from slurm_gpu_exporter.report.figures.gpu_events import GpuFault, Throttle
+from slurm_gpu_exporter.report.figures.job_events import faults, xid_errors
 from slurm_gpu_exporter.report.figures.shapes import (
     Accounting,
     GpuDetail,
@@ -55,7 +57,45 @@ def job_row(record: ArchiveRecord, archived_at: float) -> dict[str, Any]:
         "cpu_energy_j": d.cpu_energy_j, "emissions_g": d.emissions_gco2e,
         # the agent's labels, kept only where they are Slurm's ids (a column is 16 wide)
         **_array_task(u),
+        **_gpu_events(d),
     }
+
+
+def _gpu_events(detail: JobDetail) -> dict[str, Any]:
+    """The job's throttled seconds by reason and its error counts; NULL where no GPU
+    had either counted (an agent from before them)."""
+    xids = xid_errors(detail)
+    if xids is None:
+        return {"throttled": None, "xid_errors": None, "gpu_errors": None}
+    throttled: dict[str, float] = {}
+    errors: dict[str, float] = {}
+    for node in detail.nodes:
+        for gpu in node.gpus:
+            for t in gpu.throttled:
+                throttled[t.reason] = throttled.get(t.reason, 0.0) + t.seconds
+    for _, fault in faults(detail):
+        key = f"{fault.kind}:{fault.detail}" if fault.detail else fault.kind
+        errors[key] = errors.get(key, 0.0) + fault.count
+    return {"throttled": json.dumps(throttled, sort_keys=True), "xid_errors": xids,
+            "gpu_errors": json.dumps(errors, sort_keys=True)}
+
+
+def _gpu_event_columns(gpu: GpuDetail) -> dict[str, str | None]:
+    if not gpu.throttled and not gpu.faults:
+        return {"throttled": None, "gpu_errors": None}
+    return {"throttled": json.dumps({t.reason: t.seconds for t in gpu.throttled},
+                                    sort_keys=True),
+            "gpu_errors": json.dumps([{"kind": f.kind, "detail": f.detail, "count": f.count,
+                                       "last": f.last} for f in gpu.faults])}
+
+
+def _gpu_events_of(row: Any) -> tuple[list[Throttle], list[GpuFault]]:
+    """A GPU row's JSON columns as the detail's lists (empty before version 5)."""
+    throttled = json.loads(row["throttled"]) if row.get("throttled") else {}
+    errors = json.loads(row["gpu_errors"]) if row.get("gpu_errors") else []
+    return ([Throttle(str(reason), float(s)) for reason, s in throttled.items()],
+            [GpuFault(str(e["kind"]), str(e["detail"]), float(e["count"]),
+                      e["last"] if e["last"] is None else float(e["last"])) for e in errors])
 
 
 def _array_task(usage: JobUsage) -> dict[str, str]:
@@ -77,7 +117,7 @@ def gpu_rows_of(record: ArchiveRecord) -> list[dict[str, Any]]:
              "allocated_s": g.allocated_s, "busy_s": g.busy_s, "sm_active_s": g.sm_active_s,
              "memory_peak": g.memory_peak, "memory_total": g.memory_total,
              "energy_j": g.energy_j, "tensor_active_s": g.tensor_active_s,
-             "dram_active_s": g.dram_active_s}
+             "dram_active_s": g.dram_active_s, **_gpu_event_columns(g)}
             for n in record.detail.nodes for g in n.gpus]
 
 
@@ -106,11 +146,13 @@ def detail_of(row: Any, gpu_rows: list[Any]) -> JobDetail:
         if node is None:
             node = by_node[g["node"]] = NodeDetail(node=g["node"])
             nodes.append(node)
+        throttled, gpu_faults = _gpu_events_of(g)
         node.gpus.append(GpuDetail(
             gpu=g["gpu"], uuid=g["uuid"], allocated_s=g["allocated_s"], busy_s=g["busy_s"],
             memory_peak=g["memory_peak"], memory_total=g["memory_total"],
             energy_j=g["energy_j"], sm_active_s=g["sm_active_s"],
-            tensor_active_s=g["tensor_active_s"], dram_active_s=g["dram_active_s"]))
+            tensor_active_s=g["tensor_active_s"], dram_active_s=g["dram_active_s"],
+            throttled=throttled, faults=gpu_faults))
     accounting = Accounting(
         state=row["state"], time_limit_s=row["time_limit_s"],
         requested_memory=row["requested_memory"], cpus=row["cpus"], nodes=row["node_count"],

@@ -75,6 +75,11 @@ jobs = Table(
     # rows archived before)
     Column("array_job_id", String(16), nullable=False, server_default=""),
     Column("array_task_id", String(16), nullable=False, server_default=""),
+    # version 5 on: what slowed the GPUs and what went wrong on them (NULL in rows
+    # archived before, or from agents that did not count them)
+    Column("throttled", Text),  # JSON: {reason: seconds}, the job's GPUs summed
+    Column("xid_errors", Float),
+    Column("gpu_errors", Text),  # JSON: {"xid:79": n, "ecc:uncorrected": n, ...}
 )
 # Covers what `usage` sums: a year of a million jobs is read from this index alone, not
 # from the rows (which carry the nodes and notes). Its first column serves every window.
@@ -100,6 +105,8 @@ gpus = Table(
     Column("energy_j", Float),
     Column("tensor_active_s", Float),  # version 2 on
     Column("dram_active_s", Float),
+    Column("throttled", Text),  # version 5 on: JSON {reason: seconds}
+    Column("gpu_errors", Text),  # JSON [{kind, detail, count, last}]
 )
 
 # What `usage` reads for whole months: the sums of archive_jobs per group and month of
@@ -137,6 +144,8 @@ ADDED_IN_V3 = [(jobs, "cpu_energy_j"), (jobs, "emissions_g"),
                (usage_monthly, "tensor_active_s"), (usage_monthly, "dram_active_s"),
                (usage_monthly, "cpu_energy_j"), (usage_monthly, "emissions_g")]
 ADDED_IN_V4 = [(jobs, "array_job_id"), (jobs, "array_task_id")]
+ADDED_IN_V5 = [(jobs, "throttled"), (jobs, "xid_errors"), (jobs, "gpu_errors"),
+               (gpus, "throttled"), (gpus, "gpu_errors")]
 
 
 def _create_v1(conn: Connection) -> None:
@@ -146,14 +155,17 @@ def _create_v1(conn: Connection) -> None:
 
 def _add_columns(conn: Connection, added: list[tuple[Table, str]]) -> None:
     """Add the (table, column) pairs a store lacks, as their tables define them: a
-    float (the archive's figures), or a short text that is "" where not known."""
+    float (the archive's figures), a JSON text (NULL where not known), or a short text
+    that is "" where not known."""
     have = {t.name: {c["name"] for c in inspect(conn).get_columns(t.name)}
             for t in {table for table, _ in added}}
     for table, column in added:
         if column in have[table.name]:
             continue
         kind = table.c[column].type
-        if isinstance(kind, String):
+        if isinstance(kind, Text):  # before String: Text is one
+            sql = "TEXT"
+        elif isinstance(kind, String):
             sql = f"VARCHAR({kind.length}) NOT NULL DEFAULT ''"
         else:
             sql = "DOUBLE PRECISION" + ("" if table.c[column].nullable
@@ -195,8 +207,14 @@ def _add_array_task_v4(conn: Connection) -> None:
     _add_columns(conn, ADDED_IN_V4)
 
 
+def _add_gpu_events_v5(conn: Connection) -> None:
+    """Throttled time by reason and GPU errors per job and GPU; old rows keep NULL (not
+    counted), and the roll-up sums none of them."""
+    _add_columns(conn, ADDED_IN_V5)
+
+
 MIGRATIONS: list[Migration] = [_create_v1, _add_activity_v2, _add_energy_v3,
-                               _add_array_task_v4]
+                               _add_array_task_v4, _add_gpu_events_v5]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -14,7 +14,8 @@ from slurm_gpu_exporter.report.archive.schema import gpus, jobs
 
 # Counters only grow: a later run keeps the larger of the stored and the new value.
 JOB_COUNTERS = ("allocated_s", "busy_s", "sm_active_s", "gpm_allocated_s", "energy_j",
-                "cpu_s", "gpu_memory_peak", "memory_peak", "tensor_active_s", "dram_active_s")
+                "cpu_s", "gpu_memory_peak", "memory_peak", "tensor_active_s", "dram_active_s",
+                "xid_errors")
 GPU_COUNTERS = ("allocated_s", "busy_s", "sm_active_s", "energy_j", "memory_peak",
                 "tensor_active_s", "dram_active_s")
 # What only Slurm accounting knows: a run without sacct keeps what an earlier one stored.
@@ -45,7 +46,7 @@ def _job_upsert(dialect: str) -> Any:
         set_[name] = _greatest(dialect, old[name], new[name])
     for name in (*JOB_ACCOUNTING_TEXT, *JOB_LABEL_TEXT):
         set_[name] = case((new[name] != literal(""), new[name]), else_=old[name])
-    for name in JOB_ACCOUNTING_NUMBERS:
+    for name in (*JOB_ACCOUNTING_NUMBERS, "throttled", "gpu_errors"):
         set_[name] = func.coalesce(new[name], old[name])
     return stmt.on_conflict_do_update(
         index_elements=[jobs.c.jobid, jobs.c.cluster], set_=set_,
@@ -61,6 +62,8 @@ def _gpu_upsert(dialect: str) -> Any:
                                                           old.memory_total)}
     for name in GPU_COUNTERS:
         set_[name] = _greatest(dialect, old[name], new[name])
+    for name in ("throttled", "gpu_errors"):  # the later run's, where it has them
+        set_[name] = func.coalesce(new[name], old[name])
     return stmt.on_conflict_do_update(index_elements=keys, set_=set_,
                                       where=new.allocated_s >= old.allocated_s)
 

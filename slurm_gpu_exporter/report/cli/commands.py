@@ -147,7 +147,8 @@ async def run_low_util(args: argparse.Namespace, config: Config, now: float) -> 
     async with prometheus(args) as prom:
         with _progress("querying Prometheus…"):
             report = await low_util_report(prom, window, filters, threshold, min_gpu_hours,
-                                           chart_jobs, archived if store else None)
+                                           chart_jobs, archived if store else None,
+                                           config.slowed_share)
     log.info("%d PromQL queries for %d jobs", report.queries, report.jobs_seen)
     if store is not None:
         print(f"slurm-gpu-report: {report.jobs_seen - report.from_archive} jobs from "

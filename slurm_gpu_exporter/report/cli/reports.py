@@ -7,7 +7,7 @@ import pwd
 from collections.abc import Callable
 
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.rules import Config, job_facts, notes_for
+from slurm_gpu_exporter.report.figures.rules import Config, job_facts, low_util_note, notes_for
 from slurm_gpu_exporter.report.figures.shapes import Accounting, JobDetail, JobUsage, LowUtilReport
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
@@ -29,10 +29,12 @@ ArchivedJobs = Callable[[Window], list[JobUsage]]
 
 async def low_util_report(prom: PrometheusClient, window: Window, filters: Filters,
                           threshold: float, min_gpu_hours: float, chart_jobs: int = 0,
-                          archived: ArchivedJobs | None = None) -> LowUtilReport:
+                          archived: ArchivedJobs | None = None, slowed_share: float = 0.2
+                          ) -> LowUtilReport:
     """Jobs under ``threshold`` busy, most wasteful first; ``chart_jobs`` of them get a
     timeline (one range query for all of them). ``archived`` adds the jobs that ended in
-    the window and that Prometheus has no samples of (past its retention)."""
+    the window and that Prometheus has no samples of (past its retention). A flagged job
+    that a slowing reason held back ``slowed_share`` of its busy time gets a note."""
     jobs = await fetch_usage(prom, window, filters)
     from_archive = 0
     if archived is not None:
@@ -47,6 +49,10 @@ async def low_util_report(prom: PrometheusClient, window: Window, filters: Filte
     flagged.sort(key=lambda j: (-j.wasted_gpu_hours, j.cluster, j.jobid))
     report = LowUtilReport(window=window, threshold=threshold, jobs_seen=len(jobs),
                            flagged=flagged, all_ratios=ratios, from_archive=from_archive)
+    for job in flagged:
+        note = low_util_note(job, slowed_share)
+        if note is not None:
+            report.notes[job.jobid] = note
     if chart_jobs > 0 and flagged:
         report.timelines = await fetch_timelines(
             prom, window, filters, [j.jobid for j in flagged[:chart_jobs]])

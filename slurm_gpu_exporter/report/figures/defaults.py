@@ -15,6 +15,8 @@ DEFAULT_CONFIG = '''\
 threshold = 0.25        # flag jobs whose GPU busy ratio is under this (0..1)
 min_gpu_hours = 0.0     # ... and that held at least this many GPU-hours
 chart_jobs = 10         # flagged jobs charted over time in the HTML report
+slowed_share = 0.2      # mark a flagged job slowed by its GPU (power, thermal, board
+                        # limit, reliability) from this share of its busy GPU time
 
 [facts]
 memory_headroom = 0.2   # --mem suggestions: the peak plus this share
@@ -49,6 +51,12 @@ job_line = "  job {jobid} ({name}): {gpus} GPU(s), {gpu_hours:.1f} GPU-h, busy {
 # satisfies a condition. Operators: < <= == != >= >. "stop = true" hides later notes.
 
 [[notes]]
+name = "gpu-errors"
+when = [{fact = "gpu_xid_errors", op = ">=", value = 1}]
+message = """The GPUs reported errors while the job ran ({gpu_error_list}): if the job \
+failed, the GPU may be at fault rather than your code; the admins see these too."""
+
+[[notes]]
 name = "too-short"
 when = [{fact = "runtime_s", op = "<", value = 300}]
 message = "The job ran {runtime} only: too short to judge its efficiency."
@@ -65,6 +73,12 @@ name = "idle-gpus"
 when = [{fact = "idle_gpus", op = ">=", value = 1}, {fact = "used_gpus", op = ">=", value = 1}]
 message = """{idle_gpus} of the job's {gpus} GPUs were never used: request \
 --gres=gpu:{used_gpus}, or make the code use all of them."""
+
+[[notes]]
+name = "gpu-slowed"
+when = [{fact = "gpu_slowed_ratio", op = ">=", value = 0.1}]
+message = """GPU {slowed_gpu} was {slowed_reason} {gpu_slowed_ratio:.0%} of the time it \
+was busy: the GPU, not the job's code, held it back. Tell the admins if it recurs."""
 
 [[notes]]
 name = "low-gpu-utilization"

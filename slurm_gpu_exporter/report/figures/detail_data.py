@@ -13,6 +13,7 @@ import types
 import typing
 from typing import Any
 
+from slurm_gpu_exporter.report.figures.gpu_events import GpuFault, Throttle
 from slurm_gpu_exporter.report.figures.shapes import (
     Accounting,
     GpuDetail,
@@ -22,7 +23,7 @@ from slurm_gpu_exporter.report.figures.shapes import (
 )
 
 # The dataclasses a detail is made of; only these are built from data.
-_PARTS = (JobDetail, JobUsage, NodeDetail, GpuDetail, Accounting)
+_PARTS = (JobDetail, JobUsage, NodeDetail, GpuDetail, Accounting, Throttle, GpuFault)
 MAX_NOTES = 100
 MAX_NODES = 10_000
 
@@ -33,16 +34,25 @@ class DetailDataError(ValueError):
 
 # Fields added since the first release, left out of the data while they hold their
 # default, so that a reader of an older release still takes the detail whole.
-_LATER_USAGE_FIELDS = ("array_job_id", "array_task_id")
+_LATER_USAGE_FIELDS = {"array_job_id": "", "array_task_id": "", "slowed_s": None,
+                       "slowed_reason": ""}
+_LATER_GPU_FIELDS = {"throttled": [], "faults": []}
 
 
 def detail_to_data(detail: JobDetail) -> dict[str, Any]:
     """The detail's own fields (no derived figures), nested: JSON-serialisable."""
     data = dataclasses.asdict(detail)
-    for name in _LATER_USAGE_FIELDS:
-        if data["usage"].get(name) == "":
-            del data["usage"][name]
+    _drop_defaults(data["usage"], _LATER_USAGE_FIELDS)
+    for node in data["nodes"]:
+        for gpu in node["gpus"]:
+            _drop_defaults(gpu, _LATER_GPU_FIELDS)
     return data
+
+
+def _drop_defaults(data: dict[str, Any], later: dict[str, Any]) -> None:
+    for name, default in later.items():
+        if name in data and data[name] == default:
+            del data[name]
 
 
 def detail_from_data(data: Any) -> JobDetail:

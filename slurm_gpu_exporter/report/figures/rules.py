@@ -18,7 +18,9 @@ from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.defaults import DEFAULT_CONFIG
-from slurm_gpu_exporter.report.figures.shapes import JobDetail
+from slurm_gpu_exporter.report.figures.gpu_events import WORDING
+from slurm_gpu_exporter.report.figures.job_events import fault_lines, slowdown, xid_errors
+from slurm_gpu_exporter.report.figures.shapes import JobDetail, JobUsage
 
 GIB = 2**30
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
@@ -69,6 +71,8 @@ class Config:
     # A PromQL expression of one series in gCO2e/kWh that the site fills; the constant
     # above is the fall-back where it has no data.
     emissions_series: str | None = None
+    # low-util marks a job slowed by its GPU, not idle, from this share of its busy time
+    slowed_share: float = 0.2
 
 
 class _FactFormatter(string.Formatter):
@@ -139,6 +143,7 @@ def job_facts(detail: JobDetail, config: Config) -> dict[str, Any]:
         facts["memory_used_ratio"] = detail.memory_peak / detail.memory_request
         facts["suggested_memory_gib"] = max(1, math.ceil(
             detail.memory_peak * (1 + config.memory_headroom) / GIB))
+    facts.update(_gpu_event_facts(detail))
     limit = detail.accounting.time_limit_s if detail.accounting else None
     if limit and detail.elapsed_s is not None:
         facts["time_limit"] = hms(limit)
@@ -146,6 +151,27 @@ def job_facts(detail: JobDetail, config: Config) -> dict[str, Any]:
         minutes = max(1, math.ceil(detail.elapsed_s * (1 + config.time_headroom) / 60))
         facts["suggested_time"] = hms(minutes * 60)
     return facts
+
+
+def _gpu_event_facts(detail: JobDetail) -> dict[str, Any]:
+    """The GPU that a slowing reason held back the most, and the GPUs' errors."""
+    facts: dict[str, Any] = {"gpu_xid_errors": xid_errors(detail),
+                             "gpu_error_list": "; ".join(fault_lines(detail)[:5])}
+    slow = slowdown(detail)
+    if slow is not None:
+        facts.update(gpu_slowed_ratio=slow.busy_ratio, gpu_slowed_held_ratio=slow.held_ratio,
+                     slowed_gpu=slow.gpu, slowed_reason=slow.words)
+    return facts
+
+
+def low_util_note(job: JobUsage, slowed_share: float) -> str | None:
+    """low-util's mark for a job slowed by its GPU rather than idle (a slowing reason
+    took ``slowed_share`` of its busy GPU time or more); None otherwise."""
+    ratio = job.slowed_ratio
+    if ratio is None or ratio < slowed_share:
+        return None
+    words = WORDING.get(job.slowed_reason, job.slowed_reason)
+    return f"slowed by its GPU rather than idle: {words} {ratio:.0%} of its busy GPU time"
 
 
 def _gib(value: float | None) -> float | None:
@@ -215,7 +241,15 @@ def _config(data: dict[str, Any]) -> Config:
         notes=tuple(_rule(n) for n in data["notes"] if n.get("enabled", True)),
         emissions_gco2e_per_kwh=_emissions_factor(data.get("energy", {})),
         emissions_series=_emissions_series(data.get("energy", {})),
+        slowed_share=_share_of(low, "slowed_share", 0.2),
     )
+
+
+def _share_of(section: dict[str, Any], key: str, default: float) -> float:
+    value = float(section.get(key, default))
+    if not 0 < value <= 1:
+        raise ValueError(f"low_util.{key} must be in (0, 1]")
+    return value
 
 
 def _emissions_series(energy: dict[str, Any]) -> str | None:

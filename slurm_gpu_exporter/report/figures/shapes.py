@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from slurm_gpu_exporter.model.slurm_id import SlurmJobId
+from slurm_gpu_exporter.report.figures.gpu_events import GpuFault, Throttle
 from slurm_gpu_exporter.report.figures.window import Window
 
 
@@ -39,6 +40,9 @@ class JobUsage:
     # slurm_job_info's array labels: "" for a plain job (or where the agent did not know)
     array_job_id: str = ""
     array_task_id: str = ""
+    # GPU-seconds the GPUs were held back by their most frequent slowing reason (low-util)
+    slowed_s: float | None = None
+    slowed_reason: str = ""
 
     @property
     def shown(self) -> str:
@@ -65,6 +69,11 @@ class JobUsage:
     @property
     def wasted_gpu_hours(self) -> float:
         return max(0.0, self.allocated_s - self.busy_s) / 3600
+
+    @property
+    def slowed_ratio(self) -> float | None:
+        """The share of the busy GPU-seconds the top slowing reason took."""
+        return _share(self.slowed_s, self.busy_s)
 
     @property
     def sm_active_ratio(self) -> float | None:
@@ -129,6 +138,7 @@ class LowUtilReport:
     # busy ratios of every job seen, for the distribution chart
     all_ratios: list[float] = field(default_factory=list)
     from_archive: int = 0  # jobs seen only in the job archive (--db), not in Prometheus
+    notes: dict[str, str] = field(default_factory=dict)  # jobid -> slowed by its GPU
 
     @property
     def by_user(self) -> list[Total]:
@@ -154,6 +164,8 @@ class GpuDetail:
     tensor_active_s: float | None = None
     dram_active_s: float | None = None
     unknown_s: float | None = None  # held where the driver's samples may have been lost
+    throttled: list[Throttle] = field(default_factory=list)  # by reason the GPU reports
+    faults: list[GpuFault] = field(default_factory=list)  # only kinds that happened
 
     @property
     def busy_ratio(self) -> float | None:

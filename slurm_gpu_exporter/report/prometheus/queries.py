@@ -18,9 +18,11 @@ from dataclasses import dataclass
 
 from slurm_gpu_exporter.model.ids import JOB_ID_CHARS
 from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.figures.gpu_events import SLOWING
 from slurm_gpu_exporter.report.figures.shapes import GpuDetail, JobUsage, NodeDetail
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample, gather
+from slurm_gpu_exporter.report.prometheus.gpu_events import THROTTLED, events_query, gpu_events
 from slurm_gpu_exporter.report.prometheus.nodes import NODE_INFO, join_node, shown_nodes
 
 ALLOCATED = "slurm_job_gpu_allocated_seconds_total"
@@ -94,6 +96,8 @@ def low_util_queries(window: Window, filters: Filters) -> dict[str, str]:
     def s(metric: str) -> str:
         return selector(metric, sel)
 
+    # Throttled GPU-seconds by slowing reason, the baseline subtracted server-side.
+    slowed = selector(THROTTLED, sel, {"reason": "|".join(SLOWING)})
     return {
         "info": f"group by ({by}, user, account, partition, name, array_job_id, "
                 f"array_task_id) "
@@ -111,6 +115,9 @@ def low_util_queries(window: Window, filters: Filters) -> dict[str, str]:
         "idle_gpus": f"count by ({by}) (max_over_time({s(BUSY)}[{d}]) == 0)",
         "gpu_memory_peak": f"max by ({by}) "
                            f"(max_over_time({s('slurm_job_gpu_memory_peak_bytes')}[{d}]))",
+        "slowed": f"sum by ({by}, reason) (max_over_time({slowed}[{d}]) - (last_over_time("
+                  f"{slowed}[{BASELINE_LOOKBACK}] offset {d}) or max_over_time({slowed}[{d}])"
+                  " * 0))",
     }
 
 
@@ -139,13 +146,15 @@ async def fetch_usage(prom: PrometheusClient, window: Window, filters: Filters
     """Every job that held GPUs in the window, with its usage there (account/partition
     filters applied). Always ``len(low_util_queries()) + 1`` queries."""
     queries = low_util_queries(window, filters)
-    answers = await gather(*(prom.instant(q, window.end) for q in queries.values()))
-    got = {name: _by_job(a, filters.cluster_label) for name, a in zip(queries, answers,
-                                                                     strict=True)}
+    answers = dict(zip(queries, await gather(*(prom.instant(q, window.end)
+                                              for q in queries.values())), strict=True))
+    got = {name: _by_job(a, filters.cluster_label) for name, a in answers.items()}
     running_at_start = sorted({jobid for _, jobid in got["busy_base"]})
     idle_before = _by_job(await prom.instant(
         idle_before_query(window, filters, running_at_start), window.end),
         filters.cluster_label)
+
+    slowed = _top_reason(answers["slowed"], filters.cluster_label)  # by reason too
 
     def value(name: str, key: tuple[str, str]) -> float | None:
         sample = got[name].get(key)
@@ -167,6 +176,7 @@ async def fetch_usage(prom: PrometheusClient, window: Window, filters: Filters
             idle_gpus=int(value("idle_gpus", key) or 0) + int(before.value if before else 0),
             gpu_memory_peak=value("gpu_memory_peak", key),
         )
+        job.slowed_reason, job.slowed_s = slowed.get(key, ("", None))
         if job.allocated_s <= 0:
             continue  # lingered into the window after it ended: held nothing here
         if filters.account and job.account != filters.account:
@@ -175,6 +185,17 @@ async def fetch_usage(prom: PrometheusClient, window: Window, filters: Filters
             continue
         jobs.append(job)
     return jobs
+
+
+def _top_reason(samples: list[Sample], cluster_label: str
+                ) -> dict[tuple[str, str], tuple[str, float]]:
+    """Per job, the slowing reason that took the most GPU-seconds, and those seconds."""
+    top: dict[tuple[str, str], tuple[str, float]] = {}
+    for s in samples:
+        key = (s.labels.get(cluster_label, ""), s.labels.get("jobid", ""))
+        if s.value > top.get(key, ("", 0.0))[1]:
+            top[key] = (s.labels.get("reason", ""), s.value)
+    return top
 
 
 async def fetch_timelines(prom: PrometheusClient, window: Window, filters: Filters,
@@ -238,6 +259,9 @@ def job_queries(window: Window, jobids: list[str], filters: Filters) -> dict[str
         "gpu_memory_total": f"max by (instance, uuid) (last_over_time("
                             f"{selector('slurm_gpu_memory_total_bytes', equal)}[{d}])) "
                             f"and on (instance, uuid) last_over_time({s(ALLOCATED)}[{d}])",
+        # throttled time by reason and GPU errors: one query (prometheus/gpu_events.py)
+        "gpu_events": events_query(lambda m: f"max_over_time({s(m)}[{d}])"),
+        "gpu_events_base": events_query(base, with_last=False),
     }
 
 
@@ -294,6 +318,7 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
         now, before = activity[name]
         return max(0.0, now[gkey] - before.get(gkey, 0.0)) if gkey in now else None
     gpu_peak = per("gpu_memory_peak", *gpu_keys)
+    events = gpu_events(got.get("gpu_events", []), got.get("gpu_events_base", []))
     gpu_total = per("gpu_memory_total", "instance", "uuid")
 
     found: dict[tuple[str, str], tuple[JobUsage, list[NodeDetail]]] = {}
@@ -337,6 +362,7 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
                 tensor_active_s=active_s("tensor_active", gkey),
                 dram_active_s=active_s("dram_active", gkey),
             )
+            gpu.throttled, gpu.faults = events.get(gkey, ([], []))
             node.gpus.append(gpu)
         nodes.append(node)
         _add_node(usage, node, start.get(key), end.get(key))

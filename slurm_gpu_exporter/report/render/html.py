@@ -17,6 +17,7 @@ from slurm_gpu_exporter.report.render.values import (
     job_header,
     job_row,
     job_summary,
+    low_util_notes,
     low_util_summary,
     low_util_title,
     show,
@@ -78,6 +79,7 @@ def low_util_html(report: LowUtilReport) -> str:
     parts.append("</div>")
     parts.append("<h2>Flagged jobs</h2>")
     parts.append(_table(LOW_UTIL_COLUMNS, HEADINGS, [job_row(j) for j in report.flagged]))
+    parts.extend(f'<p class="note">{escape(n)}</p>' for n in low_util_notes(report))
     for label, totals in (("User", report.by_user), ("Account", report.by_account)):
         parts.append(f"<h2>Per {label.lower()}</h2>")
         parts.append(_table(TOTAL_COLUMNS, {**HEADINGS, "key": label},

@@ -11,6 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from slurm_gpu_exporter.report.figures.job_events import fault_lines, throttle_lines
 from slurm_gpu_exporter.report.figures.shapes import JobDetail, LowUtilReport
 from slurm_gpu_exporter.report.render.inert import csv_cell, markdown, terminal
 from slurm_gpu_exporter.report.render.values import (
@@ -23,6 +24,7 @@ from slurm_gpu_exporter.report.render.values import (
     job_header,
     job_row,
     job_summary,
+    low_util_notes,
     low_util_summary,
     low_util_title,
     show,
@@ -63,6 +65,8 @@ def low_util_table(report: LowUtilReport, width: int = 120, color: bool = False)
         return out.getvalue()
     console.print(_table(None, LOW_UTIL_COLUMNS, HEADINGS,
                          [job_row(j) for j in report.flagged]))
+    for note in low_util_notes(report):
+        console.print(terminal(note))
     for title, totals in (("Per user", report.by_user), ("Per account", report.by_account)):
         headings = {**HEADINGS, "key": title.split()[1].capitalize()}
         console.print(_table(title, TOTAL_COLUMNS, headings, [total_row(t) for t in totals]))
@@ -73,10 +77,11 @@ def low_util_table(report: LowUtilReport, width: int = 120, color: bool = False)
 def low_util_csv(report: LowUtilReport) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(LOW_UTIL_COLUMNS)
+    writer.writerow((*LOW_UTIL_COLUMNS, "note"))
     for job in report.flagged:
         row = job_row(job)
-        writer.writerow(_csv_value(row[c]) for c in LOW_UTIL_COLUMNS)
+        writer.writerow([*(_csv_value(row[c]) for c in LOW_UTIL_COLUMNS),
+                         _csv_value(report.notes.get(job.jobid))])
     return out.getvalue()
 
 
@@ -93,7 +98,9 @@ def low_util_json(report: LowUtilReport) -> str:
         "window": {"start": report.window.start, "end": report.window.end},
         "threshold": report.threshold, "jobs_seen": report.jobs_seen,
         "queries": report.queries,
-        "flagged": [{**job_row(j), "name": j.name, "cluster": j.cluster}
+        "flagged": [{**job_row(j), "name": j.name, "cluster": j.cluster,
+                     "slowed_ratio": j.slowed_ratio, "slowed_reason": j.slowed_reason or None,
+                     "note": report.notes.get(j.jobid)}
                     for j in report.flagged],
         "users": [total_row(t) for t in report.by_user],
         "accounts": [total_row(t) for t in report.by_account],
@@ -117,6 +124,8 @@ def low_util_markdown(report: LowUtilReport) -> str:
                      "window).\n")
         return "\n".join(parts)
     parts.append(_md_table(LOW_UTIL_COLUMNS, HEADINGS, [job_row(j) for j in report.flagged]))
+    if report.notes:
+        parts.append("\n".join(f"- {markdown(n)}" for n in low_util_notes(report)) + "\n")
     for title, totals in (("Per user", report.by_user), ("Per account", report.by_account)):
         parts.append(f"## {title}\n")
         headings = {**HEADINGS, "key": title.split()[1].capitalize()}
@@ -157,12 +166,14 @@ def job_csv(details: list[JobDetail]) -> str:
     writer = csv.writer(out, lineterminator="\n")
     job_cols = ("job", "user", "account", "partition", "state", "start", "run_time_s",
                 "cpu_efficiency", "memory_peak_gib", "memory_request_gib")
-    writer.writerow(job_cols + GPU_COLUMNS + ("uuid",))
+    gpu_cols = (*GPU_COLUMNS, "uuid", "slowed_ratio")
+    writer.writerow(job_cols + gpu_cols + ("xid_errors",))
     for detail in details:
         facts = _job_values(detail)
         for gpu in gpu_rows(detail):
+            xids = sum(e["count"] for e in gpu["errors"] if e["kind"] == "xid")
             writer.writerow([_csv_value(facts[c]) for c in job_cols]
-                            + [_csv_value(gpu[c]) for c in (*GPU_COLUMNS, "uuid")])
+                            + [_csv_value(gpu[c]) for c in gpu_cols] + [f"{xids:.0f}"])
     return out.getvalue()
 
 
@@ -195,6 +206,9 @@ def _job_values(detail: JobDetail) -> dict[str, Any]:
         # mean power per GPU held: the energy over the GPU-seconds held, measured or not
         "gpu_power_mean_w": detail.energy_j / (usage.allocated_s + usage.unknown_s)
         if detail.energy_j is not None and usage.allocated_s + usage.unknown_s > 0 else None,
+        # what slowed the GPUs and what went wrong on them, as the report's lines say it
+        "gpu_throttled": [f"GPU {name}: {text}" for name, text in throttle_lines(detail)],
+        "gpu_errors": fault_lines(detail),
     }
 
 

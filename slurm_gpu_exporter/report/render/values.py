@@ -5,7 +5,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from slurm_gpu_exporter.report.figures.shapes import JobDetail, JobUsage, LowUtilReport, Total
+from slurm_gpu_exporter.report.figures.gpu_events import SLOWING, share
+from slurm_gpu_exporter.report.figures.job_events import fault_lines, throttle_lines
+from slurm_gpu_exporter.report.figures.shapes import (
+    GpuDetail,
+    JobDetail,
+    JobUsage,
+    LowUtilReport,
+    Total,
+)
 
 GIB = 2**30
 
@@ -29,6 +37,12 @@ def job_row(job: JobUsage) -> dict[str, Any]:
         else None,
         "wasted_gpu_hours": job.wasted_gpu_hours,
     }
+
+
+def low_util_notes(report: LowUtilReport) -> list[str]:
+    """``Job 81301: slowed by its GPU rather than idle: …``, in the table's order."""
+    return [f"Job {job.shown}: {report.notes[job.jobid]}" for job in report.flagged
+            if job.jobid in report.notes]
 
 
 def total_row(total: Total) -> dict[str, Any]:
@@ -135,7 +149,23 @@ def job_summary(detail: JobDetail) -> list[tuple[str, str]]:
         *([("Emissions", f"{detail.emissions_gco2e:.0f} gCO2e at "
                          f"{detail.gco2e_per_kwh:g} gCO2e/kWh")]
           if detail.emissions_gco2e is not None else []),
+        *[(f"GPU {name} throttled", text) for name, text in throttle_lines(detail)],
+        *[("GPU error", line) for line in fault_lines(detail)],
     ]
+
+
+def throttled_data(gpu: GpuDetail) -> dict[str, dict[str, float | None]]:
+    """Per reason the GPU reports: seconds, share of the busy and of the held time."""
+    held = gpu.allocated_s + (gpu.unknown_s or 0.0)
+    return {t.reason: {"seconds": t.seconds, "busy_ratio": share(t.seconds, gpu.busy_s),
+                       "held_ratio": share(t.seconds, held)} for t in gpu.throttled}
+
+
+def slowed_ratio(gpu: GpuDetail) -> float | None:
+    """The largest share of the GPU's busy time one slowing reason took."""
+    shares = [share(t.seconds, gpu.busy_s) for t in gpu.throttled if t.reason in SLOWING]
+    known = [s for s in shares if s is not None]
+    return max(known) if known else None
 
 
 def gpu_rows(detail: JobDetail) -> list[dict[str, Any]]:
@@ -153,6 +183,9 @@ def gpu_rows(detail: JobDetail) -> list[dict[str, Any]]:
                 else None,
                 "gpu_memory_total_gib": gpu.memory_total / GIB if gpu.memory_total else None,
                 "energy_kwh": gpu.energy_j / 3.6e6 if gpu.energy_j is not None else None,
+                "slowed_ratio": slowed_ratio(gpu), "throttled": throttled_data(gpu),
+                "errors": [{"kind": f.kind, "detail": f.detail, "count": f.count,
+                            "last": f.last} for f in gpu.faults],
             })
     return rows
 
