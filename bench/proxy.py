@@ -33,7 +33,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import percentile, record
-from slurm_gpu_exporter.proxy.enforce import Scope, enforce_query
+from slurm_gpu_exporter.proxy.query.restrict import Scope, restrict_query
 from tests.daemons import DEPLOY
 from tests.observe import grafana
 from tests.proxy.stack import CLUSTER, PUBLIC, SECRET_HEADER, USER_HEADER, ProxyStack, basic
@@ -82,7 +82,7 @@ def enforcement_cost(queries: list[tuple[str, dict[str, str]]], rounds: int) -> 
     for _ in range(rounds):
         for _, form in queries:
             started = time.perf_counter()
-            enforce_query(form["query"], scope)
+            restrict_query(form["query"], scope)
             times.append(time.perf_counter() - started)
     return {"enforce_only_ms_p50": round(percentile(times, 50) * 1e3, 3),
             "enforce_only_ms_p99": round(percentile(times, 99) * 1e3, 3)}

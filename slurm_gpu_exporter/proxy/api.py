@@ -3,7 +3,7 @@ and everything else passed through for admins.
 
 The read endpoints that Grafana and slurm-gpu-report use are open to every
 authenticated caller, with their queries and ``match[]`` selectors restricted
-(enforce.py). What goes upstream is built by the proxy: a fixed path and a fresh form
+(query/restrict.py). What goes upstream is built by the proxy: a fixed path and a fresh form
 of checked parameters, never the client's own path, query string or headers.
 Handlers read the app's state (``request.app[STATE]``) and say no by raising Refused.
 """
@@ -17,16 +17,16 @@ from urllib.parse import quote, urlencode
 from aiohttp import web
 from yarl import URL
 
-from slurm_gpu_exporter.proxy.check_pool import CheckBusy
-from slurm_gpu_exporter.proxy.enforce import QueryRefused, Scope, default_series_selectors
 from slurm_gpu_exporter.proxy.fairness import BackingOff, Busy
-from slurm_gpu_exporter.proxy.limits import (
+from slurm_gpu_exporter.proxy.params import FORM, BadRequest, pick, read_params, single
+from slurm_gpu_exporter.proxy.query.check_pool import CheckBusy
+from slurm_gpu_exporter.proxy.query.limits import (
     LimitExceeded,
     check_query_text,
     check_regex_repetition,
 )
-from slurm_gpu_exporter.proxy.params import FORM, BadRequest, pick, read_params, single
-from slurm_gpu_exporter.proxy.printer import LABEL_NAME
+from slurm_gpu_exporter.proxy.query.printer import LABEL_NAME
+from slurm_gpu_exporter.proxy.query.restrict import QueryRefused, Scope, default_series_selectors
 from slurm_gpu_exporter.proxy.state import (
     CALLER,
     RETRY_AFTER_S,

@@ -17,12 +17,12 @@ from aiohttp import web
 from slurm_gpu_exporter.proxy import archive as job_archive
 from slurm_gpu_exporter.proxy.api import api, endpoint_name
 from slurm_gpu_exporter.proxy.archive import ArchiveReader, ArchiveUnavailable
-from slurm_gpu_exporter.proxy.check_pool import CheckPool
 from slurm_gpu_exporter.proxy.config import ProxyConfig
 from slurm_gpu_exporter.proxy.fairness import Backoff, FairLimits, PerUser
 from slurm_gpu_exporter.proxy.identity import Refusal, identify
 from slurm_gpu_exporter.proxy.munge import MungeDecoder
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
+from slurm_gpu_exporter.proxy.query.check_pool import CheckPool
 from slurm_gpu_exporter.proxy.state import (
     CALLER,
     RETRY_AFTER_S,

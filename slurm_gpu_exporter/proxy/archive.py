@@ -19,7 +19,7 @@ from typing import Any
 
 from slurm_gpu_exporter.model.extras import archive_install_hint, missing_archive_library
 from slurm_gpu_exporter.model.ids import NAMED_JOB
-from slurm_gpu_exporter.proxy.enforce import Scope
+from slurm_gpu_exporter.proxy.query.restrict import Scope
 
 ROUTE = "/slurm-gpu/v1/jobs/{jobid}"
 # Slurm's job ids: a number, an array task (123_4) or a heterogeneous component

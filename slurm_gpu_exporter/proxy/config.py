@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from slurm_gpu_exporter.model.users import is_user_name
-from slurm_gpu_exporter.proxy.enforce import Scope
+from slurm_gpu_exporter.proxy.query.restrict import Scope
 
 _TOP_KEYS = {"prometheus_url", "admins", "public_metrics", "account_users", "coordinators",
              "user_header", "upstream_timeout_seconds"}

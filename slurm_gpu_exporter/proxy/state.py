@@ -11,13 +11,13 @@ from aiohttp import web
 from yarl import URL
 
 from slurm_gpu_exporter.proxy.archive import ArchiveReader
-from slurm_gpu_exporter.proxy.check_pool import CheckPool
 from slurm_gpu_exporter.proxy.config import ProxyConfig
-from slurm_gpu_exporter.proxy.enforce import Scope
 from slurm_gpu_exporter.proxy.fairness import Backoff, PerUser
 from slurm_gpu_exporter.proxy.identity import Caller
 from slurm_gpu_exporter.proxy.munge import MungeDecoder
 from slurm_gpu_exporter.proxy.observe import ProxyMetrics
+from slurm_gpu_exporter.proxy.query.check_pool import CheckPool
+from slurm_gpu_exporter.proxy.query.restrict import Scope
 from slurm_gpu_exporter.proxy.upstream import Upstream
 from slurm_gpu_exporter.web.config import WebConfig
 

@@ -8,9 +8,9 @@ import promql_parser as pp
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from slurm_gpu_exporter.proxy.enforce import QueryRefused, Scope, children, enforce_query
-from slurm_gpu_exporter.proxy.limits import MAX_OPERATORS, LimitExceeded, check_query_text
-from slurm_gpu_exporter.proxy.printer import quote
+from slurm_gpu_exporter.proxy.query.limits import MAX_OPERATORS, LimitExceeded, check_query_text
+from slurm_gpu_exporter.proxy.query.printer import quote
+from slurm_gpu_exporter.proxy.query.restrict import QueryRefused, Scope, children, restrict_query
 
 ALICE = Scope(admin=False, users=frozenset({"alice"}))
 
@@ -30,7 +30,7 @@ def pinned(text: str) -> tuple[int, bool]:
 @example("x @ -1")
 def test_any_text_is_restricted_or_refused(query: str) -> None:
     try:
-        restricted = enforce_query(query, ALICE)
+        restricted = restrict_query(query, ALICE)
     except QueryRefused:
         return
     assert pinned(restricted)[1], restricted
@@ -83,7 +83,7 @@ def test_every_selector_of_a_grammar_built_query_is_pinned(query: str) -> None:
         pp.parse(query)
     except ValueError:
         assume(False)  # the generator's own slip (a regex like "\\"): not the proxy's
-    restricted = enforce_query(query, ALICE)
+    restricted = restrict_query(query, ALICE)
     count, ok = pinned(restricted)
     assert ok and count == pinned(query)[0], (query, restricted)
 

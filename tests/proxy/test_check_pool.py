@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from slurm_gpu_exporter.proxy.check_pool import CheckBusy, CheckPool
-from slurm_gpu_exporter.proxy.enforce import QueryRefused, Scope
+from slurm_gpu_exporter.proxy.query.check_pool import CheckBusy, CheckPool
+from slurm_gpu_exporter.proxy.query.restrict import QueryRefused, Scope
 
 pytestmark = pytest.mark.process
 

@@ -7,15 +7,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_gpu_exporter.proxy.enforce import (
+from slurm_gpu_exporter.proxy.query.printer import match_op, quote
+from slurm_gpu_exporter.proxy.query.restrict import (
     MAX_DEPTH,
     QueryRefused,
     Scope,
     default_series_selectors,
-    enforce_query,
-    enforce_series_selector,
+    restrict_query,
+    restrict_series_selector,
 )
-from slurm_gpu_exporter.proxy.printer import match_op, quote
 
 PUBLIC = frozenset({"cluster:slurm_gpus:count"})
 ALICE = Scope(admin=False, users=frozenset({"alice"}), public=PUBLIC)
@@ -82,27 +82,27 @@ ATTACKS = [
 
 @pytest.mark.parametrize("query", ATTACKS)
 def test_every_selector_of_an_attack_is_pinned_to_the_caller(query: str) -> None:
-    restricted = enforce_query(query, ALICE)
+    restricted = restrict_query(query, ALICE)
     assert_only(restricted, "alice")
     # The query's own selectors are all still there: nothing was dropped or added.
     assert len(selectors(restricted)) == len(selectors(query))
 
 
 def test_a_selector_of_a_public_family_is_left_whole() -> None:
-    restricted = enforce_query("sum(cluster:slurm_gpus:count) / sum(slurm_job_gpus)", ALICE)
+    restricted = restrict_query("sum(cluster:slurm_gpus:count) / sum(slurm_job_gpus)", ALICE)
     public, private = selectors(restricted)
     assert user_matchers(public) == []
     assert user_matchers(private) == [("=", "alice")]
 
 
 def test_a_regex_over_names_that_covers_a_public_family_is_not_public() -> None:
-    (selector,) = selectors(enforce_query('{__name__=~"cluster:slurm_gpus:count"}', ALICE))
+    (selector,) = selectors(restrict_query('{__name__=~"cluster:slurm_gpus:count"}', ALICE))
     assert user_matchers(selector) == [("=", "alice")]
 
 
 def test_a_label_value_that_looks_like_promql_stays_one_value() -> None:
     value = '"} or {__name__=~".+"} or x{a="'
-    restricted = enforce_query(f"slurm_job_gpus{{jobid={quote(value)}}}", ALICE)
+    restricted = restrict_query(f"slurm_job_gpus{{jobid={quote(value)}}}", ALICE)
     (selector,) = selectors(restricted)
     assert [m.value for m in selector.matchers.matchers if m.name == "jobid"] == [value]
     assert user_matchers(selector) == [("=", "alice")]
@@ -110,13 +110,13 @@ def test_a_label_value_that_looks_like_promql_stays_one_value() -> None:
 
 @given(st.text(max_size=40))
 def test_any_label_value_survives_printing(value: str) -> None:
-    restricted = enforce_query(f"slurm_job_gpus{{jobid={quote(value)}}}", ALICE)
+    restricted = restrict_query(f"slurm_job_gpus{{jobid={quote(value)}}}", ALICE)
     (selector,) = selectors(restricted)
     assert [m.value for m in selector.matchers.matchers if m.name == "jobid"] == [value]
 
 
 def test_modifiers_survive_restriction() -> None:
-    restricted = enforce_query(
+    restricted = restrict_query(
         'rate(slurm_job_cpu_seconds_total{jobid="7"}[5m] offset 1m @ 1700000000)', ALICE)
     call = pp.parse(restricted)
     inner = call.args[0].vector_selector
@@ -127,22 +127,22 @@ def test_modifiers_survive_restriction() -> None:
 
 def test_a_coordinator_sees_an_exact_list_of_users() -> None:
     scope = Scope(admin=False, users=frozenset({"carol", "dave.x"}))
-    (selector,) = selectors(enforce_query("slurm_job_gpus", scope))
+    (selector,) = selectors(restrict_query("slurm_job_gpus", scope))
     # Prometheus anchors the regex; the dot is escaped, so "davexx" cannot match.
     assert user_matchers(selector) == [("=~", "carol|dave\\.x")]
 
 
 def test_an_admin_query_goes_upstream_as_written() -> None:
     query = 'sum by (user) (slurm_job_gpus{user=~".+"})'
-    assert enforce_query(query, ADMIN) == query
+    assert restrict_query(query, ADMIN) == query
 
 
 @pytest.mark.parametrize("query", ["slurm_job_gpus{", "sum(", "foo bar", ""])
 def test_a_query_that_does_not_parse_is_refused_with_the_parsers_message(query: str) -> None:
     with pytest.raises(QueryRefused, match=r"does not parse: .+"):
-        enforce_query(query, ALICE)
+        restrict_query(query, ALICE)
     with pytest.raises(QueryRefused):
-        enforce_query(query, ADMIN)
+        restrict_query(query, ADMIN)
 
 
 @pytest.mark.parametrize(("query", "reason"), [
@@ -156,13 +156,13 @@ def test_a_query_that_does_not_parse_is_refused_with_the_parsers_message(query: 
 ])
 def test_what_cannot_be_restricted_safely_is_refused(query: str, reason: str) -> None:
     with pytest.raises(QueryRefused, match=reason):
-        enforce_query(query, ALICE)
+        restrict_query(query, ALICE)
 
 
 def test_series_selectors_are_restricted_and_must_be_selectors() -> None:
-    assert_only(enforce_series_selector('{__name__=~".+"}', ALICE), "alice")
+    assert_only(restrict_series_selector('{__name__=~".+"}', ALICE), "alice")
     with pytest.raises(QueryRefused, match="not a series selector"):
-        enforce_series_selector("sum(slurm_job_gpus)", ALICE)
+        restrict_series_selector("sum(slurm_job_gpus)", ALICE)
 
 
 def test_label_requests_without_match_see_own_series_and_public_families() -> None:

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import promql_parser as pp
 import pytest
 
-from slurm_gpu_exporter.proxy.enforce import QueryRefused, Scope, enforce_query, restrict
-from slurm_gpu_exporter.proxy.printer import Extra, to_promql
+from slurm_gpu_exporter.proxy.query.printer import Extra, to_promql
+from slurm_gpu_exporter.proxy.query.restrict import QueryRefused, Scope, restrict, restrict_query
 
 ALICE = Scope(admin=False, users=frozenset({"alice"}))
 # Aggregates whose first argument is an expression of its own, with a selector in it.
@@ -77,4 +77,4 @@ def test_a_function_that_reads_unnamed_series_is_refused_inside_a_parameter() ->
     if not _parses(query):
         pytest.skip("this promql-parser does not know info()")
     with pytest.raises(QueryRefused, match="only admins"):
-        enforce_query(query, ALICE)
+        restrict_query(query, ALICE)

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from slurm_gpu_exporter.proxy.fairness import BackingOff, Backoff, Busy, PerUser
-from slurm_gpu_exporter.proxy.limits import (
+from slurm_gpu_exporter.proxy.query.limits import (
     LimitExceeded,
     check_regex_repetition,
     repetition_weight,

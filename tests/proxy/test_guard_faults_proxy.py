@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from slurm_gpu_exporter.proxy.check_pool import CheckPool
 from slurm_gpu_exporter.proxy.config import UserHeader
-from slurm_gpu_exporter.proxy.enforce import QueryRefused, Scope
 from slurm_gpu_exporter.proxy.identity import Caller, Refusal, _munge_caller, identify
 from slurm_gpu_exporter.proxy.munge import MungeDecoder, MungeRefusal, MungeUser
+from slurm_gpu_exporter.proxy.query.check_pool import CheckPool
+from slurm_gpu_exporter.proxy.query.restrict import QueryRefused, Scope
 from slurm_gpu_exporter.web.config import WebConfig
 
 CREDENTIAL = "MUNGE:AwQFAAB+abc/9==:"

@@ -7,14 +7,14 @@ import time
 
 import pytest
 
-from slurm_gpu_exporter.proxy.enforce import QueryRefused, Scope, enforce_query
-from slurm_gpu_exporter.proxy.limits import (
+from slurm_gpu_exporter.proxy.query.limits import (
     MAX_DEPTH,
     MAX_OPERATORS,
     LimitExceeded,
     check_query_text,
     raw_depth,
 )
+from slurm_gpu_exporter.proxy.query.restrict import QueryRefused, Scope, restrict_query
 
 ALICE = Scope(admin=False, users=frozenset({"alice"}))
 # Issue 33's attack: a `"` in a comment made the old count skip everything after it.
@@ -24,7 +24,7 @@ COMMENT_HIDDEN = '# "\n' + "(" * 8000 + "1" + ")" * 8000 + '\n# "'
 def test_the_comment_hidden_query_is_refused_before_it_is_parsed() -> None:
     started = time.perf_counter()
     with pytest.raises(QueryRefused, match="operators and brackets") as refused:
-        enforce_query(COMMENT_HIDDEN, ALICE)
+        restrict_query(COMMENT_HIDDEN, ALICE)
     # The parser took 33 s over this query; the count takes well under a millisecond.
     assert time.perf_counter() - started < 0.5
     assert refused.value.reason == "limit"

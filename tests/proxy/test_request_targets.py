@@ -20,7 +20,7 @@ from aiohttp import web
 
 from slurm_gpu_exporter.proxy.app import make_app
 from slurm_gpu_exporter.proxy.config import ProxyConfig
-from slurm_gpu_exporter.proxy.enforce import Scope
+from slurm_gpu_exporter.proxy.query.restrict import Scope
 from slurm_gpu_exporter.web.config import WebConfig
 from slurm_gpu_exporter.web.listen import start
 from tests.support import free_port

@@ -21,8 +21,8 @@ import os
 import signal
 import sys
 
-from slurm_gpu_exporter.proxy.check_worker import HEADER, encode_message
-from slurm_gpu_exporter.proxy.enforce import QueryRefused, Scope
+from slurm_gpu_exporter.proxy.query.check_worker import HEADER, encode_message
+from slurm_gpu_exporter.proxy.query.restrict import QueryRefused, Scope
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ WAIT_LIMIT_S = 5.0
 MAX_WAITING = 64
 # A new worker imports the parser first; it takes a few tenths of a second.
 START_LIMIT_S = 30.0
-WORKER_COMMAND = (sys.executable, "-I", "-m", "slurm_gpu_exporter.proxy.check_worker")
+WORKER_COMMAND = (sys.executable, "-I", "-m", "slurm_gpu_exporter.proxy.query.check_worker")
 
 
 class CheckBusy(Exception):

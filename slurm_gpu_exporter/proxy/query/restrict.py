@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import promql_parser as pp
 
-from slurm_gpu_exporter.proxy.limits import MAX_DEPTH, LimitExceeded, check_query_text
-from slurm_gpu_exporter.proxy.printer import Extra, Unprintable, quote, to_promql
+from slurm_gpu_exporter.proxy.query.limits import MAX_DEPTH, LimitExceeded, check_query_text
+from slurm_gpu_exporter.proxy.query.printer import Extra, Unprintable, quote, to_promql
 
 USER_LABEL = "user"
 # Functions that select series the query does not name (Prometheus 3's info() reads
@@ -167,7 +167,7 @@ def restrict(root: pp.Expr, scope: Scope, printer: Printer = to_promql) -> str:
     return text
 
 
-def enforce_query(query: str, scope: Scope) -> str:
+def restrict_query(query: str, scope: Scope) -> str:
     """The query to send upstream for this caller: the caller's own text for an admin
     (after it parses), else the restricted one. Raises QueryRefused."""
     root = parse(query)
@@ -176,7 +176,7 @@ def enforce_query(query: str, scope: Scope) -> str:
     return restrict(root, scope)
 
 
-def enforce_series_selector(selector: str, scope: Scope) -> str:
+def restrict_series_selector(selector: str, scope: Scope) -> str:
     """A ``match[]`` of the series and label endpoints, restricted like a query."""
     root = parse(selector)
     if not isinstance(root, pp.VectorSelector):

@@ -20,11 +20,11 @@ import sys
 import threading
 from typing import BinaryIO
 
-from slurm_gpu_exporter.proxy.enforce import (
+from slurm_gpu_exporter.proxy.query.restrict import (
     QueryRefused,
     Scope,
-    enforce_query,
-    enforce_series_selector,
+    restrict_query,
+    restrict_series_selector,
 )
 
 # The parser recurses once per level; the deepest query the limits let through
@@ -51,7 +51,7 @@ def answer(request: dict) -> dict:
     """What the proxy should do with one request."""
     scope = Scope(admin=bool(request["admin"]), users=frozenset(request["users"]),
                   public=frozenset(request["public"]))
-    check = enforce_series_selector if request["kind"] == "selector" else enforce_query
+    check = restrict_series_selector if request["kind"] == "selector" else restrict_query
     try:
         return {"text": check(request["text"], scope)}
     except QueryRefused as exc:
