@@ -8,6 +8,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.support import free_port, wait_until
@@ -55,6 +56,18 @@ class Agent:
         status, _, body = self.get()
         assert status == 200, body
         return body.decode()
+
+    def wait_metrics(self, check: Callable[[str], bool], timeout: float = 15.0,
+                     what: str = "condition") -> str:
+        """Scrape until ``check(text)`` holds; returns that scrape."""
+        last = [""]
+
+        def scrape() -> str | None:
+            last[0] = self.metrics()
+            return last[0] if check(last[0]) else None
+
+        return wait_until(scrape, timeout, what, poll=0.2,
+                          log=lambda: f"agent log:\n{self.log()}\nlast scrape:\n{last[0]}")
 
     def log(self) -> str:
         if self.log_path is None or not self.log_path.exists():

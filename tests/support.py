@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import socket
@@ -45,17 +46,19 @@ def free_port() -> int:
 
 def wait_until(
     probe: Callable[[], T],
-    timeout: float,
-    what: str,
+    timeout: float = 10.0,
+    what: str = "",
     *,
     poll: float = 0.05,
     log: Callable[[], str] = lambda: "",
 ) -> T:
     """Call ``probe`` until it returns something truthy, and return that.
 
-    Fails the test after ``timeout`` seconds, naming ``what`` was awaited and adding
-    ``log()`` (an agent's or daemon's log, say) to the message.
+    Fails the test after ``timeout`` seconds, naming ``what`` was awaited (the probe
+    itself when not given) and adding ``log()`` (an agent's or daemon's log, say) to the
+    message. The suite's one waiting loop: every test that waits calls this.
     """
+    what = what or repr(probe)
     deadline = time.monotonic() + timeout
     while True:
         result = probe()
@@ -76,3 +79,18 @@ def move_aside(path: Path) -> Path | None:
     sibling = path.with_name(f".{path.name}.test-saved")
     os.rename(path, sibling)
     return sibling
+
+
+class Clock:
+    """A clock the test moves by hand: calling it gives ``now``; set or add to ``now``."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def basic_auth(user: str, password: str) -> str:
+    """An ``Authorization`` header's value for HTTP basic auth."""
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()

@@ -207,26 +207,6 @@ def scrape(agent: Agent) -> Scrape:
     return Scrape(agent.metrics(), now)
 
 
-def wait_for(
-    what: str,
-    probe: Callable[[], T | None],
-    timeout: float,
-    poll: float = 0.05,
-    log: Callable[[], str] = lambda: "",
-) -> T:
-    """Call ``probe`` until it returns something other than None; return that."""
-    found: list[T] = []
-
-    def present() -> bool:
-        result = probe()
-        if result is not None:
-            found.append(result)
-        return bool(found)
-
-    wait_until(present, timeout, what, poll=poll, log=log)
-    return found[0]
-
-
 def wait_scrape(
     agent: Agent,
     what: str,
@@ -240,7 +220,7 @@ def wait_scrape(
         s = scrape(agent)
         return s if cond(s) else None
 
-    return wait_for(what, probe, timeout, poll, agent.log)
+    return wait_until(probe, timeout, what, poll=poll, log=agent.log)
 
 
 def wait_samples(agent: Agent, count: int = 2) -> Scrape:
@@ -289,8 +269,9 @@ def test_prolog_recorded_gpu_job_is_exported_with_its_usage_and_goes_after_epilo
         ) as jobid:
             record = cluster.spool_dir / f"{jobid}.json"
             # slurmd runs the prolog at allocation; it writes the record as root.
-            written = wait_for(
-                "the prolog's record", lambda: record.stat() if record.exists() else None, 30, 0.02
+            written = wait_until(
+                lambda: record.stat() if record.exists() else None, 30, "the prolog's record",
+                poll=0.02,
             )
             assert written.st_uid == 0 and stat.S_ISREG(written.st_mode)
             first = wait_scrape(
@@ -615,13 +596,11 @@ def test_requeued_job_counts_cpu_seconds_from_the_start_of_its_new_run(
         cluster.run(["scontrol", "requeue", str(jobid)])
         cluster.wait_state(jobid, "PENDING", timeout=30)
         record = cluster.spool_dir / f"{jobid}.json"
-        wait_for(
+        wait_until(
+            lambda: cluster.job_cgroup_dir(jobid) is None
+            and (not record.exists() or json.loads(record.read_bytes())["end_time"]),
+            30,
             "the first run's epilog and the end of its cgroup",
-            lambda: True
-            if cluster.job_cgroup_dir(jobid) is None
-            and (not record.exists() or json.loads(record.read_bytes())["end_time"])
-            else None,
-            timeout=30,
         )
         # slurmd refuses a credential issued in the same second as the kill of the first
         # run ("Job credential revoked"); it compares whole seconds.
@@ -836,10 +815,8 @@ def test_job_whose_epilog_never_reaches_the_spool_ends_after_cgroup_grace_keepin
             cancelled = time.time()
             cluster.cancel(jobid)
             cluster.wait_finished(jobid)
-            wait_for(
-                "the epilog's record elsewhere",
-                lambda: True if (elsewhere / f"{jobid}.json").exists() else None,
-                15,
+            wait_until(
+                lambda: (elsewhere / f"{jobid}.json").exists(), 15, "the epilog's record elsewhere"
             )
         assert json.loads(record.read_bytes())["end_time"] is None
         scrapes = [running]

@@ -32,7 +32,6 @@ from tests.integration.test_gpu_attribution import (
     labelsets,
     last_sample,
     value,
-    wait_for,
 )
 
 pytestmark = pytest.mark.fakenvml
@@ -89,7 +88,7 @@ def gpm_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpmNode]:
     rig.node.add_job(87, [8701], job_gpus="3", start_time=real0)
     agent = rig.start()
     try:
-        text_a = wait_for(agent, lambda t: all(
+        text_a = agent.wait_metrics(lambda t: all(
             job_gpu(t, SM, j, g) is not None
             for j, g in ((81, "0"), (82, "1.1"), (83, "1.2"), (84, "1.3"))),
             what="the jobs' SM activity series")  # fmt: skip

@@ -32,7 +32,6 @@ from tests.fakenvml import (
     XidEvent,
     fake_nvml_or_skip,
 )
-from tests.support import wait_until
 
 pytestmark = pytest.mark.fakenvml
 
@@ -58,19 +57,6 @@ def labelsets(text: str, name: str) -> list[dict[str, str]]:
     return [lab for lab, _ in series(text, name)]
 
 
-def wait_for(agent: Agent, check: Callable[[str], bool], timeout: float = 15.0,
-             what: str = "condition") -> str:  # fmt: skip
-    """Scrape until ``check(text)`` holds; returns that scrape."""
-    last = [""]
-
-    def scrape() -> str | None:
-        last[0] = agent.metrics()
-        return last[0] if check(last[0]) else None
-
-    return wait_until(scrape, timeout, what, poll=0.2,
-                      log=lambda: f"agent log:\n{agent.log()}\nlast scrape:\n{last[0]}")
-
-
 def last_sample(text: str) -> float:
     v = value(text, "slurm_gpu_exporter_last_sample_timestamp_seconds")
     assert v is not None
@@ -87,7 +73,7 @@ def sample_seconds(text: str) -> float:
 def wait_samples(agent: Agent, n: int, timeout: float = 20.0) -> str:
     """Wait until ``n`` more samples (1 s apart) have been published."""
     start = last_sample(agent.metrics())
-    return wait_for(agent, lambda t: last_sample(t) >= start + n - 0.5, timeout,
+    return agent.wait_metrics(lambda t: last_sample(t) >= start + n - 0.5, timeout,
                     f"{n} more samples")  # fmt: skip
 
 
@@ -154,10 +140,10 @@ def test_bursty_job_mean_utilization_within_one_point_over_five_minutes(rig: Rig
 
     agent = rig.start()
     try:
-        wait_for(agent, has_busy(11, "0"), what="the job's busy counter")
-        text_a = wait_for(agent, lambda t: mid_idle(t, real0 + warmup),
+        agent.wait_metrics(has_busy(11, "0"), what="the job's busy counter")
+        text_a = agent.wait_metrics(lambda t: mid_idle(t, real0 + warmup),
                           what="a sample mid-way through an idle phase")
-        text_b = wait_for(agent, lambda t: mid_idle(t, last_sample(text_a) + 30.0), 45.0,
+        text_b = agent.wait_metrics(lambda t: mid_idle(t, last_sample(text_a) + 30.0), 45.0,
                           what="a sample 300 NVML-s later, mid-way through an idle phase")
     finally:
         agent.stop()
@@ -219,7 +205,7 @@ def test_jobs_sharing_a_gpu_are_split_by_their_process_samples(rig: Rig) -> None
     rig.node.add_job(22, [5002], job_gpus="0", start_time=real0)  # shard/oversubscribe
     agent = rig.start()
     try:
-        wait_for(agent, lambda t: has_busy(21, "0")(t) and has_busy(22, "0")(t),
+        agent.wait_metrics(lambda t: has_busy(21, "0")(t) and has_busy(22, "0")(t),
                  what="both jobs' busy counters")  # fmt: skip
         text_a = wait_samples(agent, 2)
         text_b = wait_samples(agent, 3)
@@ -261,10 +247,10 @@ def test_garbage_process_samples_are_dropped_counted_and_move_no_cursor(rig: Rig
     rig.node.add_job(52, [5102], job_gpus="0", start_time=real0)
     agent = rig.start()
     try:
-        wait_for(agent, lambda t: has_busy(51, "0")(t) and has_busy(52, "0")(t),
+        agent.wait_metrics(lambda t: has_busy(51, "0")(t) and has_busy(52, "0")(t),
                  what="both jobs' busy counters")  # fmt: skip
         text_a = wait_samples(agent, 2)
-        text_b = wait_for(agent, lambda t: (value(t, "slurm_gpu_driver_events_total", gpu="0",
+        text_b = agent.wait_metrics(lambda t: (value(t, "slurm_gpu_driver_events_total", gpu="0",
                                                   kind="out_of_range") or 0) >= 2,
                           what="garbage samples dropped")
         text_b = wait_samples(agent, 2)
@@ -298,8 +284,8 @@ def test_mig_instances_are_attributed_by_mig_uuid_without_busy_series_with_sm_en
         rig.node.add_job(30 + gi, [pids[gi]], job_gpus="0", cuda_visible_devices=uuids[gi])
     agent = rig.start()
     try:
-        text_a = wait_for(
-            agent, lambda t: all(job_gpu(t, "slurm_job_gpu_processes", 30 + gi, f"0.{gi}")
+        text_a = agent.wait_metrics(
+            lambda t: all(job_gpu(t, "slurm_job_gpu_processes", 30 + gi, f"0.{gi}")
                                  for gi in (1, 2, 3)),
             what="the MIG jobs' series")  # fmt: skip
         text_b = wait_samples(agent, 2)
@@ -357,7 +343,7 @@ def test_two_compute_instances_of_one_gpu_instance_each_get_their_own_processes(
         rig.node.add_job(37 + ci, [3700 + ci], job_gpus="0", cuda_visible_devices=uuids[ci])
     agent = rig.start()
     try:
-        text = wait_for(agent, lambda t: all(
+        text = agent.wait_metrics(lambda t: all(
             value(t, "slurm_job_gpu_processes", jobid=str(37 + ci), uuid=uuids[ci])
             for ci in (0, 1)), what="both compute instances' jobs")
     finally:
@@ -379,18 +365,18 @@ def test_mig_turned_on_then_off_again_keeps_counting_device_busy_time(rig: Rig) 
     name = "slurm_gpu_busy_seconds_total"
     agent = rig.start()
     try:
-        off1 = wait_for(agent, lambda t: (value(t, name, gpu="0") or 0) > 0.3, what="busy")
+        off1 = agent.wait_metrics(lambda t: (value(t, name, gpu="0") or 0) > 0.3, what="busy")
         for mig_state in (Device(0, mig_on=True),
                           Device(0, mig=[MigInstance(1)],
                                  processes=[Process(3902, GIB, gpu_instance_id=1,
                                                     compute_instance_id=0)])):
             state.devices = [mig_state]
             rig.fake.write(state)
-            wait_for(agent, lambda t: value(t, name, gpu="0") is None, what="MIG on")
+            agent.wait_metrics(lambda t: value(t, name, gpu="0") is None, what="MIG on")
             before = max(v for _, v in series(off1, name))
             state.devices = [Device(0, processes=[proc])]
             rig.fake.write(state)
-            off1 = wait_for(agent, lambda t, b=before: (value(t, name, gpu="0") or 0) > b + 0.3,
+            off1 = agent.wait_metrics(lambda t, b=before: (value(t, name, gpu="0") or 0) > b + 0.3,
                             what="device busy time counted again with MIG off")
     finally:
         agent.stop()
@@ -441,14 +427,14 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedNode]:
     rig.node.add_process(4200, 65534)  # nobody, in a login session
     agent = rig.start()
     try:
-        text_a = wait_for(agent, lambda t: all(has_busy(j, g)(t) for j, g in
+        text_a = agent.wait_metrics(lambda t: all(has_busy(j, g)(t) for j, g in
                                                ((41, "3"), (42, "1"), (43, "2"))),
                           what="the jobs' busy counters")  # fmt: skip
         devices[1].xid_events = [XidEvent(1, 79)]  # happens now, after registration
         fake.write(state)
         wait_samples(agent, 2)
-        text_b = wait_for(
-            agent, lambda t: value(t, "slurm_gpu_xid_errors_total", gpu="1") is not None,
+        text_b = agent.wait_metrics(
+            lambda t: value(t, "slurm_gpu_xid_errors_total", gpu="1") is not None,
             timeout=10, what="the Xid")  # fmt: skip
         yield SharedNode(rig, agent, devices, text_a, text_b)
     finally:
@@ -552,7 +538,7 @@ def test_without_nvml_job_metrics_are_served_and_it_is_logged_once(rig: Rig, how
     try:
         first = agent.metrics()
         rig.node.update_job(71, cpu_seconds=12.5)
-        text = wait_for(agent, lambda t: value(t, "slurm_job_cpu_seconds_total",
+        text = agent.wait_metrics(lambda t: value(t, "slurm_job_cpu_seconds_total",
                                                jobid="71") == 12.5, what="the CPU update")
         text = wait_samples(agent, 3)
     finally:
@@ -578,12 +564,12 @@ def test_lost_gpu_is_flagged_and_the_others_keep_updating(rig: Rig) -> None:
     rig.node.add_job(72, [7201, 7202], job_gpus="0,1", start_time=real0)
     agent = rig.start()
     try:
-        before = wait_for(agent, lambda t: has_busy(72, "0")(t) and has_busy(72, "1")(t),
+        before = agent.wait_metrics(lambda t: has_busy(72, "0")(t) and has_busy(72, "1")(t),
                           what="busy counters")  # fmt: skip
         before = wait_samples(agent, 1)
         state.devices[1].lost = True
         rig.fake.write(state)
-        lost_a = wait_for(agent, lambda t: value(t, "slurm_gpu_lost", gpu="1") == 1,
+        lost_a = agent.wait_metrics(lambda t: value(t, "slurm_gpu_lost", gpu="1") == 1,
                           what="GPU 1 lost")  # fmt: skip
         lost_b = wait_samples(agent, 3)
     finally:
@@ -616,13 +602,13 @@ def test_a_lost_gpu_that_answers_again_is_back_without_a_restart(rig: Rig) -> No
     rig.node.add_job(78, [7801], job_gpus="0", start_time=real0)
     agent = rig.start()
     try:
-        wait_for(agent, has_busy(78, "0"), what="busy counter")
+        agent.wait_metrics(has_busy(78, "0"), what="busy counter")
         state.devices[0].lost = True
         rig.fake.write(state)
-        wait_for(agent, lambda t: value(t, "slurm_gpu_lost", gpu="0") == 1, what="GPU 0 lost")
+        agent.wait_metrics(lambda t: value(t, "slurm_gpu_lost", gpu="0") == 1, what="GPU 0 lost")
         state.devices[0].lost = False  # reset: it answers again
         rig.fake.write(state)
-        back = wait_for(agent, lambda t: value(t, "slurm_gpu_lost", gpu="0") == 0, 25.0,
+        back = agent.wait_metrics(lambda t: value(t, "slurm_gpu_lost", gpu="0") == 0, 25.0,
                         what="GPU 0 back (opened again every 10 s)")
         later = wait_samples(agent, 3)
     finally:
@@ -644,12 +630,12 @@ def test_hung_nvml_call_freezes_gpu_figures_but_not_scrapes_or_job_metrics(rig: 
     agent = rig.start()
     stop_took = None
     try:
-        wait_for(agent, has_busy(73, "0"), what="busy counter")
+        agent.wait_metrics(has_busy(73, "0"), what="busy counter")
         before = wait_samples(agent, 1)
         assert value(before, "slurm_gpu_exporter_nvml_up") == 1
         state.devices[0].sleeps = {"nvmlDeviceGetComputeRunningProcesses": 30.0}
         rig.fake.write(state)
-        stuck = wait_for(agent, lambda t: value(t, "slurm_gpu_exporter_nvml_up") == 0,
+        stuck = agent.wait_metrics(lambda t: value(t, "slurm_gpu_exporter_nvml_up") == 0,
                          what="nvml_up 0")  # fmt: skip
         scrape_times, texts = [], []
         rig.node.update_job(73, cpu_seconds=42.0, memory_bytes=2 * GIB)
@@ -697,7 +683,7 @@ def test_one_failed_energy_read_neither_hides_nor_restarts_the_jobs_energy(rig: 
     name = "slurm_job_gpu_energy_joules_total"
     agent = rig.start()
     try:
-        wait_for(agent, lambda t: (job_gpu(t, name, 75, "0") or 0) > 0, what="energy")
+        agent.wait_metrics(lambda t: (job_gpu(t, name, 75, "0") or 0) > 0, what="energy")
         before = wait_samples(agent, 1)
         state.devices[0].errors_once = {"nvmlDeviceGetTotalEnergyConsumption": "UNKNOWN"}
         rig.fake.write(state)
@@ -727,7 +713,7 @@ def test_held_gpu_whose_driver_returns_no_samples_is_allocated_wall_time(rig: Ri
     name = "slurm_job_gpu_allocated_seconds_total"
     agent = rig.start()
     try:
-        text_a = wait_for(agent, lambda t: job_gpu(t, name, 76, "0") is not None,
+        text_a = agent.wait_metrics(lambda t: job_gpu(t, name, 76, "0") is not None,
                           what="the allocated series")  # fmt: skip
         text_b = wait_samples(agent, 3)
     finally:
@@ -751,7 +737,7 @@ def test_driver_timestamps_on_another_clock_still_count_busy_time(rig: Rig) -> N
     name = "slurm_job_gpu_busy_seconds_total"
     agent = rig.start()
     try:
-        text = wait_for(agent, lambda t: (job_gpu(t, name, 77, "0") or 0) > 0.5,
+        text = agent.wait_metrics(lambda t: (job_gpu(t, name, 77, "0") or 0) > 0.5,
                         timeout=10, what="busy time")  # fmt: skip
         wait_samples(agent, 1)
     finally:
@@ -779,7 +765,7 @@ def test_restart_with_the_same_state_dir_never_lowers_job_gpu_counters(rig: Rig)
 
     agent = rig.start(name="agent1")
     try:
-        wait_for(agent, lambda t: (job_gpu(t, names[2], 74, "0") or 0) > 0, what="energy")
+        agent.wait_metrics(lambda t: (job_gpu(t, names[2], 74, "0") or 0) > 0, what="energy")
         last_before = counters(wait_samples(agent, 1))
     finally:
         agent.stop()

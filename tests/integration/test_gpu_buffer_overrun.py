@@ -19,7 +19,7 @@ import pytest
 from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.agent import Agent
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
-from tests.integration.test_gpu_attribution import job_gpu, last_sample, value, wait_for
+from tests.integration.test_gpu_attribution import job_gpu, last_sample, value
 
 pytestmark = pytest.mark.fakenvml
 
@@ -50,7 +50,7 @@ def test_a_60_s_interval_over_a_20_s_buffer_counts_constant_and_bursty_load_exac
         first = last_sample(agent.metrics())
 
         def after(n: int):  # type: ignore[no-untyped-def]
-            return wait_for(agent, lambda t: last_sample(t) >= first + n * INTERVAL - 5,
+            return agent.wait_metrics(lambda t: last_sample(t) >= first + n * INTERVAL - 5,
                             INTERVAL + 30, f"sample {n + 1}")
 
         text_a, text_b = after(1), after(2)
@@ -92,17 +92,17 @@ def test_time_an_agent_stalled_past_the_buffer_is_unknown_not_idle_nor_allocated
     agent = Agent(node.agent_args(1.0), env=fake.env(), log_path=tmp_path / "agent.log")
     try:
         agent.wait_ready()
-        first = last_sample(wait_for(agent, lambda t: job_gpu(
+        first = last_sample(agent.wait_metrics(lambda t: job_gpu(
             t, "slurm_job_gpu_busy_seconds_total", 63, "0") is not None, 30, "busy time"))
         # A buffer's length is known once it is seen full: polls 7 s apart, over 5 s.
-        text_a = wait_for(agent, lambda t: last_sample(t) >= first + 7, 30, "7 s of polls")
+        text_a = agent.wait_metrics(lambda t: last_sample(t) >= first + 7, 30, "7 s of polls")
         os.kill(agent.proc.pid, signal.SIGSTOP)
         try:
             time.sleep(12.0)  # the stall itself is the case under test
         finally:
             os.kill(agent.proc.pid, signal.SIGCONT)
         resumed = last_sample(text_a) + 12.0
-        text_b = wait_for(agent, lambda t: last_sample(t) >= resumed + 3, 30, "3 samples after")
+        text_b = agent.wait_metrics(lambda t: last_sample(t) >= resumed + 3, 30, "3 samples after")
     finally:
         agent.stop()
 

@@ -26,7 +26,6 @@ from tests.integration.test_gpu_attribution import (
     job_gpu,
     last_sample,
     value,
-    wait_for,
     wait_samples,
 )
 from tests.support import wait_until
@@ -105,7 +104,7 @@ def driver_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DriverNode
         node.add_job(jobid, [pid], job_gpus=gpu, start_time=real0)
     agent = rig.start()
     try:
-        text_a = wait_for(agent, lambda t: all(
+        text_a = agent.wait_metrics(lambda t: all(
             (job_gpu(t, BUSY, j, g) or 0) > 0 for j, g in
             ((91, "0"), (94, "1"), (95, "1"), (93, "2"))),
             timeout=15, what="the jobs' busy time")  # fmt: skip
@@ -171,7 +170,7 @@ def test_boot_clock_samples_give_a_new_job_none_of_the_busy_time_before_its_star
     rig.node.add_job(83, [8301], job_gpus="0", start_time=real0)
     agent = rig.start()
     try:
-        text = wait_for(agent, lambda t: (job_gpu(t, BUSY, 83, "0") or 0) > 0.3,
+        text = agent.wait_metrics(lambda t: (job_gpu(t, BUSY, 83, "0") or 0) > 0.3,
                         timeout=10, what="job 83's busy time")
         # Right after a poll, so that the next one's window holds 0.5 s of job 83's use.
         polled = last_sample(text)
@@ -183,7 +182,7 @@ def test_boot_clock_samples_give_a_new_job_none_of_the_busy_time_before_its_star
         rig.fake.write(state)
         rig.node.remove_job(83)
         rig.node.add_job(84, [8401], job_gpus="0", start_time=end)
-        text = wait_for(agent, lambda t: job_gpu(t, BUSY, 84, "0") is not None,
+        text = agent.wait_metrics(lambda t: job_gpu(t, BUSY, 84, "0") is not None,
                         timeout=5, what="job 84's series")
         text = wait_samples(agent, 2)
     finally:
@@ -208,7 +207,7 @@ def test_reboot_with_the_state_dir_kept_counts_busy_time_from_the_new_boot(rig: 
     rig.node.add_job(85, [8501], job_gpus="0", start_time=real0)
     agent = rig.start(booted_env(rig.fake.env(), 86400.0), name="agent-boot1")
     try:
-        wait_for(agent, lambda t: (value(t, "slurm_gpu_busy_seconds_total", gpu="0") or 0) > 0.3,
+        agent.wait_metrics(lambda t: (value(t, "slurm_gpu_busy_seconds_total", gpu="0") or 0) > 0.3,
                  timeout=10, what="busy time in the first boot")
         wait_samples(agent, 1)  # saved to the state dir
     finally:
@@ -223,7 +222,7 @@ def test_reboot_with_the_state_dir_kept_counts_busy_time_from_the_new_boot(rig: 
     rig.node.add_job(86, [8601], job_gpus="0", start_time=rebooted)
     agent = rig.start(booted_env(rig.fake.env(), 3.0), name="agent-boot2")
     try:
-        text = wait_for(agent, lambda t: (job_gpu(t, BUSY, 86, "0") or 0) > 0.5,
+        text = agent.wait_metrics(lambda t: (job_gpu(t, BUSY, 86, "0") or 0) > 0.5,
                         timeout=8, what="busy time after the reboot")
     finally:
         agent.stop()
@@ -244,7 +243,7 @@ def test_a_driver_clock_that_steps_back_resumes_busy_time_within_one_poll(rig: R
     rig.node.add_job(87, [8701], job_gpus="0", start_time=real0)
     agent = rig.start()
     try:
-        wait_for(agent, lambda t: (job_gpu(t, BUSY, 87, "0") or 0) > 0.2, timeout=10,
+        agent.wait_metrics(lambda t: (job_gpu(t, BUSY, 87, "0") or 0) > 0.2, timeout=10,
                  what="busy time")
         state.clock_offset_s = -3600.0  # the running GPU's clock goes back an hour
         rig.fake.write(state)

@@ -22,10 +22,6 @@ wait
 """
 
 
-def _wait_for(predicate, timeout: float, what: str, agent: Agent):  # type: ignore[no-untyped-def]
-    return wait_until(predicate, timeout, what, poll=0.5, log=agent.log)
-
-
 def test_slurm_job_gpus_are_attributed_by_real_pid_and_idle_gpu_shows_zero(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -68,7 +64,8 @@ def test_slurm_job_gpus_are_attributed_by_real_pid_and_idle_gpu_shows_zero(
             busy = job_gpu("slurm_job_gpu_busy_seconds_total")
             return busy if len(busy) == 3 and sum(busy.values()) > 0 else None
 
-        _wait_for(three_gpus_with_busy, 20, "busy time on the job's three GPUs", agent)
+        wait_until(three_gpus_with_busy, 20, "busy time on the job's three GPUs",
+                   poll=0.5, log=agent.log)
         time.sleep(3)
         text = agent.metrics()
         by_gpu = {labels["gpu"]: labels for labels, _ in
@@ -123,16 +120,17 @@ def test_requeued_job_starts_new_gpu_counters(slurm_cluster: SlurmCluster,
             alloc = job_value(text, "slurm_job_gpu_allocated_seconds_total")
             return text if alloc is not None and alloc >= 4.0 else None
 
-        first = _wait_for(first_run, 30, "4 s of allocated GPU time in the first run", agent)
+        first = wait_until(first_run, 30, "4 s of allocated GPU time in the first run",
+                           poll=0.5, log=agent.log)
         old_start = job_value(first, "slurm_job_start_time_seconds")
         assert old_start is not None
         slurm_cluster.run(["scontrol", "requeue", str(jobid)])
         slurm_cluster.wait_state(jobid, "PENDING", timeout=30)
         record = slurm_cluster.spool_dir / f"{jobid}.json"
-        _wait_for(
+        wait_until(
             lambda: slurm_cluster.job_cgroup_dir(jobid) is None
             and (not record.exists() or json.loads(record.read_bytes())["end_time"]),
-            30, "the first run's epilog and the end of its cgroup", agent)
+            30, "the first run's epilog and the end of its cgroup", poll=0.5, log=agent.log)
         # slurmd refuses a credential issued in the same second as the kill of the first
         # run ("Job credential revoked"); it compares whole seconds.
         time.sleep(1.1)
@@ -150,7 +148,7 @@ def test_requeued_job_starts_new_gpu_counters(slurm_cluster: SlurmCluster,
             return text if start > old_start and alloc is not None else None
 
         try:
-            text = _wait_for(new_run, 30, "the new run's GPU series", agent)
+            text = wait_until(new_run, 30, "the new run's GPU series", poll=0.5, log=agent.log)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\nthe job's last series:\n" + "\n".join(seen)) from None
         new_start = job_value(text, "slurm_job_start_time_seconds")

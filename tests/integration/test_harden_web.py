@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import http.client
 import os
 import signal
@@ -17,15 +16,11 @@ import pytest
 
 from tests.agent import Agent
 from tests.integration.test_web_security import _client_ctx, _get, _wait_ready, pki
-from tests.support import wait_until
+from tests.support import basic_auth, wait_until
 
 pytestmark = pytest.mark.process
 
 __all__ = ["pki"]  # the module-scoped certificate fixture, shared with test_web_security
-
-
-def _auth(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
 def _tls(pki: Path, extra: str = "") -> str:
@@ -78,13 +73,14 @@ def test_sighup_rereads_the_password_and_a_broken_file_keeps_the_last_good(
                         "--web.config.reload-interval", "3600")
     try:
         ctx = _client_ctx(pki, with_cert=False)
-        _wait_ready(agent, ctx, _auth("prom", "first"))
-        assert _get(agent.url + "/metrics", ctx, _auth("prom", "second")) == 401
+        _wait_ready(agent, ctx, basic_auth("prom", "first"))
+        assert _get(agent.url + "/metrics", ctx, basic_auth("prom", "second")) == 401
 
         _replace(web, _tls(pki) + _users("second"))
         agent.proc.send_signal(signal.SIGHUP)
-        _until(lambda: _get(agent.url + "/metrics", ctx, _auth("prom", "second")) == 200, agent)
-        assert _get(agent.url + "/metrics", ctx, _auth("prom", "first")) == 401
+        second = basic_auth("prom", "second")
+        _until(lambda: _get(agent.url + "/metrics", ctx, second) == 200, agent)
+        assert _get(agent.url + "/metrics", ctx, basic_auth("prom", "first")) == 401
 
         _replace(web, "basic_auth_users: [not, a, mapping\n")
         for _ in range(3):  # one log line for this broken version, however often it is checked
@@ -92,7 +88,7 @@ def test_sighup_rereads_the_password_and_a_broken_file_keeps_the_last_good(
         _until(lambda: "not re-read" in agent.log(), agent)
         time.sleep(0.5)
         assert agent.log().count("not re-read") == 1
-        assert _get(agent.url + "/metrics", ctx, _auth("prom", "second")) == 200
+        assert _get(agent.url + "/metrics", ctx, basic_auth("prom", "second")) == 200
         assert agent.proc.poll() is None
     finally:
         agent.stop()
@@ -140,6 +136,6 @@ def test_plain_http_agent_rereads_basic_auth(tmp_path: Path) -> None:
                 return False
 
         _until(locked, agent)
-        assert _get(agent.url + "/metrics", None, _auth("prom", "pw")) == 200
+        assert _get(agent.url + "/metrics", None, basic_auth("prom", "pw")) == 200
     finally:
         agent.stop()

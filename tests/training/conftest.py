@@ -14,15 +14,9 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.training_relay import RelayLimits, TrainingRelay
-from tests.support import wait_until
 
 SENDER = Path(__file__).resolve().parent / "sender.py"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
-    """Poll ``predicate`` until it is true; fail after ``timeout`` seconds."""
-    wait_until(predicate, timeout, f"{predicate}", poll=0.02)
 
 
 class Jobs:

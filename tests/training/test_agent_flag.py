@@ -12,7 +12,7 @@ import pytest
 
 from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.agent import Agent, series
-from tests.training.conftest import wait_for
+from tests.support import wait_until
 
 pytestmark = pytest.mark.process
 
@@ -36,7 +36,7 @@ def test_the_relay_is_on_by_default_and_its_socket_goes_with_the_agent(node, tmp
         agent.wait_ready()
         mode = sock.lstat().st_mode
         assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o666
-        wait_for(lambda: _source_up(agent).get("training") == 1)
+        wait_until(lambda: _source_up(agent).get("training") == 1)
         assert "training relay listening on " + str(sock) in agent.log()
     finally:
         assert agent.stop() == 0

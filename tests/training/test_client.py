@@ -13,7 +13,8 @@ import pytest
 
 from slurm_gpu_exporter import training
 from slurm_gpu_exporter.training_relay import TrainingRelay
-from tests.training.conftest import REPO, series_of, wait_for
+from tests.support import wait_until
+from tests.training.conftest import REPO, series_of
 
 THREAD = "slurm-gpu-exporter-training"
 ALICE = (("jobid", "101"), ("user", "alice"))
@@ -86,13 +87,13 @@ def test_agent_vanishing_mid_run_then_returning(spool, jobs, senders):
     first.start()
     sender.go()
     try:
-        wait_for(lambda: series_of(first, "slurm_job_training_demo_value"))
+        wait_until(lambda: series_of(first, "slurm_job_training_demo_value"))
     finally:
         first.stop()
     second = TrainingRelay(spool, jobs)
     second.start()  # the agent restarted: the client reconnects by itself
     try:
-        wait_for(lambda: series_of(second, "slurm_job_training_demo_value") == {ALICE: 4.0})
+        wait_until(lambda: series_of(second, "slurm_job_training_demo_value") == {ALICE: 4.0})
         report = sender.finish()
     finally:
         second.stop()
@@ -107,7 +108,7 @@ def test_a_forked_child_publishes_on_its_own_connection(relay, jobs, senders):
     parent_of = _parent_pid
     jobs.fallback = lambda pid: ("202", "bob") if parent_of(pid) == sender.pid else None
     sender.go()
-    wait_for(lambda: len(series_of(relay, "slurm_job_training_steps_total")) == 2)
+    wait_until(lambda: len(series_of(relay, "slurm_job_training_steps_total")) == 2)
     sender.go()  # the child may end now
     report = sender.finish()
     assert THREAD not in report["threads"]
@@ -119,7 +120,7 @@ def test_counts_go_on_after_close(relay, jobs, senders):
     sender = senders("restart")
     jobs.by_pid[sender.pid] = ("101", "alice")
     sender.go()
-    wait_for(lambda: series_of(relay, "slurm_job_training_steps_total") == {ALICE: 5.0})
+    wait_until(lambda: series_of(relay, "slurm_job_training_steps_total") == {ALICE: 5.0})
     report = sender.finish()
     assert THREAD not in report["threads"]
 

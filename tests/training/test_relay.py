@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from slurm_gpu_exporter.training_relay import RelayLimits, TrainingRelay
-from tests.training.conftest import series_of, wait_for
+from tests.support import wait_until
+from tests.training.conftest import series_of
 
 DEMO = "slurm_job_training_demo_value"
 ALICE = (("jobid", "101"), ("user", "alice"))
@@ -26,16 +27,16 @@ def test_sender_is_credited_to_its_job_and_a_forged_jobid_label_is_replaced(
     sender = senders("client", "3.5", "0.5")
     jobs.by_pid[sender.pid] = ("101", "alice")
     sender.go()
-    wait_for(lambda: series_of(relay, DEMO))
+    wait_until(lambda: series_of(relay, DEMO))
     # The payload said jobid="forged", user="mallory"; the agent says who it is.
     assert series_of(relay, DEMO) == {ALICE: 3.5}
-    wait_for(lambda: series_of(relay, "slurm_job_training_steps_total"))
+    wait_until(lambda: series_of(relay, "slurm_job_training_steps_total"))
     assert series_of(relay, "slurm_job_training_loss") == {ALICE: 3.5}
     assert series_of(relay, "slurm_job_training_learning_rate") == {ALICE: 0.1}
     report = sender.finish()
     assert report["errors"] == 0
     # The exit flush sent the final count.
-    wait_for(lambda: series_of(relay, "slurm_job_training_steps_total")[ALICE]
+    wait_until(lambda: series_of(relay, "slurm_job_training_steps_total")[ALICE]
              == report["steps"])
     assert series_of(relay, "slurm_job_training_samples_total")[ALICE] == 8 * report["steps"]
     assert sender.pid in jobs.asked
@@ -57,7 +58,7 @@ def test_each_jobs_process_is_credited_to_its_own_job(relay, jobs, senders):
     jobs.by_pid[b.pid] = ("202", "bob")
     a.go()
     b.go()
-    wait_for(lambda: len(series_of(relay, DEMO)) == 2)
+    wait_until(lambda: len(series_of(relay, DEMO)) == 2)
     assert series_of(relay, DEMO) == {ALICE: 1.0, BOB: 2.0}
     a.finish()
     b.finish()
@@ -70,10 +71,10 @@ def test_forget_drops_the_jobs_series_and_closes_its_connections(relay, jobs, se
     jobs.by_pid[b.pid] = ("202", "bob")
     a.go()
     b.go()
-    wait_for(lambda: len(series_of(relay, DEMO)) == 2 and relay.connections() == 2)
+    wait_until(lambda: len(series_of(relay, DEMO)) == 2 and relay.connections() == 2)
     del jobs.by_pid[a.pid]  # the job ended: its processes are in no job any more
     relay.forget("101")
-    wait_for(lambda: relay.connections() == 1)
+    wait_until(lambda: relay.connections() == 1)
     time.sleep(0.2)  # a few more pushes from both
     assert set(series_of(relay, DEMO)) == {BOB}
     assert "101" not in relay.store.jobs()
@@ -84,7 +85,7 @@ def test_merged_families_render_as_text_and_openmetrics(relay, jobs, senders):
     jobs.by_pid[a.pid] = ("101", "alice")
     a.go()
     a.finish()
-    wait_for(lambda: series_of(relay, "slurm_job_training_steps_total"))
+    wait_until(lambda: series_of(relay, "slurm_job_training_steps_total"))
 
     class Relayed:
         def collect(self):
@@ -108,7 +109,7 @@ def test_message_rate_over_the_limit_is_refused_and_counted(spool, jobs, senders
         flooder = senders("raw", "small", "1000", "0.2")
         jobs.by_pid[flooder.pid] = ("101", "alice")
         flooder.go().finish()
-        wait_for(lambda: frozen.error_counts()["rate"] >= 1)
+        wait_until(lambda: frozen.error_counts()["rate"] >= 1)
         assert frozen.store.accepted() == limits.message_burst
         assert series_of(frozen, "slurm_job_training_flood_value") == {ALICE: 5.0}
     finally:
@@ -121,7 +122,7 @@ def test_oversized_garbage_and_bad_label_messages_are_refused_and_counted(
         sender = senders("raw", kind, "15", "0.2")
         jobs.by_pid[sender.pid] = ("101", "alice")
         sender.go().finish()
-    wait_for(lambda: relay.error_counts()["labels"] >= 3)
+    wait_until(lambda: relay.error_counts()["labels"] >= 3)
     counts = relay.error_counts()
     assert counts["size"] == 3
     assert counts["parse"] == 3
@@ -140,7 +141,7 @@ def test_connections_over_the_per_job_limit_are_refused_and_counted(relay, jobs,
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sock.connect(relay.path)
         socks.append(sock)
-    wait_for(lambda: relay.error_counts()["connections"] == 1)
+    wait_until(lambda: relay.error_counts()["connections"] == 1)
     assert relay.connections() == 2
     for sock in socks:
         sock.close()
@@ -155,7 +156,7 @@ def test_a_flood_leaves_the_store_bounded_and_other_jobs_served(relay, jobs, sen
     good = senders("client", "7", "8")  # runs past the flood and the checks after it
     jobs.by_pid[good.pid] = ("101", "alice")
     good.go()
-    wait_for(lambda: series_of(relay, "slurm_job_training_steps_total"), FLOOD_WAIT)
+    wait_until(lambda: series_of(relay, "slurm_job_training_steps_total"), FLOOD_WAIT)
     for flooder in flooders:
         flooder.go()
     small, big, series = (flooder.finish() for flooder in flooders)
@@ -166,10 +167,10 @@ def test_a_flood_leaves_the_store_bounded_and_other_jobs_served(relay, jobs, sen
     # and far more new series than the job may hold (1,000 in each message)
     assert series["attempts"] * 1000 >= 100 * relay.limits.max_series_per_job, series
     assert big["sent"] > 0
-    wait_for(lambda: relay.error_counts()["rate"] > 0, FLOOD_WAIT)
+    wait_until(lambda: relay.error_counts()["rate"] > 0, FLOOD_WAIT)
     # The other job's pushes still land: its step counter keeps rising.
     before = series_of(relay, "slurm_job_training_steps_total")[ALICE]
-    wait_for(lambda: series_of(relay, "slurm_job_training_steps_total")[ALICE] > before,
+    wait_until(lambda: series_of(relay, "slurm_job_training_steps_total")[ALICE] > before,
              FLOOD_WAIT)
     # Over its rate, the job's oversized and many-series messages may all lose the race
     # for its budget to the small ones (counted under "rate"): a few more of each kind
@@ -180,7 +181,7 @@ def test_a_flood_leaves_the_store_bounded_and_other_jobs_served(relay, jobs, sen
             late = senders("raw", kind, "5", "1")
             jobs.by_pid[late.pid] = ("666", "mallory")
             late.go().finish()
-        wait_for(lambda reason=reason: relay.error_counts()[reason] > 0, FLOOD_WAIT)
+        wait_until(lambda reason=reason: relay.error_counts()[reason] > 0, FLOOD_WAIT)
     good.finish()
     assert relay.store.jobs()["666"] <= relay.limits.max_series_per_job
     assert relay.store.jobs()["101"] < 20

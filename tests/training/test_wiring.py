@@ -26,7 +26,8 @@ from slurm_gpu_exporter.sim.synthnode import SynthNode
 from slurm_gpu_exporter.training_relay import JobIdentity, RelayLimits, TrainingRelay
 from slurm_gpu_exporter.training_relay.source import RelayJobs, TrainingSource
 from tests.agent import series
-from tests.training.conftest import Sender, wait_for
+from tests.support import wait_until
+from tests.training.conftest import Sender
 
 pytestmark = pytest.mark.process
 
@@ -109,7 +110,7 @@ def test_a_jobs_process_publishes_under_the_jobid_and_user_the_registry_reports(
     rig.node.add_job(4101, [sender.pid], user="alice")
     rig.sample()  # the registry reports the job
     sender.go()
-    wait_for(lambda: rig.relay.families())
+    wait_until(lambda: rig.relay.families())
     snapshot, text = rig.sample()
     # The payload said jobid="forged", user="mallory".
     assert _training(snapshot, DEMO) == {(("jobid", "4101"), ("user", "alice")): 3.5}
@@ -126,10 +127,10 @@ def test_a_process_that_connects_before_the_agent_knows_its_job_waits_and_is_cre
     sender = senders("client", "2", "1.5")
     rig.node.add_job(4102, [sender.pid], user="bob")
     sender.go()  # connects at once: the registry has not sampled the new job yet
-    wait_for(lambda: rig.relay.connections() == 1)
+    wait_until(lambda: rig.relay.connections() == 1)
     assert rig.relay.families() == []
     rig.sample()
-    wait_for(lambda: rig.relay.families())
+    wait_until(lambda: rig.relay.families())
     snapshot, _ = rig.sample()
     assert _training(snapshot, DEMO) == {(("jobid", "4102"), ("user", "bob")): 2.0}
     assert rig.relay.error_counts()["refused"] == 0
@@ -147,7 +148,7 @@ def test_a_process_in_a_job_the_agent_never_reports_is_refused_after_the_wait(
                              cgroup_path="/slurm_node1/uid_1001/job_777/step_0/task_0")
         _, text = rig.sample()
         sender.go()
-        wait_for(lambda: rig.relay.error_counts()["refused"] == 1)
+        wait_until(lambda: rig.relay.error_counts()["refused"] == 1)
         _, text = rig.sample()
         assert _up(text)["training"] == 0 and _errors(text)["training"] == 1
         _, text = rig.sample()  # nothing new: up again, and the refusal counted once
@@ -165,7 +166,7 @@ def test_the_environment_never_decides_the_job(rig, senders):
     rig.node.add_process(sender.pid, 1002, environ={"SLURM_JOB_ID": "4103"})
     rig.sample()
     sender.go()
-    wait_for(lambda: rig.relay.error_counts()["refused"] >= 1)
+    wait_until(lambda: rig.relay.error_counts()["refused"] >= 1)
     sender.finish()
     assert rig.relay.families() == []
     _, text = rig.sample()
@@ -180,14 +181,14 @@ def test_a_jobs_series_go_when_the_registry_drops_the_job(rig, senders):
     rig.sample()
     keep.go()
     gone.go()
-    wait_for(lambda: len(series_of_demo(rig)) == 2)
+    wait_until(lambda: len(series_of_demo(rig)) == 2)
     rig.node.remove_job(4105)  # no epilog, no grace, no linger
     rig.sample()  # the cgroup is missing ...
     snapshot, text = rig.sample()  # ... so the job ended and expired
     assert 'jobid="4105"' not in text
     assert _training(snapshot, DEMO) == {(("jobid", "4104"), ("user", "alice")): 1.0}
     assert "4105" not in rig.relay.jobs()
-    wait_for(lambda: rig.relay.connections() == 1)  # the dropped job's connection closed
+    wait_until(lambda: rig.relay.connections() == 1)  # the dropped job's connection closed
     keep.kill()
     gone.kill()
 

@@ -12,7 +12,7 @@ import pytest
 from slurm_gpu_exporter.node.cgroup import CgroupFS, CgroupGone
 from slurm_gpu_exporter.node.cgroup.files import UNIFIED, parse_cpu_list
 from slurm_gpu_exporter.node.cgroup.paths import CgroupJobRef, parse_cgroup_path
-from tests.support import require
+from tests.support import Clock, require
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 LAYOUTS = FIXTURES / "cgroup-layouts"
@@ -592,14 +592,6 @@ def test_real_v1_pids_are_the_jobs_processes_without_slurmstepd() -> None:
 # --- what a sample reads ---------------------------------------------------------------
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _opened_files(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     opened: list[str] = []
     real_open = os.open
@@ -619,7 +611,7 @@ def _opened_files(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_a_jobs_cpuset_and_memory_limit_are_read_again_only_after_the_steady_ttl(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, job_key: str,
         steady: set[str]) -> None:
-    clock = _Clock()
+    clock = Clock()
     fs = CgroupFS(layout_copy(tmp_path, layout), steady_ttl=60.0, clock=clock)
     job = fs.find_jobs()[job_key]
     first = fs.read_stats(job)
@@ -635,7 +627,7 @@ def test_a_jobs_cpuset_and_memory_limit_are_read_again_only_after_the_steady_ttl
 
 
 def test_a_changed_memory_limit_shows_once_the_steady_ttl_has_passed(tmp_path: Path) -> None:
-    clock = _Clock()
+    clock = Clock()
     root = layout_copy(tmp_path, "v2-system-slice")
     fs = CgroupFS(root, steady_ttl=60.0, clock=clock)
     job = fs.find_jobs()["401"]
@@ -689,7 +681,7 @@ def _scanned_dirs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_v1_steps_are_not_walked_again_once_they_are_no_longer_young(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = _Clock()
+    clock = Clock()
     fs = CgroupFS(layout_copy(tmp_path, "v1-slurm"), clock=clock)
     job = fs.find_jobs()["101"]
     first = fs.read_stats(job).pids
@@ -711,7 +703,7 @@ def test_v1_a_step_that_came_as_another_went_is_seen_in_the_same_sample(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The job directory's link count stays the same when one step goes and another
     comes between two samples; the gone step's failed read has the steps listed again."""
-    clock = _Clock()
+    clock = Clock()
     fs = CgroupFS(layout_copy(tmp_path, "v1-slurm"), clock=clock)
     job = fs.find_jobs()["101"]
     freezer = job.dirs["freezer"]
@@ -738,7 +730,7 @@ def test_v1_steps_are_listed_every_sample_where_link_counts_do_not_count_subdirs
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A filesystem whose directories keep one link whatever they hold (btrfs): the link
     count says nothing, so the steps are listed each time and a new step is seen."""
-    clock = _Clock()
+    clock = Clock()
     fs = CgroupFS(layout_copy(tmp_path, "v1-slurm"), clock=clock)
     job = fs.find_jobs()["101"]
     freezer = job.dirs["freezer"]
@@ -762,7 +754,7 @@ def test_v1_steps_are_listed_every_sample_where_link_counts_do_not_count_subdirs
 
 def test_v1_a_new_step_a_vanished_leaf_and_a_late_task_cgroup_are_all_seen(
         tmp_path: Path) -> None:
-    clock = _Clock()
+    clock = Clock()
     root = layout_copy(tmp_path, "v1-slurm")
     fs = CgroupFS(root, clock=clock)
     job = fs.find_jobs()["101"]

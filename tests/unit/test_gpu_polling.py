@@ -5,23 +5,15 @@ Time is a clock the test steps: retries are checked without sleeping.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from slurm_gpu_exporter.gpu.backend import GpuUnavailable, XidEvent
 from slurm_gpu_exporter.gpu.polling import BackendLink, XidCounts
 from slurm_gpu_exporter.node.source_health import SourceErrors
-from tests.support import wait_until
+from tests.support import Clock, wait_until
 from tests.unit.fake_gpu import FakeBackend
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture
@@ -47,23 +39,17 @@ def nvml_errors(link: BackendLink) -> int:
     return link.errors.snapshot()["nvml"]
 
 
-def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
-    """Poll ``condition`` (the backend's worker threads are real) until it holds."""
-    wait_until(condition, timeout, f"{condition}", poll=0.01)
-    return True
-
-
 def test_a_failed_init_is_retried_after_reinit_after_on_the_injected_clock(
     link: BackendLink, backend: FakeBackend, clock: Clock,
 ) -> None:
     backend.init_error = GpuUnavailable("no driver")
     assert link.read({}) is None
     assert backend.inits == 1 and nvml_errors(link) == 1
-    clock.t += 59.0
+    clock.now += 59.0
     assert link.read({}) is None
     assert backend.inits == 1  # not yet: no retry before reinit_after
     backend.init_error = None
-    clock.t += 1.0
+    clock.now += 1.0
     readings = link.read({})
     assert backend.inits == 2
     assert readings is not None and readings[0].uuid == backend.uuid
@@ -77,9 +63,9 @@ def test_a_read_that_fails_shuts_the_backend_down_until_reinit_after(
     assert link.read({}) is None
     assert backend.shutdowns == 1 and nvml_errors(link) == 1
     backend.read_error = None
-    clock.t += 30.0
+    clock.now += 30.0
     assert link.read({}) is None and backend.inits == 1
-    clock.t += 30.0
+    clock.now += 30.0
     assert link.read({}) is not None and backend.inits == 2
 
 
@@ -90,13 +76,13 @@ def test_a_hung_read_is_waited_for_once_then_reports_none_at_once(
     backend.hang.set()
     assert link.read({}) is None
     assert link._poller is not None and link._poller.busy
-    clock.t += 7.0
+    clock.now += 7.0
     assert link._poller.stuck_for == 7.0  # measured on the injected clock
     assert link.read({}) is None
     assert nvml_errors(link) == 2
     backend.hang.clear()
     # The hung read returns; its readings are the next poll's.
-    assert wait_for(lambda: link.read({}) is not None, timeout=5)
+    wait_until(lambda: link.read({}) is not None, 5, poll=0.01)
 
 
 def test_close_leaves_a_hung_backend_without_shutdown(
@@ -115,7 +101,7 @@ def test_xid_events_are_counted_per_gpu_by_the_xid_thread(
     assert link.read({}) is not None  # starts the Xid thread
     backend.xids = [XidEvent(backend.uuid, 79), XidEvent(backend.uuid, 79),
                     XidEvent("GPU-other", 13)]
-    assert wait_for(lambda: link.xids.of(backend.uuid) == ((79, 2),), timeout=5)
+    wait_until(lambda: link.xids.of(backend.uuid) == ((79, 2),), 5, poll=0.01)
     assert link.xids.of("GPU-other") == ((13, 1),)
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from slurm_gpu_exporter.gpu.simulated import SAMPLE_PERIOD_US, SimulatedBackend
+from tests.support import Clock
 
 
 @dataclass(frozen=True)
@@ -15,14 +16,6 @@ class Proc:
     pid: int
     used_memory: int
     sm_percent: float
-
-
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def busy_on_gpu_1(now: float) -> list[Proc]:
@@ -35,7 +28,7 @@ def test_samples_follow_the_processes_given_on_the_injected_clock() -> None:
     first = backend.read({})
     assert [r.index for r in first] == [0, 1]
     cursors = {r.uuid: (r.util_samples[-1].timestamp_us, 0) for r in first}
-    clock.t += 2.0
+    clock.now += 2.0
     gpu0, gpu1 = backend.read(cursors)
     assert len(gpu1.util_samples) == pytest.approx(2e6 / SAMPLE_PERIOD_US, abs=1)
     assert {s.percent for s in gpu1.util_samples} == {80.0}
@@ -52,7 +45,7 @@ def test_gpm_figures_follow_the_busy_share_from_the_second_read_on() -> None:
     backend = SimulatedBackend(2, busy_on_gpu_1, clock=clock)
     first = backend.read({})
     assert all(r.gpm_supported and r.gpm is None for r in first)  # the first sample only
-    clock.t += 2.0
+    clock.now += 2.0
     gpu0, gpu1 = backend.read({})
     assert gpu1.gpm is not None and gpu0.gpm is not None
     assert gpu1.gpm.seconds == pytest.approx(2.0)

@@ -14,14 +14,7 @@ from slurm_gpu_exporter.node.cgroup import CgroupFS
 from slurm_gpu_exporter.node.slurm.lookup import JobLookup, SlurmJobInfo, SlurmMetadata
 from slurm_gpu_exporter.node.source_health import SourceErrors
 from slurm_gpu_exporter.training_relay import TrainingRelay
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support import Clock
 
 
 class Node:
@@ -74,7 +67,7 @@ def make_registry(node: Node, clock: Clock, lookup: JobLookup | None = None,
 def test_job_with_spool_record_and_cgroup_is_running(node: Node) -> None:
     node.record("10", start_time=5.0, job_gpus="0,1", account="phys")
     node.start_cgroup("10")
-    [job] = make_registry(node, Clock()).refresh()
+    [job] = make_registry(node, Clock(1_000_000.0)).refresh()
     assert (job.jobid, job.user, job.account, job.source) == ("10", "alice", "phys", "spool")
     assert job.running and job.cgroup is not None and job.job_gpus == "0,1"
 
@@ -88,7 +81,7 @@ def test_job_without_spool_record_is_discovered_with_slurm_metadata(node: Node) 
         return SlurmJobInfo(jobid=jobid, uid=1002, user="bob", account="chem",
                             partition="gpu", name="train", job_gpus="2", start_time=123.0)
 
-    registry = make_registry(node, Clock(), lookup)
+    registry = make_registry(node, Clock(1_000_000.0), lookup)
     [job] = registry.refresh()
     registry.refresh()
     assert (job.jobid, job.user, job.account, job.partition, job.name) == (
@@ -106,7 +99,7 @@ def test_a_job_is_built_once_and_again_only_when_what_it_is_built_from_changes(
     def lookup(jobid: str) -> SlurmJobInfo | None:
         return answers.get(jobid)
 
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     registry = make_registry(node, clock, lookup)
     [first] = registry.refresh()
     [again] = registry.refresh()
@@ -131,19 +124,19 @@ def test_qos_comes_from_the_record_else_from_slurm(node: Node) -> None:
     def lookup(jobid: str) -> SlurmJobInfo:
         return SlurmJobInfo(jobid=jobid, uid=1001, user="alice", qos="normal")
 
-    jobs = make_registry(node, Clock(), lookup).refresh()
+    jobs = make_registry(node, Clock(1_000_000.0), lookup).refresh()
     assert [(j.jobid, j.qos, j.info().qos) for j in jobs] == [
         ("12", "high", "high"), ("13", "normal", "normal")]
 
 
 def test_discovered_job_without_slurm_keeps_uid_from_the_cgroup_path(node: Node) -> None:
     node.start_cgroup("12", uid=0)
-    [job] = make_registry(node, Clock(), lookup=None).refresh()
+    [job] = make_registry(node, Clock(1_000_000.0), lookup=None).refresh()
     assert job.uid == 0 and job.user == "root"
 
 
 def test_record_whose_cgroup_vanished_without_epilog_ends_after_the_grace(node: Node) -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     node.record("13", start_time=1.0)
     node.start_cgroup("13")
     registry = make_registry(node, clock)
@@ -163,7 +156,7 @@ def test_record_whose_cgroup_vanished_without_epilog_ends_after_the_grace(node: 
 
 
 def test_epilog_ends_the_job_and_it_lingers_then_goes_with_its_record(node: Node) -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     node.record("14", start_time=1.0)
     node.start_cgroup("14")
     registry = make_registry(node, clock)
@@ -181,7 +174,7 @@ def test_epilog_ends_the_job_and_it_lingers_then_goes_with_its_record(node: Node
 
 
 def test_leftover_cgroup_of_an_expired_job_does_not_revive_it(node: Node) -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     node.start_cgroup("15")
     node.record("15", start_time=1.0, end_time=clock.now)
     registry = make_registry(node, clock)
@@ -193,7 +186,7 @@ def test_leftover_cgroup_of_an_expired_job_does_not_revive_it(node: Node) -> Non
 
 
 def test_requeued_job_with_a_new_prolog_record_runs_again(node: Node) -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     node.record("16", start_time=1.0, end_time=clock.now)
     registry = make_registry(node, clock)
     assert not registry.refresh()[0].running
@@ -208,7 +201,7 @@ def test_job_requeued_onto_this_node_without_a_prolog_runs_again_with_its_new_st
     # Slurm 22.05 runs no prolog for a batch job requeued onto the node it ran on: the
     # new run shows only as a new cgroup under the same job id, while the record still
     # says the first run ended. It must not be taken for a leftover of the first run.
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     starts = {"17": 1.0}
 
     def lookup(jobid: str) -> SlurmJobInfo:
@@ -237,7 +230,7 @@ def test_job_requeued_onto_this_node_without_a_prolog_runs_again_with_its_new_st
 
 
 def test_leftover_cgroup_of_an_ended_job_does_not_restart_it(node: Node) -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     node.record("18", start_time=1.0)
     node.start_cgroup("18")
     registry = make_registry(node, clock)
@@ -257,7 +250,7 @@ def test_hostile_spool_files_are_skipped_counted_once_and_others_unaffected(node
     (node.spool_dir / "..json").write_text("{}")
     (node.spool_dir / "notes.txt").write_text("hello")
     errors = SourceErrors()
-    registry = make_registry(node, Clock(), errors=errors)
+    registry = make_registry(node, Clock(1_000_000.0), errors=errors)
     jobs = registry.refresh()
     registry.refresh()
     assert [j.jobid for j in jobs] == ["20"]
@@ -272,7 +265,7 @@ def test_the_training_relays_socket_in_the_spool_is_not_a_malformed_record(
     try:
         assert (node.spool_dir / "training.sock").is_socket()
         errors = SourceErrors()
-        jobs = make_registry(node, Clock(), errors=errors).refresh()
+        jobs = make_registry(node, Clock(1_000_000.0), errors=errors).refresh()
         assert [j.jobid for j in jobs] == ["20"]
         assert errors.snapshot()["spool"] == 0
     finally:
@@ -281,13 +274,13 @@ def test_the_training_relays_socket_in_the_spool_is_not_a_malformed_record(
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as other:
         other.bind(str(node.spool_dir / "other.sock"))
         errors = SourceErrors()
-        make_registry(node, Clock(), errors=errors).refresh()
+        make_registry(node, Clock(1_000_000.0), errors=errors).refresh()
         assert errors.snapshot()["spool"] == 1
 
 
 def test_a_changed_bad_file_is_counted_again(node: Node) -> None:
     errors = SourceErrors()
-    registry = make_registry(node, Clock(), errors=errors)
+    registry = make_registry(node, Clock(1_000_000.0), errors=errors)
     (node.spool_dir / "30.json").write_text("{bad")
     registry.refresh()
     (node.spool_dir / "30.json").write_text("{still bad, but new}")
@@ -298,12 +291,12 @@ def test_a_changed_bad_file_is_counted_again(node: Node) -> None:
 def test_missing_spool_dir_is_not_an_error(node: Node, tmp_path: Path) -> None:
     node.spool_dir.rmdir()
     errors = SourceErrors()
-    assert make_registry(node, Clock(), errors=errors).refresh() == []
+    assert make_registry(node, Clock(1_000_000.0), errors=errors).refresh() == []
     assert errors.snapshot()["spool"] == 0
 
 
 def test_record_never_seen_in_cgroups_ends_when_slurm_says_so(node: Node) -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     node.record("40", start_time=1.0)
     states = {"40": "RUNNING"}
 
@@ -332,7 +325,7 @@ def _never_seen_job_after(registry: JobTracker, clock: Clock, minutes: int) -> b
 def test_record_never_seen_in_cgroups_ends_once_slurm_no_longer_knows_it(node: Node) -> None:
     # A prolog ran, the job never got a cgroup here, and the controller forgot it:
     # without a bound the record stays "running" for ever.
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     node.record("41", start_time=1.0)
     asked: list[str] = []
 
@@ -349,7 +342,7 @@ def test_record_never_seen_in_cgroups_ends_once_slurm_no_longer_knows_it(node: N
 
 
 def test_record_never_seen_in_cgroups_ends_when_slurm_lookups_keep_failing(node: Node) -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     node.record("41", start_time=1.0)
 
     def lookup(jobid: str) -> SlurmJobInfo | None:
@@ -361,7 +354,7 @@ def test_record_never_seen_in_cgroups_ends_when_slurm_lookups_keep_failing(node:
 
 
 def test_record_never_seen_in_cgroups_stays_while_slurm_reports_it_running(node: Node) -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     node.record("41", start_time=1.0)
 
     def lookup(jobid: str) -> SlurmJobInfo | None:
@@ -375,7 +368,7 @@ def test_record_never_seen_in_cgroups_stays_while_slurm_reports_it_running(node:
 def test_expired_record_that_cannot_be_deleted_is_logged_at_warning_once(
     node: Node, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     node.record("42", start_time=1.0, end_time=clock.now)
 
     def refuse(dir_fd: int, jobid: str) -> None:
@@ -458,7 +451,7 @@ class FlakyCgroupFS(CgroupFS):
 def test_a_failed_cgroup_scan_does_not_revive_an_expired_job(node: Node) -> None:
     # The job ended and expired, its record is gone, and Slurm has not removed its
     # cgroup yet. One failed scan must not make the registry forget it expired.
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     cgroups = FlakyCgroupFS(node.cgroup_root, rescan_interval=0)
     errors = SourceErrors()
     registry = JobTracker(str(node.spool_dir), cgroups, SlurmMetadata(None, clock=clock),
@@ -482,7 +475,7 @@ def test_a_failed_cgroup_scan_does_not_revive_an_expired_job(node: Node) -> None
 
 
 def test_a_failed_cgroup_scan_ends_no_running_job(node: Node) -> None:
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     cgroups = FlakyCgroupFS(node.cgroup_root, rescan_interval=0)
     registry = JobTracker(str(node.spool_dir), cgroups, SlurmMetadata(None, clock=clock),
                         SourceErrors(), job_linger=60, cgroup_grace=30,
@@ -501,7 +494,7 @@ def test_a_failed_cgroup_scan_ends_no_running_job(node: Node) -> None:
 def test_a_requeue_with_a_new_prolog_record_is_a_fresh_run_that_ends_once(node: Node) -> None:
     # Run 1 ends; run 2 comes with a new prolog record and a new cgroup. When run 2
     # ends while its cgroup is still there, no third run may appear.
-    clock = Clock()
+    clock = Clock(1_000_000.0)
     registry = make_registry(node, clock)
     node.record("25", start_time=1.0)
     node.start_cgroup("25")

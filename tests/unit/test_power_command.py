@@ -13,7 +13,7 @@ from slurm_gpu_exporter.jobs.node_energy import MeasuredParts, NodeEnergySource
 from slurm_gpu_exporter.node.hwmon import MeterDown
 from slurm_gpu_exporter.node.power_command import PowerCommand, parse_power
 from slurm_gpu_exporter.node.source_health import SourceErrors
-from tests.support import wait_until
+from tests.support import Clock, wait_until
 
 DCMI = b"""
     Instantaneous power reading:                   312 Watts
@@ -33,14 +33,6 @@ def _script(tmp_path: Path, body: str) -> list[str]:
     return [str(path)]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_ipmitool_dcmi_and_a_bare_number_parse() -> None:
     assert parse_power(DCMI) == 312.0
     assert parse_power(b"412.5 W\n") == 412.5
@@ -57,7 +49,7 @@ def test_output_that_is_not_exactly_one_reading_is_refused(output: bytes) -> Non
 
 @pytest.mark.process
 def test_a_reading_is_kept_until_it_is_too_old(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     command = PowerCommand(_script(tmp_path, "echo '312 Watts'\n"), interval=30.0,
                            timeout=10.0, clock=clock)
     with pytest.raises(MeterDown, match="not answered yet"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import gzip
 import threading
 import urllib.error
@@ -22,12 +21,9 @@ from slurm_gpu_exporter.exposition.rendered import render
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.web.config import WebConfig, parse_web_config
 from slurm_gpu_exporter.web.server import ExpositionHolder, make_app, parse_listen_address
+from tests.support import basic_auth
 
 HASH = bcrypt.hashpw(b"good", bcrypt.gensalt(rounds=4)).decode()
-
-
-def _basic(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
 def _with_client(app: web.Application,
@@ -187,9 +183,9 @@ def test_basic_auth_and_configured_headers_apply_to_every_endpoint() -> None:
             resp = await client.get(path)
             assert resp.status == 401, path
             assert resp.headers["WWW-Authenticate"].startswith("Basic")
-            resp = await client.get(path, headers={"Authorization": _basic("prom", "bad")})
+            resp = await client.get(path, headers={"Authorization": basic_auth("prom", "bad")})
             assert resp.status == 401, path
-            resp = await client.get(path, headers={"Authorization": _basic("prom", "good")})
+            resp = await client.get(path, headers={"Authorization": basic_auth("prom", "good")})
             assert resp.status == 200, path
             assert resp.headers["X-Frame-Options"] == "deny"
 
@@ -265,7 +261,7 @@ def test_a_wrong_password_being_checked_does_not_stall_other_scrapes() -> None:
 
     config = parse_web_config({"basic_auth_users": {"prom": HASH}}, Path("."))
     config.password_check = slow_on_wrong
-    good = _basic("prom", "good")
+    good = basic_auth("prom", "good")
 
     def scrape(name: str, auth: str, url: str) -> int:
         status = _status(url, auth)
@@ -277,7 +273,8 @@ def test_a_wrong_password_being_checked_does_not_stall_other_scrapes() -> None:
             ThreadPoolExecutor(max_workers=8) as pool:
         assert _status(base + "/metrics", good) == 200  # verified once, then cached
         # Two different wrong passwords: one password on many connections is checked once.
-        wrongs = [pool.submit(scrape, f"wrong{i}", _basic("prom", f"wrong{i}"), base + "/metrics")
+        wrongs = [pool.submit(scrape, f"wrong{i}", basic_auth("prom", f"wrong{i}"),
+                              base + "/metrics")
                   for i in range(2)]
         for _ in range(2):  # both wrong checks are now running, and held
             assert checking.acquire(timeout=10)
@@ -293,11 +290,11 @@ def test_a_wrong_password_being_checked_does_not_stall_other_scrapes() -> None:
 
 def test_the_synchronous_check_gives_the_same_answers() -> None:
     config = WebConfig(users={"prom": HASH.encode()})
-    assert config.check_basic_auth(_basic("prom", "good"))
-    assert not config.check_basic_auth(_basic("prom", "wrong"))
+    assert config.check_basic_auth(basic_auth("prom", "good"))
+    assert not config.check_basic_auth(basic_auth("prom", "wrong"))
 
     async def both() -> tuple[bool, bool]:
-        return (await config.check_basic_auth_async(_basic("prom", "good")),
-                await config.check_basic_auth_async(_basic("prom", "wrong")))
+        return (await config.check_basic_auth_async(basic_auth("prom", "good")),
+                await config.check_basic_auth_async(basic_auth("prom", "wrong")))
 
     assert asyncio.run(both()) == (True, False)

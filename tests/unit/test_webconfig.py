@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import threading
 from pathlib import Path
 
@@ -17,12 +16,9 @@ from slurm_gpu_exporter.web.config import (
     load_web_config,
     parse_web_config,
 )
+from tests.support import basic_auth
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
-
-
-def _basic(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
 def test_empty_config_means_plain_http_and_no_auth(tmp_path: Path) -> None:
@@ -33,10 +29,10 @@ def test_empty_config_means_plain_http_and_no_auth(tmp_path: Path) -> None:
 
 def test_basic_auth_accepts_the_right_password_only() -> None:
     config = parse_web_config({"basic_auth_users": {"prom": HASH}}, Path("."))
-    assert config.check_basic_auth(_basic("prom", "s3cret"))
-    assert config.check_basic_auth(_basic("prom", "s3cret")), "cached answer stays right"
-    assert not config.check_basic_auth(_basic("prom", "wrong"))
-    assert not config.check_basic_auth(_basic("other", "s3cret"))
+    assert config.check_basic_auth(basic_auth("prom", "s3cret"))
+    assert config.check_basic_auth(basic_auth("prom", "s3cret")), "cached answer stays right"
+    assert not config.check_basic_auth(basic_auth("prom", "wrong"))
+    assert not config.check_basic_auth(basic_auth("other", "s3cret"))
     assert not config.check_basic_auth(None)
     assert not config.check_basic_auth("Basic !!!notbase64")
     assert not config.check_basic_auth("Bearer abc")
@@ -111,10 +107,10 @@ def test_a_password_over_72_bytes_is_refused_not_an_error_nor_cut() -> None:
     config = parse_web_config(
         {"basic_auth_users": {"prom": bcrypt.hashpw(long.encode(), bcrypt.gensalt(4)).decode()}},
         Path("."))
-    assert config.check_basic_auth(_basic("prom", long))
+    assert config.check_basic_auth(basic_auth("prom", long))
     # Same first 72 bytes: bcrypt 4 would accept it, bcrypt 5 raises (a 500 before).
-    assert not config.check_basic_auth(_basic("prom", long + "tail"))
-    assert not config.check_basic_auth(_basic("prom", "x" * 100))
+    assert not config.check_basic_auth(basic_auth("prom", long + "tail"))
+    assert not config.check_basic_auth(basic_auth("prom", "x" * 100))
 
 
 @pytest.mark.parametrize("bad", [HASH[:-1], HASH[:7] + "$" + HASH[8:], "$2y$99$" + HASH[7:],
@@ -136,8 +132,8 @@ def test_an_unknown_user_is_checked_against_a_dummy_hash_of_the_same_cost() -> N
         return bcrypt.checkpw(password, against)
 
     config.password_check = check
-    assert not config.check_basic_auth(_basic("nobody", "s3cret"))
-    assert not config.check_basic_auth(_basic("prom", "wrong"))
+    assert not config.check_basic_auth(basic_auth("nobody", "s3cret"))
+    assert not config.check_basic_auth(basic_auth("prom", "wrong"))
     assert len(checked) == 2 and checked[0] != hashed and checked[0][:7] == b"$2b$05$"
 
 
@@ -147,7 +143,7 @@ def test_the_queue_of_password_checks_is_bounded() -> None:
     config.password_check = lambda password, hashed: release.wait(10) and False
 
     async def flood() -> tuple[int, int]:
-        tasks = [asyncio.create_task(config.check_basic_auth_async(_basic("prom", f"w{i}")))
+        tasks = [asyncio.create_task(config.check_basic_auth_async(basic_auth("prom", f"w{i}")))
                  for i in range(MAX_PENDING_CHECKS + 5)]
         await asyncio.sleep(0.1)
         release.set()
@@ -174,7 +170,7 @@ def test_one_credential_sent_on_many_connections_at_once_is_checked_once() -> No
     config.password_check = check
 
     async def together() -> list[object]:
-        tasks = [asyncio.create_task(config.check_basic_auth_async(_basic("prom", "s3cret")))
+        tasks = [asyncio.create_task(config.check_basic_auth_async(basic_auth("prom", "s3cret")))
                  for _ in range(MAX_PENDING_CHECKS * 3)]
         await asyncio.sleep(0.1)
         release.set()
