@@ -31,7 +31,7 @@ import bcrypt
 import pytest
 
 from slurm_gpu_exporter.report.cli.client_config import ClientConfig, load_client_config
-from tests.support import free_port, move_aside, require, wait_until
+from tests.support import REPO, free_port, move_aside, require, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -40,7 +40,6 @@ pytestmark = pytest.mark.process
 def _node_wide(etc_lock: None) -> None:
     """Every test here writes /opt and /etc, or reads what another wrote: one at a time."""
 
-REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "deploy" / "ansible"
 SHIPPED_UNIT = REPO / "deploy" / "systemd" / "slurm-gpu-exporter.service"
 VENV_BIN = Path(sys.executable).parent

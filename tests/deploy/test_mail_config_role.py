@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.mail.config import load_mail_config
-from tests.support import require
+from tests.support import REPO, require
 
 pytestmark = pytest.mark.process
 
-REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "deploy" / "ansible"
 VENV_BIN = Path(sys.executable).parent
 

@@ -20,13 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.agent import Agent
-from tests.daemons import Prometheus, http_json
-from tests.support import move_aside, require, wait_until
+from tests.support import REPO, move_aside, require, wait_until
+from tests.support.agent import Agent
+from tests.support.daemons import Prometheus, http_json
 
 pytestmark = pytest.mark.process
 
-REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = REPO / "deploy" / "ansible"
 VENV_BIN = Path(sys.executable).parent
 RULES = ("slurm-gpu-exporter.rules.yml", "slurm-gpu-exporter.alerts.yml", "training.rules.yml")

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.daemons import tool
-from tests.deploy.test_monitoring_role import REPO, MonitoringHost
+from tests.deploy.test_monitoring_role import MonitoringHost
+from tests.support import REPO
+from tests.support.daemons import tool
 
 pytestmark = pytest.mark.process
 

@@ -7,15 +7,14 @@ from __future__ import annotations
 import configparser
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from tests.support import require
+from tests.support import REPO, require
 
 pytestmark = pytest.mark.process
 
-SYSTEMD = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
+SYSTEMD = REPO / "deploy" / "systemd"
 UNITS = ("slurm-gpu-enforce.service", "slurm-gpu-enforce.timer", "slurm-gpu-remediate.service",
          "slurm-gpu-report-review.service", "slurm-gpu-report-review.timer")
 

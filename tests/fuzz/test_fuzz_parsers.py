@@ -35,8 +35,9 @@ from slurm_gpu_exporter.node.slurm.parse import (
     parse_scontrol_line,
 )
 from slurm_gpu_exporter.web.config import WebConfigError, load_web_config, parse_web_config
+from tests.support import FIXTURES
 
-LAYOUTS = Path(__file__).resolve().parent.parent / "fixtures" / "cgroup-layouts"
+LAYOUTS = FIXTURES / "cgroup-layouts"
 # What a parser may hand back for an input of n bytes: far from "without bound".
 MAX_ITEMS = 100_000
 

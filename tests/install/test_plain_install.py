@@ -24,12 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons import Prometheus, tool
-from tests.support import free_port, require, wait_until
+from tests.support import REPO, free_port, require, wait_until
+from tests.support.daemons import Prometheus, tool
 
 pytestmark = [pytest.mark.process, pytest.mark.prometheus]
 
-REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 # The console scripts the docs promise (DESIGN.md's contracts); the wheel may add more.
 PROMISED_SCRIPTS = {"slurm-gpu-exporter", "slurm-gpu-exporter-prolog",

@@ -3,7 +3,7 @@
 Jobs are submitted with sbatch as the normal users sgeuser/sgeuser2 with
 ``--gres=gpu:2``; slurmd itself runs the repository's prolog and epilog, which write
 the job records into the cluster's spool directory. The agent runs as a subprocess
-(tests/agent.py) over the real /sys/fs/cgroup and /proc, with the Slurm CLI for
+(tests/support/agent.py) over the real /sys/fs/cgroup and /proc, with the Slurm CLI for
 look-ups, ``--sample-interval 1`` and ``--job-linger 3``, and a fresh state dir.
 
 Every test ends its jobs and agents in finally blocks (the context managers below).
@@ -30,9 +30,9 @@ from typing import TypeVar
 
 import pytest
 
-from tests.agent import Agent, series
-from tests.integration.slurmcluster import ACCOUNTS, SBIN_PATH, SlurmCluster, SlurmError
 from tests.support import wait_until
+from tests.support.agent import Agent, series
+from tests.support.slurmcluster import ACCOUNTS, SBIN_PATH, SlurmCluster, SlurmError
 
 INTERVAL = 1.0  # --sample-interval
 LINGER = 3.0  # --job-linger

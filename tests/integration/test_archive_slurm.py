@@ -21,12 +21,12 @@ import pytest
 
 from slurm_gpu_exporter.report.archive.store import ArchiveStore
 from slurm_gpu_exporter.report.slurm.accounting import parse_reqmem, parse_timelimit
-from tests.agent import Agent
-from tests.daemons import Prometheus
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
-from tests.integration.slurmcluster import SlurmCluster
 from tests.report.pgserver import PostgresServer
 from tests.support import wait_until
+from tests.support.agent import Agent
+from tests.support.daemons import Prometheus
+from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
               pytest.mark.prometheus]

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.fakenvml import Device, MigInstance, NvmlState, fake_nvml_or_skip
-from tests.integration.slurmcluster import SlurmCluster
+from tests.support import FIXTURES
+from tests.support.slurmcluster import SlurmCluster
 
-LAYOUTS = Path(__file__).resolve().parent.parent / "fixtures" / "cgroup-layouts"
+LAYOUTS = FIXTURES / "cgroup-layouts"
 EXPORTER = Path(sys.executable).with_name("slurm-gpu-exporter")
 
 pytestmark = pytest.mark.process

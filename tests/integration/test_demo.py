@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_port, require
+from tests.support import REPO, free_port, require
 
 pytestmark = pytest.mark.process
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 DEMO_PORT = 9817
 
 

@@ -35,11 +35,11 @@ from typing import Any
 
 import pytest
 
-from tests.agent import Agent
-from tests.daemons import Prometheus
 from tests.fakenvml import Device, NvmlState, Process, fake_nvml_or_skip
-from tests.integration.slurmcluster import SlurmCluster
 from tests.support import free_port, wait_until
+from tests.support.agent import Agent
+from tests.support.daemons import Prometheus
+from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
               pytest.mark.prometheus]

@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from tests.agent import Agent
-from tests.daemons import Prometheus, WebhookReceiver
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
-from tests.integration.slurmcluster import SlurmCluster
 from tests.support import wait_until
+from tests.support.agent import Agent
+from tests.support.daemons import Prometheus, WebhookReceiver
+from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
               pytest.mark.prometheus]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent import Agent, series
 from tests.support import free_port, require, wait_until
+from tests.support.agent import Agent, series
 
 pytestmark = pytest.mark.process
 

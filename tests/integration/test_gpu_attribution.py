@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.sim.synthnode import SynthNode
-from tests.agent import Agent, series
 from tests.fakenvml import (
     Device,
     FakeNvml,
@@ -32,6 +31,7 @@ from tests.fakenvml import (
     XidEvent,
     fake_nvml_or_skip,
 )
+from tests.support.agent import Agent, series
 
 pytestmark = pytest.mark.fakenvml
 

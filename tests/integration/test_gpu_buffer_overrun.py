@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.sim.synthnode import SynthNode
-from tests.agent import Agent
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
 from tests.integration.test_gpu_attribution import job_gpu, last_sample, value
+from tests.support.agent import Agent
 
 pytestmark = pytest.mark.fakenvml
 

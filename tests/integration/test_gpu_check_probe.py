@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.support import REPO
 
 pytestmark = [pytest.mark.process, pytest.mark.fakenvml]
 
-REPO = Path(__file__).resolve().parents[2]
 
 # The buffer is a ring of 120 slots of samples taken 167 ms apart: 119 periods from
 # oldest to newest, and one more for each sample missing between them (the fake leaves

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.sim.synthnode import SynthNode
-from tests.agent import Agent
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
 from tests.fakenvml.clock_shim import booted_env
 from tests.integration.test_gpu_attribution import (
@@ -29,6 +28,7 @@ from tests.integration.test_gpu_attribution import (
     wait_samples,
 )
 from tests.support import wait_until
+from tests.support.agent import Agent
 
 pytestmark = [pytest.mark.process, pytest.mark.fakenvml]
 

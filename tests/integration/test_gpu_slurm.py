@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent import Agent, series
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
-from tests.integration.slurmcluster import SlurmCluster
 from tests.support import wait_until
+from tests.support.agent import Agent, series
+from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.fakenvml]
 

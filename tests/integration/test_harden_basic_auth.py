@@ -19,8 +19,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from tests.agent import Agent
 from tests.support import wait_until
+from tests.support.agent import Agent
 
 pytestmark = [pytest.mark.process]
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.sim.synthnode import SynthNode
-from tests.agent import Agent, series
 from tests.fakenvml import Device, NvmlState, fake_nvml_or_skip
 from tests.hardening.churn import end_job, rss_kib
 from tests.support import wait_until
+from tests.support.agent import Agent, series
 
 pytestmark = pytest.mark.fakenvml
 

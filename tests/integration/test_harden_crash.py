@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_gpu_exporter.node.state_dir import STATE_FILE
 from slurm_gpu_exporter.sim.synthnode import SynthNode
-from tests.agent import Agent
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.support.agent import Agent
 
 pytestmark = pytest.mark.fakenvml
 

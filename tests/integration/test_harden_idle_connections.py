@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent import BIN, series
 from tests.support import free_port, require, wait_until
+from tests.support.agent import BIN, series
 
 pytestmark = [pytest.mark.process]
 

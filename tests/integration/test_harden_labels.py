@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_gpu_exporter.exposition.labels import MAX_LABEL_VALUE_CHARS
 from slurm_gpu_exporter.sim.synthnode import SynthNode
-from tests.agent import Agent
 from tests.fakenvml import Device, NvmlState, fake_nvml_or_skip
 from tests.support import require
+from tests.support.agent import Agent
 
 pytestmark = pytest.mark.fakenvml
 

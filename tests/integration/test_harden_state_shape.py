@@ -9,7 +9,7 @@ import pytest
 
 from slurm_gpu_exporter.node.state_dir import STATE_FILE
 from slurm_gpu_exporter.sim.synthnode import SynthNode
-from tests.agent import Agent
+from tests.support.agent import Agent
 
 pytestmark = [pytest.mark.process]
 

@@ -13,9 +13,9 @@ import pytest
 
 from slurm_gpu_exporter.node.state_dir import STATE_FILE
 from slurm_gpu_exporter.sim.synthnode import SynthNode
-from tests.agent import Agent, series
 from tests.fakenvml import Device, NvmlState, fake_nvml_or_skip
 from tests.support import require, wait_until
+from tests.support.agent import Agent, series
 
 pytestmark = pytest.mark.fakenvml
 

@@ -30,12 +30,12 @@ from typing import Any
 
 import pytest
 
-from tests.agent import Agent
-from tests.daemons import Daemon, Prometheus
 from tests.fakenvml import Device, NvmlState, Process, XidEvent, fake_nvml_or_skip
-from tests.integration.slurmcluster import SlurmCluster
 from tests.observe.conftest import generate_alerts
 from tests.support import free_port, wait_until
+from tests.support.agent import Agent
+from tests.support.daemons import Daemon, Prometheus
+from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
               pytest.mark.prometheus]

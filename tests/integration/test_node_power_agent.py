@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent import Agent, series
 from tests.support import wait_until
+from tests.support.agent import Agent, series
 
 pytestmark = pytest.mark.process
 

@@ -21,12 +21,12 @@ from slurm_gpu_exporter.proxy.munge import MungeDecoder, MungeRefusal
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.prometheus.client import Connection, PrometheusClient
 from slurm_gpu_exporter.report.slurm.munge import munge_credential
-from tests.agent import Agent
-from tests.daemons import Daemon, Prometheus, tool
-from tests.integration.slurmcluster import SlurmCluster
-from tests.munge import SITE_SOCKET, OwnMunged, credential, for_proxy
 from tests.proxy.stack import Answer, prometheus_config, request, write_configs
 from tests.support import free_port, wait_until
+from tests.support.agent import Agent
+from tests.support.daemons import Daemon, Prometheus, tool
+from tests.support.munge import SITE_SOCKET, OwnMunged, credential, for_proxy
+from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.prometheus, pytest.mark.slurm]
 

@@ -17,10 +17,7 @@ import bcrypt
 import pytest
 import yaml
 
-from tests.agent import Agent
-from tests.daemons import Alertmanager, Daemon, Prometheus
 from tests.fakenvml import Device, FakeNvml, NvmlState, XidEvent, fake_nvml_or_skip
-from tests.integration.slurmcluster import SlurmCluster
 from tests.integration.test_remediate_slurm import (
     ACTED_ON,
     PASSWORD,
@@ -36,6 +33,9 @@ from tests.integration.test_remediate_slurm import (
 )
 from tests.observe.conftest import generate_alerts
 from tests.support import free_port, wait_until
+from tests.support.agent import Agent
+from tests.support.daemons import Alertmanager, Daemon, Prometheus
+from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
               pytest.mark.prometheus]

@@ -26,12 +26,12 @@ import bcrypt
 import pytest
 import yaml
 
-from tests.agent import Agent
-from tests.daemons import Alertmanager, Daemon, Prometheus, WebhookReceiver, http_json
 from tests.fakenvml import Device, FakeNvml, NvmlState, XidEvent, fake_nvml_or_skip
-from tests.integration.slurmcluster import SlurmCluster
 from tests.observe.conftest import alertmanager_config, generate_alerts
 from tests.support import free_port, wait_until
+from tests.support.agent import Agent
+from tests.support.daemons import Alertmanager, Daemon, Prometheus, WebhookReceiver, http_json
+from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
               pytest.mark.prometheus]

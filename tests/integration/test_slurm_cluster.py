@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.slurmcluster import SlurmCluster
+from tests.support.slurmcluster import SlurmCluster
 
 # Controllers in which Debian's Slurm 22.05 (cgroup/v1, proctrack+task cgroup) makes
 # job directories; cpuacct only with JobAcctGatherType=jobacct_gather/cgroup.

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from slurm_gpu_exporter.node.slurm.lookup import SlurmCli, SlurmJobInfo
-from tests.integration.slurmcluster import ACCOUNTS, SlurmCluster, SlurmError
+from tests.support.slurmcluster import ACCOUNTS, SlurmCluster, SlurmError
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm]
 

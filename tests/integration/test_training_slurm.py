@@ -3,7 +3,7 @@
 The one-node Slurm 22.05 cluster (cgroup v1) runs batch jobs as sgeuser/sgeuser2; their
 python3 imports the package's client (``slurm_gpu_exporter.training``, with
 prometheus-client) from a copy made readable to every user, and pushes to
-``training.sock`` in the cluster's spool dir. The agent (tests/agent.py) runs with
+``training.sock`` in the cluster's spool dir. The agent (tests/support/agent.py) runs with
 ``--sample-interval 1 --job-linger 3`` and the relay on (the default).
 """
 
@@ -25,8 +25,6 @@ import prometheus_client
 import pytest
 
 import slurm_gpu_exporter
-from tests.agent import Agent, series
-from tests.integration.slurmcluster import SlurmCluster, SlurmError
 from tests.integration.test_agent_slurm import (
     LINGER,
     Scrape,
@@ -34,6 +32,8 @@ from tests.integration.test_agent_slurm import (
     scrape,
     wait_scrape,
 )
+from tests.support.agent import Agent, series
+from tests.support.slurmcluster import SlurmCluster, SlurmError
 
 DEMO = "slurm_job_training_demo_value"
 STEPS = "slurm_job_training_steps_total"

@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons import Daemon, Prometheus
-from tests.integration.slurmcluster import SlurmCluster
-from tests.integration.user_jobs import (
+from tests.proxy.stack import request
+from tests.support.daemons import Daemon, Prometheus
+from tests.support.munge import for_proxy
+from tests.support.slurmcluster import SlurmCluster
+from tests.support.user_jobs import (
     BIN,
     OTHER,
     OWNER,
@@ -29,8 +31,6 @@ from tests.integration.user_jobs import (
     start_proxy,
     write_client_config,
 )
-from tests.munge import for_proxy
-from tests.proxy.stack import request
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
               pytest.mark.prometheus]

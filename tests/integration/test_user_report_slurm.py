@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons import Daemon, Prometheus
-from tests.integration.slurmcluster import SlurmCluster
-from tests.integration.user_jobs import (
+from tests.support.daemons import Daemon, Prometheus
+from tests.support.slurmcluster import SlurmCluster
+from tests.support.user_jobs import (
     BIN,
     OTHER,
     OWNER,

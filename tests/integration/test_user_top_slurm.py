@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons import Daemon
-from tests.integration.slurmcluster import SlurmCluster
-from tests.integration.user_jobs import (
+from tests.support import require, wait_until
+from tests.support.daemons import Daemon
+from tests.support.slurmcluster import SlurmCluster
+from tests.support.user_jobs import (
     OTHER,
     OWNER,
     report_argv,
@@ -31,7 +32,6 @@ from tests.integration.user_jobs import (
     start_proxy,
     write_client_config,
 )
-from tests.support import require, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
               pytest.mark.prometheus]

@@ -14,8 +14,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from tests.agent import Agent
 from tests.support import require, wait_until
+from tests.support.agent import Agent
 
 pytestmark = pytest.mark.process
 

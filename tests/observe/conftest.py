@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.agent import Agent
-from tests.daemons import DEPLOY, Alertmanager, Prometheus, WebhookReceiver, tool
+from tests.support.agent import Agent
+from tests.support.daemons import DEPLOY, Alertmanager, Prometheus, WebhookReceiver, tool
 
 GENERATOR = DEPLOY / "prometheus" / "alerting" / "generate_alerts.py"
 RECORDING_RULES = DEPLOY / "prometheus" / "rules" / "slurm-gpu-exporter.rules.yml"

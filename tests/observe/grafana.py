@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.daemons import Prometheus
+from tests.support.daemons import Prometheus
 
 LABEL_VALUES = re.compile(r"label_values\((?P<match>.+),\s*(?P<label>\w+)\)")
 # Series only a job's training script makes; tests/training/test_dashboard.py checks the

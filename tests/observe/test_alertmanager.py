@@ -13,8 +13,8 @@ import bcrypt
 import pytest
 import yaml
 
-from tests.daemons import DEPLOY, Alertmanager, tool
 from tests.support import wait_until
+from tests.support.daemons import DEPLOY, Alertmanager, tool
 
 pytestmark = pytest.mark.prometheus
 

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from tests.daemons import Prometheus
 from tests.observe.topology import SHARD_EXAMPLE, FleetProcess, shard_config
+from tests.support.daemons import Prometheus
 
 pytestmark = pytest.mark.process
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons import DEPLOY
 from tests.observe import grafana
 from tests.observe.conftest import Stack
+from tests.support.daemons import DEPLOY
 
 pytestmark = pytest.mark.prometheus
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from tests.daemons import REPO
 from tests.observe.conftest import Stack
+from tests.support import REPO
 
 pytestmark = pytest.mark.prometheus
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.daemons import DEPLOY, tool
+from tests.support.daemons import DEPLOY, tool
 
 pytestmark = pytest.mark.prometheus
 

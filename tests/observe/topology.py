@@ -21,8 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from tests.daemons import DEPLOY, Daemon, Prometheus, end_process, http_json, tool
 from tests.support import free_port, wait_until
+from tests.support.daemons import DEPLOY, Daemon, Prometheus, end_process, http_json, tool
 
 SHARD_EXAMPLE = DEPLOY / "prometheus" / "scale-out" / "shard.yml"
 RULES = DEPLOY / "prometheus" / "rules"

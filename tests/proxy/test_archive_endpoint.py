@@ -26,10 +26,10 @@ from slurm_gpu_exporter.report.figures.model import (
     JobUsage,
     NodeDetail,
 )
-from tests.daemons import Daemon, Prometheus, tool
 from tests.proxy.stack import Answer, basic, password, request, write_configs
 from tests.report.pgserver import PostgresServer
 from tests.support import free_port
+from tests.support.daemons import Daemon, Prometheus, tool
 
 pytestmark = [pytest.mark.process, pytest.mark.prometheus]
 

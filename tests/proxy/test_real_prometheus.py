@@ -22,7 +22,6 @@ import promql_parser as pp
 import pytest
 import yaml
 
-from tests.daemons import DEPLOY, Daemon
 from tests.observe import grafana
 from tests.proxy.stack import (
     CLUSTER,
@@ -37,6 +36,7 @@ from tests.proxy.stack import (
     start,
 )
 from tests.support import free_port, require, wait_until
+from tests.support.daemons import DEPLOY, Daemon
 
 pytestmark = [pytest.mark.process, pytest.mark.prometheus]
 

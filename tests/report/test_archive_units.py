@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.report.cli.flags import build_parser
-from tests.support import require
+from tests.support import REPO, require
 
 pytestmark = pytest.mark.process
 
-UNITS = Path(__file__).resolve().parents[2] / "deploy" / "systemd"
+UNITS = REPO / "deploy" / "systemd"
 SERVICE = UNITS / "slurm-gpu-report-archive.service"
 TIMER = UNITS / "slurm-gpu-report-archive.timer"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons import Prometheus, tool
+from tests.support.daemons import Prometheus, tool
 
 pytestmark = pytest.mark.prometheus
 

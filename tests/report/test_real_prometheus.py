@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent import Agent, series
-from tests.daemons import Prometheus
+from tests.support.agent import Agent, series
+from tests.support.daemons import Prometheus
 
 pytestmark = pytest.mark.prometheus
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons import Prometheus, tool
 from tests.report.test_html_chromium import run_chromium
 from tests.support import free_port
+from tests.support.daemons import Prometheus, tool
 
 pytestmark = pytest.mark.prometheus
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons import Prometheus, tool
 from tests.support import wait_until
+from tests.support.daemons import Prometheus, tool
 
 pytestmark = pytest.mark.prometheus
 

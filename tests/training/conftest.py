@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.training_relay import RelayLimits, TrainingRelay
+from tests.support import REPO
 
 SENDER = Path(__file__).resolve().parent / "sender.py"
-REPO = Path(__file__).resolve().parents[2]
 
 
 class Jobs:

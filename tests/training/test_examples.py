@@ -6,7 +6,7 @@ import py_compile
 
 import pytest
 
-from tests.training.conftest import REPO
+from tests.support import REPO
 
 EXAMPLES = sorted((REPO / "examples").glob("*.py"))
 

@@ -7,8 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.support import require
-from tests.training.conftest import REPO
+from tests.support import REPO, require
 
 PROM = REPO / "deploy" / "prometheus"
 

@@ -25,8 +25,8 @@ from slurm_gpu_exporter.sampling.sampler import Sampler
 from slurm_gpu_exporter.sim.synthnode import SynthNode
 from slurm_gpu_exporter.training_relay import JobIdentity, RelayLimits, TrainingRelay
 from slurm_gpu_exporter.training_relay.source import RelayJobs, TrainingSource
-from tests.agent import series
 from tests.support import wait_until
+from tests.support.agent import series
 from tests.training.conftest import Sender
 
 pytestmark = pytest.mark.process

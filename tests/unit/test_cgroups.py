@@ -12,9 +12,8 @@ import pytest
 from slurm_gpu_exporter.node.cgroup import CgroupFS, CgroupGone
 from slurm_gpu_exporter.node.cgroup.files import UNIFIED, parse_cpu_list
 from slurm_gpu_exporter.node.cgroup.paths import CgroupJobRef, parse_cgroup_path
-from tests.support import Clock, require
+from tests.support import FIXTURES, Clock, require
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 LAYOUTS = FIXTURES / "cgroup-layouts"
 REAL = FIXTURES / "slurm-22.05"
 

@@ -20,8 +20,9 @@ from slurm_gpu_exporter.check.training import check_training
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, MigInstance
 from slurm_gpu_exporter.hooks.spool import JobRecord, open_spool_dir, write_record
 from slurm_gpu_exporter.training_relay.socketfile import bind_socket
+from tests.support import FIXTURES
 
-LAYOUTS = Path(__file__).resolve().parent.parent / "fixtures" / "cgroup-layouts"
+LAYOUTS = FIXTURES / "cgroup-layouts"
 
 
 def _no_pyslurm() -> ModuleType:

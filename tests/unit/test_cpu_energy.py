@@ -17,7 +17,7 @@ from slurm_gpu_exporter.node.powercap import (
     wrapped_delta,
 )
 from slurm_gpu_exporter.node.source_health import SourceErrors
-from tests.powercap import PowercapTree as Tree
+from tests.support.powercap import PowercapTree as Tree
 
 
 class Clock:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import platform
 import re
-from pathlib import Path
 
 import pytest
 
@@ -30,8 +29,9 @@ from slurm_gpu_exporter.exposition.snapshot import (
     UnattributedSample,
 )
 from slurm_gpu_exporter.node.source_health import SOURCES
+from tests.support import REPO
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = REPO / "tests" / "golden"
 # The agent's own process figures (RSS, CPU, open files) change from run to run.
 _PROCESS_LINE = re.compile(r"^(# (HELP|TYPE|UNIT) )?process_")
 

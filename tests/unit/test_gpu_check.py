@@ -5,12 +5,13 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
+from tests.support import REPO
+
+SCRIPT = REPO / "scripts" / "gpu_check.py"
 
 
 def _load(name: str) -> ModuleType:

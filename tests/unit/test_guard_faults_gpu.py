@@ -13,7 +13,8 @@ from slurm_gpu_exporter.gpu.clocks import HostClocks
 from slurm_gpu_exporter.gpu.driver_events import EVENT_KINDS
 from slurm_gpu_exporter.gpu.integration import DeviceIntegrator
 from slurm_gpu_exporter.node.powercap import PowercapReader, wrapped_delta
-from tests.powercap import PowercapTree
+from tests.support import REPO
+from tests.support.powercap import PowercapTree
 from tests.unit.test_gpu_integration import AT, at, grid, reading
 
 
@@ -75,7 +76,7 @@ def test_every_kind_a_test_makes_happen_is_one_the_docs_list() -> None:
     made = {"process_rebase", "device_rebase", "stamp_jitter", "clamped", "out_of_range",
             "clock_change", "buffer_overrun"}
     assert made == set(EVENT_KINDS)
-    listed = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+    listed = REPO / "docs" / "metrics.md"
     row = next(line for line in listed.read_text().splitlines()
                if line.startswith("| `slurm_gpu_driver_events_total`"))
     assert all(f"`{kind}`" in row for kind in EVENT_KINDS), row

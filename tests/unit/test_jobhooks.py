@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from slurm_gpu_exporter.hooks import jobhooks, spool
-from tests.support import require
+from tests.support import REPO, require
 
-REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # What slurmd 22.05 gave a real prolog (tests/fixtures/slurm-22.05/prolog-env.txt).
 PROLOG_ENV = dict(

@@ -12,8 +12,9 @@ from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.jobs.stats import RESTORED_FLOOR_SAMPLES, JobStatsCollector
 from slurm_gpu_exporter.node.cgroup import CgroupFS
 from slurm_gpu_exporter.node.source_health import SourceErrors
+from tests.support import FIXTURES
 
-LAYOUTS = Path(__file__).resolve().parent.parent / "fixtures" / "cgroup-layouts"
+LAYOUTS = FIXTURES / "cgroup-layouts"
 USAGE_S = 123.456789012  # cpuacct.usage of job 101 in the v1-slurm layout
 
 

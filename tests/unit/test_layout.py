@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO
+
+ROOT = REPO
 PACKAGE = ROOT / "slurm_gpu_exporter"
 TOP = "<top>"  # the package's own __init__ (its version), which imports nothing
 # Products whose folders are layers of their own ("report.archive"); their modules

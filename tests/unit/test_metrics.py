@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import re
-from pathlib import Path
 
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,9 +20,10 @@ from slurm_gpu_exporter.exposition.snapshot import (
     UnattributedSample,
 )
 from slurm_gpu_exporter.node.source_health import SOURCES
-from tests.agent import series
+from tests.support import REPO
+from tests.support.agent import series
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO
 
 
 def _snapshot(**overrides: object) -> Snapshot:

@@ -11,7 +11,9 @@ from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "mutants.py"
+from tests.support import REPO
+
+BENCH = REPO / "bench" / "mutants.py"
 
 
 @pytest.fixture(scope="module")

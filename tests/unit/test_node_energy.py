@@ -20,7 +20,7 @@ from slurm_gpu_exporter.exposition.snapshot import (
 from slurm_gpu_exporter.jobs.node_energy import MeasuredParts, NodeEnergySource
 from slurm_gpu_exporter.node.hwmon import HwmonPowerMeter, MeterDown, find_power_files
 from slurm_gpu_exporter.node.source_health import SourceErrors
-from tests.agent import series
+from tests.support.agent import series
 
 
 class HwmonTree:

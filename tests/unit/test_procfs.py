@@ -24,9 +24,9 @@ from slurm_gpu_exporter.node.procfs import (
     read_stat,
     read_uid,
 )
-from tests.support import require
+from tests.support import FIXTURES, REPO, require
 
-REAL = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
+REAL = FIXTURES / "slurm-22.05"
 
 V1_LINES = [
     "9:name=systemd:/",
@@ -161,7 +161,7 @@ def test_procfs_imports_only_the_standard_library() -> None:
         "print(sorted({m.split('.')[0] for m in sys.modules} - known))"
     )
     # -S: without site-packages, anything beyond the stdlib fails to import.
-    root = Path(__file__).resolve().parents[2]
+    root = REPO
     out = subprocess.run(
         [sys.executable, "-S", "-c", code], cwd=root, capture_output=True, text=True, check=True
     )

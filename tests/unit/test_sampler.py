@@ -26,8 +26,8 @@ from slurm_gpu_exporter.sampling.sampler import Sampler
 from slurm_gpu_exporter.sim.synthnode import SynthNode
 from slurm_gpu_exporter.training_relay import TrainingRelay
 from slurm_gpu_exporter.training_relay.source import RelayJobs, TrainingSource
-from tests.agent import series
-from tests.powercap import PowercapTree
+from tests.support.agent import series
+from tests.support.powercap import PowercapTree
 
 
 class NoLibrary:

@@ -28,13 +28,14 @@ from slurm_gpu_exporter.node.slurm.parse import (
     parse_scontrol_line,
     parse_squeue_json,
 )
+from tests.support import FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05"
+SLURM_2205 = FIXTURES / "slurm-22.05"
 
 
 def test_real_scontrol_line_gives_user_partition_state_and_start() -> None:
-    line = (FIXTURES / "scontrol-show-job.txt").read_text().splitlines()[0]
-    captured = (FIXTURES / "capture.txt").read_text().splitlines()[0].split(": ")[1]
+    line = (SLURM_2205 / "scontrol-show-job.txt").read_text().splitlines()[0]
+    captured = (SLURM_2205 / "capture.txt").read_text().splitlines()[0].split(": ")[1]
     info = parse_scontrol_job(line, "node1")
     assert info is not None
     assert (info.jobid, info.user, info.uid, info.partition, info.state) == (
@@ -48,11 +49,11 @@ def test_qos_comes_from_scontrol_and_squeue_json_and_null_is_empty() -> None:
             "JobState=RUNNING StartTime=2026-01-01T00:00:00 Command=/bin/x QOS=forged")
     info = parse_scontrol_job(line, "node1")
     assert info is not None and info.qos == "high"
-    text = (FIXTURES / "squeue.json").read_text()
+    text = (SLURM_2205 / "squeue.json").read_text()
     assert '"qos": ""' in text
     with_qos = text.replace('"qos": ""', '"qos": "high"', 1)
     assert parse_squeue_json(with_qos, "48", "node1").qos == "high"  # type: ignore[union-attr]
-    fixture = (FIXTURES / "scontrol-show-job.txt").read_text().splitlines()[0]
+    fixture = (SLURM_2205 / "scontrol-show-job.txt").read_text().splitlines()[0]
     assert "QOS=(null)" in fixture
     assert parse_scontrol_job(fixture, "node1").qos == ""  # type: ignore[union-attr]
 
@@ -130,7 +131,7 @@ def test_a_field_printed_twice_before_the_free_text_makes_the_line_ambiguous() -
 
 
 def test_squeue_json_of_slurm_22_05_gives_the_job() -> None:
-    text = (FIXTURES / "squeue.json").read_text()
+    text = (SLURM_2205 / "squeue.json").read_text()
     info = parse_squeue_json(text, "48", "node1")
     assert info is not None
     assert (info.jobid, info.user, info.uid, info.name, info.state, info.partition,

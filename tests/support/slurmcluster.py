@@ -21,7 +21,8 @@ import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import REPO
+
 SCRIPT = REPO / "scripts" / "slurm-testcluster"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -19,9 +19,8 @@ from typing import Any
 
 import yaml
 
-from tests.support import free_port, require, wait_until
+from tests.support import REPO, free_port, require, wait_until
 
-REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 
 

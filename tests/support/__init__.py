@@ -15,6 +15,10 @@ import pytest
 
 T = TypeVar("T")
 
+# The checkout's root and the captured node trees, wherever a test file sits under tests/.
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"

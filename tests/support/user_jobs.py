@@ -10,15 +10,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.agent import Agent
-from tests.daemons import Daemon, Prometheus
 from tests.fakenvml import Device, FakeNvml, NvmlState, Pattern, Process, fake_nvml_or_skip
-from tests.integration.slurmcluster import SlurmCluster
-from tests.munge import SITE_SOCKET
 from tests.proxy.stack import write_configs
-from tests.support import free_port, wait_until
+from tests.support import REPO, free_port, wait_until
+from tests.support.agent import Agent
+from tests.support.daemons import Daemon, Prometheus
+from tests.support.munge import SITE_SOCKET
+from tests.support.slurmcluster import SlurmCluster
 
-REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SITE_PACKAGES = next((BIN.parent / "lib").glob("python3*/site-packages"))
 OWNER, OTHER = "sgeuser", "sgeuser2"
