@@ -31,11 +31,11 @@ from typing import Any
 import pytest
 
 from tests.fakenvml import Device, NvmlState, Process, XidEvent, fake_nvml_or_skip
-from tests.observe.conftest import generate_alerts
 from tests.support import free_port, wait_until
 from tests.support.agent import Agent
 from tests.support.daemons import Daemon, Prometheus
 from tests.support.slurmcluster import SlurmCluster
+from tests.system.observe.conftest import generate_alerts
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
               pytest.mark.prometheus]

@@ -31,11 +31,11 @@ from tests.integration.test_remediate_slurm import (
     start_alerting,
     with_slurm_env,
 )
-from tests.observe.conftest import generate_alerts
 from tests.support import free_port, wait_until
 from tests.support.agent import Agent
 from tests.support.daemons import Alertmanager, Daemon, Prometheus
 from tests.support.slurmcluster import SlurmCluster
+from tests.system.observe.conftest import generate_alerts
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
               pytest.mark.prometheus]

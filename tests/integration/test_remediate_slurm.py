@@ -27,11 +27,11 @@ import pytest
 import yaml
 
 from tests.fakenvml import Device, FakeNvml, NvmlState, XidEvent, fake_nvml_or_skip
-from tests.observe.conftest import alertmanager_config, generate_alerts
 from tests.support import free_port, wait_until
 from tests.support.agent import Agent
 from tests.support.daemons import Alertmanager, Daemon, Prometheus, WebhookReceiver, http_json
 from tests.support.slurmcluster import SlurmCluster
+from tests.system.observe.conftest import alertmanager_config, generate_alerts
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
               pytest.mark.prometheus]

@@ -68,7 +68,7 @@ def request(url: str, headers: dict[str, str] | None = None,
 
 @dataclass
 class Client:
-    """The Prometheus API at ``url`` as one caller: the interface tests.observe.grafana
+    """The Prometheus API at ``url`` as one caller: the interface tests.system.observe.grafana
     drives (query, query_range, label_values)."""
 
     url: str

@@ -13,9 +13,9 @@ from slurm_gpu_exporter.proxy.limits import (
     check_regex_repetition,
     repetition_weight,
 )
-from tests.observe import grafana
 from tests.support import Clock
 from tests.support.daemons import DEPLOY
+from tests.system.observe import grafana
 
 
 async def _shares() -> dict[str, object]:

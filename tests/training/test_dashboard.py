@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from slurm_gpu_exporter.sim.synthnode import SynthNode
-from tests.observe import grafana
 from tests.support.agent import Agent
 from tests.support.daemons import DEPLOY, Prometheus, tool
+from tests.system.observe import grafana
 from tests.training.conftest import Sender
 
 pytestmark = pytest.mark.prometheus

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.observe.conftest import Stack
+from tests.system.observe.conftest import Stack
 
 pytestmark = pytest.mark.prometheus
 

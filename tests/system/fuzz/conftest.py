@@ -1,6 +1,6 @@
 """Hypothesis budgets: "ci" (default, small and derandomized) and "long" (by hand).
 
-    HYPOTHESIS_PROFILE=long .venv/bin/pytest tests/fuzz
+    HYPOTHESIS_PROFILE=long .venv/bin/pytest tests/system/fuzz
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_sessionfinish() -> None:
-    from tests.fuzz.test_fuzz_parsers import _LAYOUT_COPIES
+    from tests.system.fuzz.test_fuzz_parsers import _LAYOUT_COPIES
 
     for root in _LAYOUT_COPIES.values():
         shutil.rmtree(root.parent, ignore_errors=True)

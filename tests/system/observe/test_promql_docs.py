@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from tests.observe.conftest import Stack
 from tests.support import REPO
+from tests.system.observe.conftest import Stack
 
 pytestmark = pytest.mark.prometheus
 

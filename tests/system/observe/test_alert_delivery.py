@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from tests.observe.conftest import Stack
 from tests.support import wait_until
+from tests.system.observe.conftest import Stack
 
 pytestmark = pytest.mark.prometheus
 

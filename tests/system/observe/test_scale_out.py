@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.observe.topology import Topologies, topologies
 from tests.support import wait_until
+from tests.system.observe.topology import Topologies, topologies
 
 pytestmark = pytest.mark.process
 

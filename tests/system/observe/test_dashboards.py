@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.observe import grafana
-from tests.observe.conftest import Stack
 from tests.support.daemons import DEPLOY
+from tests.system.observe import grafana
+from tests.system.observe.conftest import Stack
 
 pytestmark = pytest.mark.prometheus
 

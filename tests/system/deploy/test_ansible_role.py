@@ -4,7 +4,7 @@ The role writes the real /opt/slurm-gpu-exporter, /etc/default/slurm-gpu-exporte
 /etc/systemd/system paths (the product fixes them); the module moves whatever was there
 aside first and puts it back at the end, so the machine is left as found. Everything the
 role lets a site choose (spool, state, prolog.d, slurm.conf, listen address) points into a
-temporary directory. The tests here hold the lock on /etc (tests/deploy/conftest.py); the
+temporary directory. The tests here hold the lock on /etc (tests/system/deploy/conftest.py); the
 test cluster itself never writes /etc/default/slurm-gpu-exporter.
 
 The tests of this module build on each other in file order (fresh node, install, second

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from tests.observe.topology import SHARD_EXAMPLE, FleetProcess, shard_config
 from tests.support.daemons import Prometheus
+from tests.system.observe.topology import SHARD_EXAMPLE, FleetProcess, shard_config
 
 pytestmark = pytest.mark.process
 

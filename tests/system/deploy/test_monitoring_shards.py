@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.test_monitoring_role import MonitoringHost
 from tests.support import REPO
 from tests.support.daemons import tool
+from tests.system.deploy.test_monitoring_role import MonitoringHost
 
 pytestmark = pytest.mark.process
 
