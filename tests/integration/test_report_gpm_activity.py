@@ -15,7 +15,7 @@ import pytest
 from slurm_gpu_exporter.mail.summary import summary_text
 from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
-from tests.integration.test_gpu_attribution import GIB, Rig
+from tests.gpu.test_gpu_attribution import GIB, Rig
 from tests.support.daemons import Prometheus
 
 pytestmark = [pytest.mark.fakenvml, pytest.mark.prometheus, pytest.mark.process]

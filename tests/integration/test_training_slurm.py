@@ -25,7 +25,7 @@ import prometheus_client
 import pytest
 
 import slurm_gpu_exporter
-from tests.integration.test_agent_slurm import (
+from tests.agent.test_agent_slurm import (
     LINGER,
     Scrape,
     running_agent,

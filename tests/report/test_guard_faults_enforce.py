@@ -84,7 +84,7 @@ def test_a_command_gets_the_one_name_of_the_job(monkeypatch: pytest.MonkeyPatch)
 def test_an_arrays_unsplit_remainder_never_reaches_a_command(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Its id names every task of the array. Ids with more than digits are refused when
-    # the identity is made (tests/unit/test_slurm_id.py).
+    # the identity is made (tests/model/test_slurm_id.py).
     asked = _squeue_answer(monkeypatch)
     with pytest.raises(actions.ReportError, match="no Slurm job id names that job alone"):
         actions.cancel_job(SlurmJobId("243", "243"))

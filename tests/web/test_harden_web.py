@@ -14,9 +14,9 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from tests.integration.test_web_security import _client_ctx, _get, _wait_ready, pki
 from tests.support import basic_auth, wait_until
 from tests.support.agent import Agent
+from tests.web.test_web_security import _client_ctx, _get, _wait_ready, pki
 
 pytestmark = pytest.mark.process
 

@@ -13,7 +13,7 @@ from slurm_gpu_exporter.gpu.counters import JobGpuCounters
 from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.source_health import SourceErrors
-from tests.unit.fake_gpu import T0, FakeBackend, StubMapper
+from tests.gpu.fake_gpu import T0, FakeBackend, StubMapper
 
 # ------------------------------------------------------------- pure parts
 

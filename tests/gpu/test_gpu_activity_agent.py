@@ -25,7 +25,7 @@ import pytest
 
 from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.fakenvml import Device, MigInstance, NvmlState, Pattern, Process, fake_nvml_or_skip
-from tests.integration.test_gpu_attribution import (
+from tests.gpu.test_gpu_attribution import (
     GIB,
     Rig,
     job_gpu,

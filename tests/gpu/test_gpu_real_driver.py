@@ -19,7 +19,7 @@ import pytest
 from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
 from tests.fakenvml.clock_shim import booted_env
-from tests.integration.test_gpu_attribution import (
+from tests.gpu.test_gpu_attribution import (
     GIB,
     Rig,
     job_gpu,

@@ -7,7 +7,7 @@ import pytest
 from slurm_gpu_exporter.gpu.backend import BufferRead, BufferShape, UtilSample
 from slurm_gpu_exporter.gpu.buffers import BufferStash
 from slurm_gpu_exporter.gpu.integration import DeviceIntegrator
-from tests.unit.test_gpu_integration import at, reading
+from tests.gpu.test_gpu_integration import at, reading
 
 PERIOD_S = 1 / 6
 BUFFER = 120  # samples: 20 s at 1/6 s

@@ -10,7 +10,7 @@ from slurm_gpu_exporter.gpu.backend import GpuProcess, ProcessUtilSample
 from slurm_gpu_exporter.gpu.shares import UNATTRIBUTED, GpuTarget
 from slurm_gpu_exporter.gpu.usage import UNKNOWN_USER, UsageReader
 from slurm_gpu_exporter.jobs.job import Job
-from tests.unit.fake_gpu import StubMapper
+from tests.gpu.fake_gpu import StubMapper
 
 
 def reader(tmp_path: Path, jobs: dict[int, str]) -> UsageReader:

@@ -8,7 +8,7 @@ from slurm_gpu_exporter.exposition.metrics import GPU_LABELS, JOB_GPU_LABELS
 from slurm_gpu_exporter.exposition.rendered import Exposition
 from slurm_gpu_exporter.sim.fleet import FleetMix, slot_jobs, snapshot
 from slurm_gpu_exporter.sim.fleet_server import Fleet
-from tests.unit.test_golden_exposition import GOLDEN
+from tests.exposition.test_golden_exposition import GOLDEN
 
 NOW = 1_790_000_000.0
 

@@ -18,7 +18,7 @@ import pytest
 
 from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
-from tests.integration.test_gpu_attribution import job_gpu, last_sample, value
+from tests.gpu.test_gpu_attribution import job_gpu, last_sample, value
 from tests.support.agent import Agent
 
 pytestmark = pytest.mark.fakenvml

@@ -13,9 +13,9 @@ from slurm_gpu_exporter.gpu.clocks import HostClocks
 from slurm_gpu_exporter.gpu.driver_events import EVENT_KINDS
 from slurm_gpu_exporter.gpu.integration import DeviceIntegrator
 from slurm_gpu_exporter.node.powercap import PowercapReader, wrapped_delta
+from tests.gpu.test_gpu_integration import AT, at, grid, reading
 from tests.support import REPO
 from tests.support.powercap import PowercapTree
-from tests.unit.test_gpu_integration import AT, at, grid, reading
 
 
 def test_a_process_cursor_rebased_is_counted_each_time() -> None:

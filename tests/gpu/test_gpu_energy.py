@@ -16,8 +16,8 @@ from slurm_gpu_exporter.gpu.shares import energy_shares
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.source_health import SourceErrors
 from slurm_gpu_exporter.node.state_dir import STATE_VERSION, StateStore
-from tests.unit.fake_gpu import T0, FakeBackend, StubMapper
-from tests.unit.test_state_cursors import boot
+from tests.gpu.fake_gpu import T0, FakeBackend, StubMapper
+from tests.gpu.test_state_cursors import boot
 
 
 def reading(energy_mj: int | None, uuid: str = "GPU-a",
@@ -118,11 +118,6 @@ def test_energy_of_a_gap_goes_only_to_the_jobs_that_held_the_gpu_across_it() -> 
 
 def job(jobid: str = "7", start: float = T0 - 60.0) -> Job:
     return Job(jobid=jobid, uid=1000, user="alice", job_gpus="0", start_time=start)
-
-
-@pytest.fixture
-def backend() -> FakeBackend:
-    return FakeBackend()
 
 
 @pytest.fixture

@@ -20,12 +20,7 @@ from slurm_gpu_exporter.gpu.integration import held_seconds
 from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.source_health import SourceErrors
-from tests.unit.fake_gpu import T0, FakeBackend, StubMapper
-
-
-@pytest.fixture
-def backend() -> FakeBackend:
-    return FakeBackend()
+from tests.gpu.fake_gpu import T0, FakeBackend, StubMapper
 
 
 @pytest.fixture

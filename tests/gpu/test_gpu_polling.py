@@ -12,18 +12,13 @@ import pytest
 from slurm_gpu_exporter.gpu.backend import GpuUnavailable, XidEvent
 from slurm_gpu_exporter.gpu.polling import BackendLink, XidCounts
 from slurm_gpu_exporter.node.source_health import SourceErrors
+from tests.gpu.fake_gpu import FakeBackend
 from tests.support import Clock, wait_until
-from tests.unit.fake_gpu import FakeBackend
 
 
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
-
-
-@pytest.fixture
-def backend() -> FakeBackend:
-    return FakeBackend()
 
 
 @pytest.fixture

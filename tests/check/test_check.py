@@ -1,5 +1,5 @@
 """``slurm-gpu-exporter check`` over the synthetic cgroup layouts, with Slurm and NVML
-given in-process (the real CLI runs in tests/integration/test_check.py)."""
+given in-process (the real CLI runs in tests/check/test_check_slurm.py)."""
 
 from __future__ import annotations
 

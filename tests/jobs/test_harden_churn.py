@@ -14,7 +14,7 @@ import pytest
 
 from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.fakenvml import Device, NvmlState, fake_nvml_or_skip
-from tests.hardening.churn import end_job, rss_kib
+from tests.jobs.churn import end_job, rss_kib
 from tests.support import wait_until
 from tests.support.agent import Agent, series
 

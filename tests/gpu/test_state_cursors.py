@@ -12,7 +12,7 @@ from slurm_gpu_exporter.node.state_dir import (
     read_boot_id,
     stamp_boot,
 )
-from tests.unit.fake_gpu import FakeBackend, StubMapper
+from tests.gpu.fake_gpu import FakeBackend, StubMapper
 
 
 def boot(proc_root: Path, boot_id: str) -> None:

@@ -1,8 +1,8 @@
 """The whole exposition of a fixed snapshot, compared with checked-in files.
 
 Any change to a family name, help text, label, value format or order shows up as a
-diff of tests/golden/. When the change is meant, regenerate the files and review
-the diff: ``UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/test_golden_exposition.py``.
+diff of tests/exposition/golden/. When the change is meant, regenerate the files and review
+the diff: ``UPDATE_GOLDEN=1 .venv/bin/pytest tests/exposition/test_golden_exposition.py``.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+from pathlib import Path
 
 import pytest
 
@@ -29,9 +30,8 @@ from slurm_gpu_exporter.exposition.snapshot import (
     UnattributedSample,
 )
 from slurm_gpu_exporter.node.source_health import SOURCES
-from tests.support import REPO
 
-GOLDEN = REPO / "tests" / "golden"
+GOLDEN = Path(__file__).resolve().parent / "golden"
 # The agent's own process figures (RSS, CPU, open files) change from run to run.
 _PROCESS_LINE = re.compile(r"^(# (HELP|TYPE|UNIT) )?process_")
 
