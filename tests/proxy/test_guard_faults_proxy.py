@@ -1,6 +1,6 @@
 """The proxy's guards on plain values: what a munge identity's user name and unmunge's
 exit status decide, and the query checkers' time limit. unmunge and the checker worker
-are stood in for (no process starts); tests/integration/test_proxy_munge.py and
+are stood in for (no process starts); tests/proxy/test_proxy_munge.py and
 tests/proxy/test_check_pool.py run the real ones."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.support.daemons import Prometheus
 
 LABEL_VALUES = re.compile(r"label_values\((?P<match>.+),\s*(?P<label>\w+)\)")
-# Series only a job's training script makes; tests/training/test_dashboard.py checks the
+# Series only a job's training script makes; tests/training_relay/test_dashboard.py checks the
 # panels that show them, against an agent whose job publishes.
 TRAINING = "slurm_job_training_"
 

@@ -1,7 +1,7 @@
 """Every output format on fixed data, against checked-in files.
 
 Regenerate after an intended change with
-``UPDATE_GOLDEN=1 .venv/bin/pytest tests/report/test_golden.py`` and review the diff.
+``UPDATE_GOLDEN=1 .venv/bin/pytest tests/report/render/test_golden.py`` and review the diff.
 """
 
 from __future__ import annotations

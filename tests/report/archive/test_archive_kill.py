@@ -22,7 +22,7 @@ from slurm_gpu_exporter.report.archive.schema import jobs as jobs_table
 from slurm_gpu_exporter.report.archive.schema import usage_monthly
 from slurm_gpu_exporter.report.archive.store import ArchiveStore
 from slurm_gpu_exporter.report.figures.window import Window
-from tests.report.archive_data import NOV_1, record
+from tests.report.archive.archive_data import NOV_1, record
 
 pytestmark = pytest.mark.process
 

@@ -52,7 +52,7 @@ def test_usage_emissions_are_the_archived_energy_times_the_factor(tmp_path: Path
     from slurm_gpu_exporter.report.archive.store import ArchiveStore
     from slurm_gpu_exporter.report.archive.usage import month_window, usage_report
     from slurm_gpu_exporter.report.render.usage import render_usage
-    from tests.report.archive_data import DEC_1, record
+    from tests.report.archive.archive_data import DEC_1, record
 
     url = f"sqlite:///{tmp_path / 'a.sqlite'}"
     with ArchiveStore(url, write=True) as store:
@@ -91,7 +91,7 @@ def test_the_cpu_energy_of_a_node_is_its_domains_increases_in_the_window() -> No
 def test_an_archived_job_shows_its_gpu_and_cpu_kwh_and_its_archived_emissions(
         tmp_path: Path) -> None:
     from slurm_gpu_exporter.report.archive.store import ArchiveStore
-    from tests.report.archive_data import DEC_1, record
+    from tests.report.archive.archive_data import DEC_1, record
 
     rec = record("7", gpus=1, hours=1.0)
     rec.detail.nodes[0].cpu_energy_j = 0.9e6

@@ -175,8 +175,8 @@ def test_every_try_signs_in_with_a_fresh_munge_credential() -> None:
 def busy_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     """The stand-alone server, busy for its first ``request.param`` answers."""
     port_file = tmp_path / "port"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.report.busy_server", "--port-file",
-                             str(port_file), "--busy", str(request.param)])
+    proc = subprocess.Popen([sys.executable, "-m", "tests.report.prometheus.busy_server",
+                             "--port-file", str(port_file), "--busy", str(request.param)])
     try:
         wait_until(lambda: port_file.exists() or proc.poll() is not None, 30,
                    "the busy server to listen", poll=0.1)

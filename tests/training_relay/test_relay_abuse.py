@@ -21,7 +21,7 @@ from slurm_gpu_exporter.training_relay.series import JobIdentity
 from slurm_gpu_exporter.training_relay.source import RelayJobs
 from slurm_gpu_exporter.training_relay.store import TrainingStore
 from tests.support import require, wait_until
-from tests.training.conftest import Jobs
+from tests.training_relay.conftest import Jobs
 
 pytestmark = [pytest.mark.process]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.report.test_html_chromium import run_chromium
+from tests.report.render.test_html_chromium import run_chromium
 from tests.support import free_port
 from tests.support.daemons import Prometheus, tool
 

@@ -27,7 +27,7 @@ from slurm_gpu_exporter.training_relay import JobIdentity, RelayLimits, Training
 from slurm_gpu_exporter.training_relay.source import RelayJobs, TrainingSource
 from tests.support import wait_until
 from tests.support.agent import series
-from tests.training.conftest import Sender
+from tests.training_relay.conftest import Sender
 
 pytestmark = pytest.mark.process
 

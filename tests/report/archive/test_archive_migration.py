@@ -25,7 +25,7 @@ from slurm_gpu_exporter.report.archive.store import (
 from slurm_gpu_exporter.report.archive.usage import month_window, usage_report
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.render.usage import render_usage
-from tests.report.archive_data import DEC_1, NOV_1, record
+from tests.report.archive.archive_data import DEC_1, NOV_1, record
 
 
 def _as_version(url: str, version: int) -> None:

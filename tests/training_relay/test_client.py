@@ -14,7 +14,7 @@ import pytest
 from slurm_gpu_exporter import training
 from slurm_gpu_exporter.training_relay import TrainingRelay
 from tests.support import REPO, wait_until
-from tests.training.conftest import series_of
+from tests.training_relay.conftest import series_of
 
 THREAD = "slurm-gpu-exporter-training"
 ALICE = (("jobid", "101"), ("user", "alice"))

@@ -1,6 +1,6 @@
 """A stand-alone Prometheus API stand-in that is busy for its first answers.
 
-    python -m tests.report.busy_server --port-file PATH --busy 3
+    python -m tests.report.prometheus.busy_server --port-file PATH --busy 3
 
 Its first ``--busy`` answers are refusals as the servers the report meets give them,
 in turn: slurm-gpu-proxy's ``auth_busy`` (503, JSON, ``Retry-After: 1``),

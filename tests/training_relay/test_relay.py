@@ -12,7 +12,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 
 from slurm_gpu_exporter.training_relay import RelayLimits, TrainingRelay
 from tests.support import wait_until
-from tests.training.conftest import series_of
+from tests.training_relay.conftest import series_of
 
 DEMO = "slurm_job_training_demo_value"
 ALICE = (("jobid", "101"), ("user", "alice"))

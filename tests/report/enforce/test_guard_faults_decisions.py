@@ -6,7 +6,7 @@ from __future__ import annotations
 from slurm_gpu_exporter.report.enforce.decisions import decide
 from slurm_gpu_exporter.report.enforce.idle_window import jobs_from_answers
 from slurm_gpu_exporter.report.prometheus.client import Sample
-from tests.report.test_decisions import (
+from tests.report.enforce.test_decisions import (
     NOW,
     POLICY,
     WINDOWS,

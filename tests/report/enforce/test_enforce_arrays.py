@@ -11,7 +11,7 @@ from slurm_gpu_exporter.model.slurm_id import SlurmJobId
 from slurm_gpu_exporter.report.enforce.decisions_text import decisions_json, decisions_table
 from slurm_gpu_exporter.report.slurm.actions import same_as_listed
 from slurm_gpu_exporter.report.slurm.squeue import SlurmJob, parse_squeue_json
-from tests.report.test_decisions import NOW, FakeJob, H, run, slurm_of
+from tests.report.enforce.test_decisions import NOW, FakeJob, H, run, slurm_of
 
 DUE = [NOW - 2 * H, NOW - H]  # both warnings sent: an idle job is due for its cancel
 IDLE_3H = {"age": 3 * H}

@@ -1,6 +1,6 @@
 """The node ``remediate`` would drain is the one Slurm lists under exactly the name
 asked: scontrol's answer (given here as its text) naming another node, several nodes
-or none gives no node. The real scontrol runs in tests/integration/test_remediate_slurm.py."""
+or none gives no node. The real scontrol runs in tests/report/remediate/test_remediate_slurm.py."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ id>`` acts on every task of the array: enforce must name an array task as ``A_T`
 policy cancels after 10 s idle, with no warnings (nothing to notify). A GPU a job holds
 with no process on it is idle; one with a process at 80 % SM is busy.
 
-Het jobs are covered by the fast tests (tests/report/test_enforce_arrays.py) only: on
+Het jobs are covered by the fast tests (tests/report/enforce/test_enforce_arrays.py) only: on
 the one-node test cluster a het job stays PENDING (Reason=Resources) past the backfill
 pass, with two GPU components as with one GPU and one CPU-only component: its
 components want nodes of their own.

@@ -1,6 +1,6 @@
 """The client's munge credential names the proxy it is for (issue 42): the payload
 ``slurm-gpu-proxy <URL>``, the URL in one canonical form the proxy compares with its
-own. The munge command is replaced here; tests/integration/test_proxy_munge.py runs the
+own. The munge command is replaced here; tests/proxy/test_proxy_munge.py runs the
 real one against the real proxy."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.fakenvml import Device, FakeNvml, NvmlState, XidEvent, fake_nvml_or_skip
-from tests.integration.test_remediate_slurm import (
+from tests.report.remediate.test_remediate_slurm import (
     ACTED_ON,
     PASSWORD,
     REPORT,

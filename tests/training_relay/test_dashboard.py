@@ -15,7 +15,7 @@ from slurm_gpu_exporter.sim.synthnode import SynthNode
 from tests.support.agent import Agent
 from tests.support.daemons import DEPLOY, Prometheus, tool
 from tests.system.observe import grafana
-from tests.training.conftest import Sender
+from tests.training_relay.conftest import Sender
 
 pytestmark = pytest.mark.prometheus
 

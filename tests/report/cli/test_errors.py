@@ -220,7 +220,7 @@ def test_tls_with_the_site_ca_and_a_clear_error_without_it(
 @pytest.mark.process
 def test_a_closed_stdout_ends_a_report_quietly(server: Callable[[Answer], str]) -> None:
     """``| head`` that closed early: exit 0, nothing on stderr (enforce, whose exit status
-    says what it did: tests/integration/test_enforce_slurm.py)."""
+    says what it did: tests/report/enforce/test_enforce_slurm.py)."""
     url = server(lambda h: _json(h, 200, {"status": "success",
                                            "data": {"resultType": "vector", "result": []}}))
     read_end, write_end = os.pipe()

@@ -27,7 +27,7 @@ from slurm_gpu_exporter.report.archive.usage import month_window, usage_report
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.render.usage import render_usage
-from tests.report.archive_data import DEC_1, NOV_1, record
+from tests.report.archive.archive_data import DEC_1, NOV_1, record
 from tests.support import free_port
 
 REPORT = str(Path(sys.executable).parent / "slurm-gpu-report")
