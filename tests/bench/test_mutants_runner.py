@@ -54,6 +54,21 @@ def test_an_original_not_found_exactly_once_is_an_error(mutants: ModuleType,
         mutants.Fault("id", "gone.py", "a", "b", "d"), tmp_path)
 
 
+def test_a_test_path_the_list_names_that_is_not_there_is_an_error(
+        mutants: ModuleType, tmp_path: Path) -> None:
+    """Tests moved to another folder leave no fault tried on nothing."""
+    (tmp_path / "m.py").write_text("a = 1\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "t.py").write_text("")
+    named = mutants.Fault("id", "m.py", "a = 1", "z", "d", ("tests/t.py::test_x", "tests"),
+                          ("tests/t.py",))
+    assert mutants.check_fault(named, tmp_path) is None
+    moved = mutants.Fault("id", "m.py", "a = 1", "z", "d", ("tests/unit",),
+                          ("tests/integration/t.py",))
+    assert mutants.check_fault(moved, tmp_path) == (
+        "no such test path: tests/unit, tests/integration/t.py")
+
+
 def test_the_first_failing_test_is_read_from_the_short_summary(mutants: ModuleType) -> None:
     out = ("....F\n=== short test summary info ===\n"
            "FAILED tests/x.py::test_a[p - q] - AssertionError: no\n"

@@ -2,7 +2,7 @@
 the job right before ``scancel`` (its answer given as squeue's JSON text), the one name
 a command is given, and what ``act_on`` does with each answer. The Slurm commands are
 stood in for by functions that record their calls; the real ones run in
-tests/integration/test_enforce_*.py."""
+tests/report/enforce/test_enforce_*_slurm.py and test_enforce_faults.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Which Slurm node a series is from: the PromQL that joins the agents'
 ``slurm_gpu_exporter_node_info`` in, and how enforce, remediate and the reports read
-the answer (fixed answers; the real Prometheus side is tests/integration/
-test_node_join_slurm.py)."""
+the answer (fixed answers; the real Prometheus side is
+test_node_join_slurm.py beside this file)."""
 
 from __future__ import annotations
 
