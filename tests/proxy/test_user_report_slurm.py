@@ -5,7 +5,6 @@ from Prometheus directly; for sgeuser2's job, a clear refusal."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import tempfile
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import job_figures
 from tests.support.daemons import Daemon, Prometheus
 from tests.support.slurmcluster import SlurmCluster
 from tests.support.user_jobs import (
@@ -71,21 +71,15 @@ def setup(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
         shutil.rmtree(public, ignore_errors=True)
 
 
-def _figures(run: subprocess.CompletedProcess[str]) -> dict:
-    assert run.returncode == 0, run.stderr
-    (job,) = json.loads(run.stdout)["jobs"]
-    return job
-
-
 def test_owner_gets_through_the_proxy_what_root_gets_directly(setup: Setup) -> None:
     jobid = str(setup.jobs[OWNER])
-    root = _figures(subprocess.run(
+    root = job_figures(subprocess.run(
         [str(BIN / "slurm-gpu-report"), "job", jobid, "--format", "json",
          "--prometheus-url", setup.prometheus.url], capture_output=True, text=True,
         timeout=120, check=False, env={**setup.cluster.env, "SLURM_GPU_REPORT_CLIENT":
                                        "/nonexistent"}))
     # only the client config: the user types the job id alone
-    mine = _figures(setup.as_user(OWNER, "job", jobid, "--format", "json"))
+    mine = job_figures(setup.as_user(OWNER, "job", jobid, "--format", "json"))
     assert mine["user"] == OWNER and mine["gpus"] == 2
     assert 0.2 < mine["busy_ratio"] < 0.55, mine
     for key in ("busy_ratio", "gpus", "gpu_hours", "idle_gpus", "gpu_memory_peak_gib",
@@ -94,7 +88,7 @@ def test_owner_gets_through_the_proxy_what_root_gets_directly(setup: Setup) -> N
     # the contract's flags, without a client config
     flags = setup.as_user(OWNER, "job", jobid, "--format", "json", "--prometheus-url",
                           setup.proxy.url, "--auth", "munge", client=Path("/nonexistent"))
-    assert _figures(flags)["busy_ratio"] == root["busy_ratio"]
+    assert job_figures(flags)["busy_ratio"] == root["busy_ratio"]
     table = setup.as_user(OWNER, "job", jobid)
     assert table.returncode == 0 and jobid in table.stdout, table.stderr
 

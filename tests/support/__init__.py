@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import random
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -98,3 +100,10 @@ class Clock:
 def basic_auth(user: str, password: str) -> str:
     """An ``Authorization`` header's value for HTTP basic auth."""
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def job_figures(run: subprocess.CompletedProcess[str]) -> dict:
+    """The one job of a successful ``slurm-gpu-report job --format json``."""
+    assert run.returncode == 0, run.stderr
+    (job,) = json.loads(run.stdout)["jobs"]
+    return job

@@ -20,6 +20,7 @@ import subprocess
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tests.support import REPO
 
@@ -406,6 +407,14 @@ class SlurmCluster:
             return [int(g) for g in str(text).split(",")]
         except (OSError, ValueError, KeyError):
             return None
+
+    def gpu_record(self, jobid: int | str) -> dict[str, Any] | None:
+        """The prolog's spool record of a GPU job, or None before it names the GPUs."""
+        try:
+            record = json.loads((self.spool_dir / f"{jobid}.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return record if record.get("job_gpus") else None
 
     def wait_for_process(self, jobid: int, step: str = "batch", timeout: float = 15.0) -> set[int]:
         """Wait for the step's first process; return the step's pids.

@@ -8,7 +8,6 @@ proxy gets the figures ``job --db`` gives."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.proxy.stack import request
+from tests.support import job_figures
 from tests.support.daemons import Daemon, Prometheus
 from tests.support.munge import for_proxy
 from tests.support.slurmcluster import SlurmCluster
@@ -90,27 +90,21 @@ def setup(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
         shutil.rmtree(public, ignore_errors=True)
 
 
-def _figures(run: subprocess.CompletedProcess[str]) -> dict:
-    assert run.returncode == 0, run.stderr
-    (job,) = json.loads(run.stdout)["jobs"]
-    return job
-
-
 def _without_notes(job: dict) -> dict:
     return {k: v for k, v in job.items() if k != "notes"}
 
 
 def test_the_owner_gets_her_archived_job_and_root_the_same_figures(setup: Setup) -> None:
     jobid = str(setup.jobs[OWNER])
-    direct = _figures(setup.as_root("job", jobid, "--format", "json", "--db", setup.db,
+    direct = job_figures(setup.as_root("job", jobid, "--format", "json", "--db", setup.db,
                                     "--prometheus-url", setup.empty.url))
-    mine = _figures(setup.as_user(OWNER, "job", jobid, "--format", "json"))
+    mine = job_figures(setup.as_user(OWNER, "job", jobid, "--format", "json"))
     assert mine["user"] == OWNER and mine["gpus"] == 2
     assert 0.2 < mine["busy_ratio"] < 0.55, mine
     assert mine["notes"][0].startswith(f"From the job archive (through {setup.proxy.url}, ")
     assert _without_notes(mine) == _without_notes(direct)
     assert mine["notes"][1:] == direct["notes"][1:]
-    root = _figures(setup.as_root("job", jobid, "--format", "json", "--prometheus-url",
+    root = job_figures(setup.as_root("job", jobid, "--format", "json", "--prometheus-url",
                                   setup.proxy.url, "--auth", "munge"))
     assert root == mine
     table = setup.as_user(OWNER, "job", jobid)

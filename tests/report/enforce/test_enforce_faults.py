@@ -191,7 +191,7 @@ def faults(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                                          extra_args=["--job-name=idle-faults"]))
         slurm_cluster.wait_state(int(jobid), "RUNNING", timeout=30)
         pid = min(slurm_cluster.wait_for_process(int(jobid), "batch"))
-        record = wait_until(lambda: _spool(slurm_cluster, jobid), 15, "the spool record")
+        record = wait_until(lambda: slurm_cluster.gpu_record(jobid), 15, "the spool record")
         nvml.devices[int(record["job_gpus"])].processes = [Process(pid, 1 << 30)]
         fake.write(nvml)
         found = Faults(slurm_cluster, jobid, state_file=base / "enforce.json")
@@ -249,14 +249,6 @@ def faults(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
             slurm_cluster.cancel(jobid)
         for thing in reversed(started):
             thing.stop()
-
-
-def _spool(cluster: SlurmCluster, jobid: str) -> dict[str, Any] | None:
-    try:
-        record = json.loads((cluster.spool_dir / f"{jobid}.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return record if record.get("job_gpus") else None
 
 
 @pytest.mark.parametrize(("label", "code", "words"), [

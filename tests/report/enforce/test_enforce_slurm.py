@@ -142,7 +142,7 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
         for role, jobid in jobs.items():
             slurm_cluster.wait_state(int(jobid), "RUNNING", timeout=30)
             pid_of[role] = min(slurm_cluster.wait_for_process(int(jobid), "batch"))
-            record = wait_until(lambda j=jobid: _spool(slurm_cluster, j), 15,
+            record = wait_until(lambda j=jobid: slurm_cluster.gpu_record(j), 15,
                                 f"the prolog's spool record of job {jobid}")
             gpu_of[role] = int(record["job_gpus"])
         for role, sm in (("a", None), ("b", None), ("c", Pattern.constant(80)),
@@ -218,15 +218,6 @@ def _summary(sc: Scenario) -> None:
         actions = ({r: run.decisions[j]["action"] for r, j in sc.jobs.items()
                     if j in run.decisions} if run.stdout.startswith("{") else {})
         print(f"{run.at - t0:6.1f}s {run.label:16} rc={run.rc} {actions}")
-
-
-def _spool(cluster: SlurmCluster, jobid: str) -> dict[str, Any] | None:
-    path = cluster.spool_dir / f"{jobid}.json"
-    try:
-        record = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return record if record.get("job_gpus") else None
 
 
 def _warnings_to(scenario: Scenario, role: str) -> list[dict[str, Any]]:

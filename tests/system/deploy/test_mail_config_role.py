@@ -7,46 +7,24 @@ written; the check is the dev venv's slurm-gpu-mail."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from slurm_gpu_exporter.mail.config import load_mail_config
-from tests.support import REPO, require
+from tests.system.deploy.local_play import VENV_BIN, changed, play
 
 pytestmark = pytest.mark.process
 
-ANSIBLE_DIR = REPO / "deploy" / "ansible"
-VENV_BIN = Path(sys.executable).parent
 
 
 def _play(base: Path, settings: dict[str, object]) -> subprocess.CompletedProcess[str]:
-    require((VENV_BIN / "ansible-playbook").exists(), "ansible-playbook (the dev venv's)")
-    inventory = base / "inventory.json"
-    inventory.write_text(json.dumps({"all": {"children": {"slurm_controllers": {"hosts": {
-        "localhost": {"ansible_connection": "local",
-                      "ansible_python_interpreter": sys.executable,
-                      "ansible_become": False}}}}}}))
-    varfile = base / "vars.json"
-    varfile.write_text(json.dumps({
+    return play(base, "slurm_controllers", {
         "slurm_gpu_exporter_mail_config": str(base / "etc" / "mail.toml"),
         "slurm_gpu_exporter_mail_program": str(VENV_BIN / "slurm-gpu-mail"),
-        "slurm_gpu_exporter_mail_settings": settings}))
-    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "0",
-           "ANSIBLE_HOME": str(base / "ansible-home"),
-           "ANSIBLE_LOCAL_TEMP": str(base / "ansible-tmp")}
-    return subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory),
-                           "site.yml", "-e", f"@{varfile}"], cwd=ANSIBLE_DIR, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
-
-
-def _changed(run: subprocess.CompletedProcess[str]) -> int:
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    return int(run.stdout.rsplit("changed=", 1)[1].split()[0])
+        "slurm_gpu_exporter_mail_settings": settings})
 
 
 def _mailer(base: Path) -> str:
@@ -62,7 +40,7 @@ def test_the_written_mail_config_is_what_the_wrapper_reads_and_a_typo_stops_the_
     settings = {"mailer": mailer, "summary_timeout_seconds": 5,
                 "report_args": ["--no-sacct", 'a "quoted" arg'],
                 "log_file": str(tmp_path / "mail.log")}
-    assert _changed(_play(tmp_path, settings)) == 2  # the directory and the file
+    assert changed(_play(tmp_path, settings)) == 2  # the directory and the file
     path = tmp_path / "etc" / "mail.toml"
     info = path.stat()
     assert (info.st_mode & 0o7777, info.st_uid, info.st_gid) == (0o644, 0, 0)
@@ -70,7 +48,7 @@ def test_the_written_mail_config_is_what_the_wrapper_reads_and_a_typo_stops_the_
     assert loaded.problems == ()
     assert (loaded.config.mailer, loaded.config.summary_timeout_s,
             loaded.config.report_args) == (mailer, 5.0, ("--no-sacct", 'a "quoted" arg'))
-    assert _changed(_play(tmp_path, settings)) == 0  # the check changes nothing
+    assert changed(_play(tmp_path, settings)) == 0  # the check changes nothing
     good = path.read_text()
 
     typo = _play(tmp_path, {**settings, "mailer_timeout_secs": 30})
@@ -83,7 +61,7 @@ def test_the_written_mail_config_is_what_the_wrapper_reads_and_a_typo_stops_the_
 def test_a_mailer_gone_from_the_host_fails_the_check_of_an_unchanged_file(
         tmp_path: Path) -> None:
     mailer = _mailer(tmp_path)
-    assert _changed(_play(tmp_path, {"mailer": mailer})) == 2
+    assert changed(_play(tmp_path, {"mailer": mailer})) == 2
     os.unlink(mailer)
     run = _play(tmp_path, {"mailer": mailer})
     assert run.returncode != 0, run.stdout[-2000:]
@@ -92,5 +70,5 @@ def test_a_mailer_gone_from_the_host_fails_the_check_of_an_unchanged_file(
 
 
 def test_no_mail_settings_write_no_mail_config(tmp_path: Path) -> None:
-    assert _changed(_play(tmp_path, {})) == 0
+    assert changed(_play(tmp_path, {})) == 0
     assert not (tmp_path / "etc").exists()
