@@ -74,7 +74,7 @@ def wait_samples(agent: Agent, n: int, timeout: float = 20.0) -> str:
     """Wait until ``n`` more samples (1 s apart) have been published."""
     start = last_sample(agent.metrics())
     return agent.wait_metrics(lambda t: last_sample(t) >= start + n - 0.5, timeout,
-                    f"{n} more samples")  # fmt: skip
+                              f"{n} more samples")  # fmt: skip
 
 
 def job_gpu(text: str, name: str, jobid: int, gpu: str) -> float | None:
@@ -142,9 +142,9 @@ def test_bursty_job_mean_utilization_within_one_point_over_five_minutes(rig: Rig
     try:
         agent.wait_metrics(has_busy(11, "0"), what="the job's busy counter")
         text_a = agent.wait_metrics(lambda t: mid_idle(t, real0 + warmup),
-                          what="a sample mid-way through an idle phase")
+                                    what="a sample mid-way through an idle phase")
         text_b = agent.wait_metrics(lambda t: mid_idle(t, last_sample(text_a) + 30.0), 45.0,
-                          what="a sample 300 NVML-s later, mid-way through an idle phase")
+                                    what="a sample 300 NVML-s later, mid-way through an idle phase")
     finally:
         agent.stop()
     edge_a, edge_b = nvml(last_sample(text_a)), nvml(last_sample(text_b))
@@ -206,7 +206,7 @@ def test_jobs_sharing_a_gpu_are_split_by_their_process_samples(rig: Rig) -> None
     agent = rig.start()
     try:
         agent.wait_metrics(lambda t: has_busy(21, "0")(t) and has_busy(22, "0")(t),
-                 what="both jobs' busy counters")  # fmt: skip
+                           what="both jobs' busy counters")  # fmt: skip
         text_a = wait_samples(agent, 2)
         text_b = wait_samples(agent, 3)
     finally:
@@ -248,11 +248,11 @@ def test_garbage_process_samples_are_dropped_counted_and_move_no_cursor(rig: Rig
     agent = rig.start()
     try:
         agent.wait_metrics(lambda t: has_busy(51, "0")(t) and has_busy(52, "0")(t),
-                 what="both jobs' busy counters")  # fmt: skip
+                           what="both jobs' busy counters")  # fmt: skip
         text_a = wait_samples(agent, 2)
         text_b = agent.wait_metrics(lambda t: (value(t, "slurm_gpu_driver_events_total", gpu="0",
-                                                  kind="out_of_range") or 0) >= 2,
-                          what="garbage samples dropped")
+                                                     kind="out_of_range") or 0) >= 2,
+                                    what="garbage samples dropped")
         text_b = wait_samples(agent, 2)
     finally:
         agent.stop()
@@ -377,7 +377,7 @@ def test_mig_turned_on_then_off_again_keeps_counting_device_busy_time(rig: Rig) 
             state.devices = [Device(0, processes=[proc])]
             rig.fake.write(state)
             off1 = agent.wait_metrics(lambda t, b=before: (value(t, name, gpu="0") or 0) > b + 0.3,
-                            what="device busy time counted again with MIG off")
+                                      what="device busy time counted again with MIG off")
     finally:
         agent.stop()
 
@@ -428,8 +428,8 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedNode]:
     agent = rig.start()
     try:
         text_a = agent.wait_metrics(lambda t: all(has_busy(j, g)(t) for j, g in
-                                               ((41, "3"), (42, "1"), (43, "2"))),
-                          what="the jobs' busy counters")  # fmt: skip
+                                                  ((41, "3"), (42, "1"), (43, "2"))),
+                                    what="the jobs' busy counters")  # fmt: skip
         devices[1].xid_events = [XidEvent(1, 79)]  # happens now, after registration
         fake.write(state)
         wait_samples(agent, 2)
@@ -539,7 +539,7 @@ def test_without_nvml_job_metrics_are_served_and_it_is_logged_once(rig: Rig, how
         first = agent.metrics()
         rig.node.update_job(71, cpu_seconds=12.5)
         text = agent.wait_metrics(lambda t: value(t, "slurm_job_cpu_seconds_total",
-                                               jobid="71") == 12.5, what="the CPU update")
+                                                  jobid="71") == 12.5, what="the CPU update")
         text = wait_samples(agent, 3)
     finally:
         agent.stop()
@@ -565,12 +565,12 @@ def test_lost_gpu_is_flagged_and_the_others_keep_updating(rig: Rig) -> None:
     agent = rig.start()
     try:
         before = agent.wait_metrics(lambda t: has_busy(72, "0")(t) and has_busy(72, "1")(t),
-                          what="busy counters")  # fmt: skip
+                                    what="busy counters")  # fmt: skip
         before = wait_samples(agent, 1)
         state.devices[1].lost = True
         rig.fake.write(state)
         lost_a = agent.wait_metrics(lambda t: value(t, "slurm_gpu_lost", gpu="1") == 1,
-                          what="GPU 1 lost")  # fmt: skip
+                                    what="GPU 1 lost")  # fmt: skip
         lost_b = wait_samples(agent, 3)
     finally:
         agent.stop()
@@ -609,7 +609,7 @@ def test_a_lost_gpu_that_answers_again_is_back_without_a_restart(rig: Rig) -> No
         state.devices[0].lost = False  # reset: it answers again
         rig.fake.write(state)
         back = agent.wait_metrics(lambda t: value(t, "slurm_gpu_lost", gpu="0") == 0, 25.0,
-                        what="GPU 0 back (opened again every 10 s)")
+                                  what="GPU 0 back (opened again every 10 s)")
         later = wait_samples(agent, 3)
     finally:
         agent.stop()
@@ -636,7 +636,7 @@ def test_hung_nvml_call_freezes_gpu_figures_but_not_scrapes_or_job_metrics(rig: 
         state.devices[0].sleeps = {"nvmlDeviceGetComputeRunningProcesses": 30.0}
         rig.fake.write(state)
         stuck = agent.wait_metrics(lambda t: value(t, "slurm_gpu_exporter_nvml_up") == 0,
-                         what="nvml_up 0")  # fmt: skip
+                                   what="nvml_up 0")  # fmt: skip
         scrape_times, texts = [], []
         rig.node.update_job(73, cpu_seconds=42.0, memory_bytes=2 * GIB)
         deadline = time.monotonic() + 4.0
@@ -714,7 +714,7 @@ def test_held_gpu_whose_driver_returns_no_samples_is_allocated_wall_time(rig: Ri
     agent = rig.start()
     try:
         text_a = agent.wait_metrics(lambda t: job_gpu(t, name, 76, "0") is not None,
-                          what="the allocated series")  # fmt: skip
+                                    what="the allocated series")  # fmt: skip
         text_b = wait_samples(agent, 3)
     finally:
         agent.stop()
@@ -738,7 +738,7 @@ def test_driver_timestamps_on_another_clock_still_count_busy_time(rig: Rig) -> N
     agent = rig.start()
     try:
         text = agent.wait_metrics(lambda t: (job_gpu(t, name, 77, "0") or 0) > 0.5,
-                        timeout=10, what="busy time")  # fmt: skip
+                                  timeout=10, what="busy time")  # fmt: skip
         wait_samples(agent, 1)
     finally:
         agent.stop()

@@ -51,7 +51,7 @@ def test_a_60_s_interval_over_a_20_s_buffer_counts_constant_and_bursty_load_exac
 
         def after(n: int):  # type: ignore[no-untyped-def]
             return agent.wait_metrics(lambda t: last_sample(t) >= first + n * INTERVAL - 5,
-                            INTERVAL + 30, f"sample {n + 1}")
+                                      INTERVAL + 30, f"sample {n + 1}")
 
         text_a, text_b = after(1), after(2)
     finally:

@@ -171,7 +171,7 @@ def test_boot_clock_samples_give_a_new_job_none_of_the_busy_time_before_its_star
     agent = rig.start()
     try:
         text = agent.wait_metrics(lambda t: (job_gpu(t, BUSY, 83, "0") or 0) > 0.3,
-                        timeout=10, what="job 83's busy time")
+                                  timeout=10, what="job 83's busy time")
         # Right after a poll, so that the next one's window holds 0.5 s of job 83's use.
         polled = last_sample(text)
         wait_until(lambda: last_sample(agent.metrics()) > polled, 5, "a new sample")
@@ -183,7 +183,7 @@ def test_boot_clock_samples_give_a_new_job_none_of_the_busy_time_before_its_star
         rig.node.remove_job(83)
         rig.node.add_job(84, [8401], job_gpus="0", start_time=end)
         text = agent.wait_metrics(lambda t: job_gpu(t, BUSY, 84, "0") is not None,
-                        timeout=5, what="job 84's series")
+                                  timeout=5, what="job 84's series")
         text = wait_samples(agent, 2)
     finally:
         agent.stop()
@@ -208,7 +208,7 @@ def test_reboot_with_the_state_dir_kept_counts_busy_time_from_the_new_boot(rig: 
     agent = rig.start(booted_env(rig.fake.env(), 86400.0), name="agent-boot1")
     try:
         agent.wait_metrics(lambda t: (value(t, "slurm_gpu_busy_seconds_total", gpu="0") or 0) > 0.3,
-                 timeout=10, what="busy time in the first boot")
+                           timeout=10, what="busy time in the first boot")
         wait_samples(agent, 1)  # saved to the state dir
     finally:
         agent.stop()
@@ -223,7 +223,7 @@ def test_reboot_with_the_state_dir_kept_counts_busy_time_from_the_new_boot(rig: 
     agent = rig.start(booted_env(rig.fake.env(), 3.0), name="agent-boot2")
     try:
         text = agent.wait_metrics(lambda t: (job_gpu(t, BUSY, 86, "0") or 0) > 0.5,
-                        timeout=8, what="busy time after the reboot")
+                                  timeout=8, what="busy time after the reboot")
     finally:
         agent.stop()
     assert job_gpu(text, UTIL, 86, "0") == pytest.approx(0.6, abs=0.05)
@@ -244,7 +244,7 @@ def test_a_driver_clock_that_steps_back_resumes_busy_time_within_one_poll(rig: R
     agent = rig.start()
     try:
         agent.wait_metrics(lambda t: (job_gpu(t, BUSY, 87, "0") or 0) > 0.2, timeout=10,
-                 what="busy time")
+                           what="busy time")
         state.clock_offset_s = -3600.0  # the running GPU's clock goes back an hour
         rig.fake.write(state)
         stepped = agent.metrics()

@@ -166,7 +166,7 @@ def test_missing_jobs_hostile_ids_and_strangers(stack: Stack) -> None:
 
 def test_job_through_the_proxy_renders_what_job_db_renders(stack: Stack) -> None:
     direct = job_figures(stack.report("job", "4242", "--db", stack.db, "--prometheus-url",
-                                   stack.prometheus.url))
+                                      stack.prometheus.url))
     mine = job_figures(stack.as_user("alice", "job", "4242"))
     root = job_figures(stack.as_user("root", "job", "4242"))
     assert mine["notes"][0].startswith(f"From the job archive (through {stack.proxy.url}, ")

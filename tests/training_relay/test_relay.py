@@ -37,7 +37,7 @@ def test_sender_is_credited_to_its_job_and_a_forged_jobid_label_is_replaced(
     assert report["errors"] == 0
     # The exit flush sent the final count.
     wait_until(lambda: series_of(relay, "slurm_job_training_steps_total")[ALICE]
-             == report["steps"])
+               == report["steps"])
     assert series_of(relay, "slurm_job_training_samples_total")[ALICE] == 8 * report["steps"]
     assert sender.pid in jobs.asked
 
@@ -171,7 +171,7 @@ def test_a_flood_leaves_the_store_bounded_and_other_jobs_served(relay, jobs, sen
     # The other job's pushes still land: its step counter keeps rising.
     before = series_of(relay, "slurm_job_training_steps_total")[ALICE]
     wait_until(lambda: series_of(relay, "slurm_job_training_steps_total")[ALICE] > before,
-             FLOOD_WAIT)
+               FLOOD_WAIT)
     # Over its rate, the job's oversized and many-series messages may all lose the race
     # for its budget to the small ones (counted under "rate"): a few more of each kind
     # once the flood is over, when the budget has refilled.

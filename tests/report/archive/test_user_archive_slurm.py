@@ -97,7 +97,7 @@ def _without_notes(job: dict) -> dict:
 def test_the_owner_gets_her_archived_job_and_root_the_same_figures(setup: Setup) -> None:
     jobid = str(setup.jobs[OWNER])
     direct = job_figures(setup.as_root("job", jobid, "--format", "json", "--db", setup.db,
-                                    "--prometheus-url", setup.empty.url))
+                                       "--prometheus-url", setup.empty.url))
     mine = job_figures(setup.as_user(OWNER, "job", jobid, "--format", "json"))
     assert mine["user"] == OWNER and mine["gpus"] == 2
     assert 0.2 < mine["busy_ratio"] < 0.55, mine
@@ -105,7 +105,7 @@ def test_the_owner_gets_her_archived_job_and_root_the_same_figures(setup: Setup)
     assert _without_notes(mine) == _without_notes(direct)
     assert mine["notes"][1:] == direct["notes"][1:]
     root = job_figures(setup.as_root("job", jobid, "--format", "json", "--prometheus-url",
-                                  setup.proxy.url, "--auth", "munge"))
+                                     setup.proxy.url, "--auth", "munge"))
     assert root == mine
     table = setup.as_user(OWNER, "job", jobid)
     assert table.returncode == 0 and "From the job archive" in table.stdout, table.stderr
