@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from common import percentile, record  # noqa: E402
 
-from tests.agent import Agent  # noqa: E402
 from tests.support import wait_until  # noqa: E402
+from tests.support.agent import Agent  # noqa: E402
 
 PASSWORD = "good"
 RUNS = 30

@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from agentproc import by_thread, cpu_seconds, last_sample, load, rss_mib, thread_cpu  # noqa: E402
 from common import record, yardstick  # noqa: E402
 
-from tests.agent import Agent  # noqa: E402
 from tests.fakenvml import Device, FakeNvml, NvmlState  # noqa: E402
+from tests.support.agent import Agent  # noqa: E402
 
 INTERVAL = 5.0
 

@@ -96,6 +96,11 @@ def check_fault(fault: Fault, root: Path) -> str | None:
         return f"original text found {found} times in {fault.file} (must be exactly once)"
     if fault.original == fault.replacement:
         return "replacement equals the original"
+    # A test file or folder moved away would leave the fault tried on nothing but the
+    # whole tier (or, for --whole, on nothing at all).
+    gone = [t for t in (*fault.tests, *fault.whole) if not (root / t.split("::")[0]).exists()]
+    if gone:
+        return f"no such test path: {', '.join(gone)}"
     return None
 
 
@@ -255,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--whole", action="store_true",
                         help="also run each survivor's process tests (its `whole` list)")
     parser.add_argument("--check", action="store_true",
-                        help="only check that every original text is found exactly once")
+                        help="only check that every original text is found exactly once "
+                             "and every test path it names is there")
     parser.add_argument("--tag", default="latest", help="the RESULTS.md section to write")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
     parser.add_argument("--workers", type=int, default=0,

@@ -31,8 +31,8 @@ from agentproc import get, idle_cpu_per_sample, load, rss_mib, scrape_cpu, serie
 from common import record  # noqa: E402
 
 from slurm_gpu_exporter.sim.synthnode import SynthNode  # noqa: E402
-from tests.agent import Agent  # noqa: E402
 from tests.fakenvml import Device, FakeNvml, MigInstance, NvmlState, Pattern, Process  # noqa: E402
+from tests.support.agent import Agent  # noqa: E402
 
 GIB = 1 << 30
 OTHER_UID = 2000

@@ -32,7 +32,7 @@ from agentproc import load  # noqa: E402
 from common import record  # noqa: E402
 from node_large import VARIANTS, build  # noqa: E402
 
-from tests.agent import Agent  # noqa: E402
+from tests.support.agent import Agent  # noqa: E402
 
 TOP = 25
 

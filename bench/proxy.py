@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import percentile, record
 from slurm_gpu_exporter.proxy.query.restrict import Scope, restrict_query
-from tests.daemons import DEPLOY
-from tests.observe import grafana
 from tests.proxy.stack import CLUSTER, PUBLIC, SECRET_HEADER, USER_HEADER, ProxyStack, basic
 from tests.proxy.stack import start as start_stack
+from tests.support.daemons import DEPLOY
+from tests.system.observe import grafana
 
 SIM_USERS = ("alice", "bob", "carol", "dave")
 MAX_REQUESTS_PER_USER = 5000

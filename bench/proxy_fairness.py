@@ -27,10 +27,10 @@ from pathlib import Path
 import aiohttp
 
 from bench.common import percentile
-from tests.daemons import Daemon
 from tests.proxy.slow_store import slow_store
 from tests.proxy.stack import ProxyStack, basic
 from tests.support import free_port
+from tests.support.daemons import Daemon
 
 SLOW_REGEX_USER = "x{" + ",".join(f'l{i}=~"\\\\w{{300}}"' for i in range(20)) + "}"
 SLOW_REGEX_NOCOUNT = "x{" + ",".join(f'l{i}=~"' + "\\\\w" * 100 + '"'

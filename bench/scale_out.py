@@ -5,7 +5,7 @@ the long-term store cost per 100k series, and the central commands' run time on 
    1, 8, 32 and 1,000 jobs, a MIG node, and a job name of 10,000 characters.
 2. Live: the fleet of N nodes (8 GPUs, 8 jobs each, 8 job starts per node and hour),
    scraped every --interval by one Prometheus and by two shards remote-writing to
-   VictoriaMetrics (tests/observe/topology.py: the shipped scale-out config). After a
+   VictoriaMetrics (tests/system/observe/topology.py: the shipped scale-out config). After a
    warm-up, over --window seconds: each daemon's CPU (/proc/<pid>/stat) and RSS, head
    series and samples appended, the recording rules' evaluation time, the store's rows
    inserted and bytes on disk. Then ``low-util --since 1h`` and a ``job`` report of 20
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import record
 from slurm_gpu_exporter.sim.fleet import FleetMix
 from slurm_gpu_exporter.sim.fleet_server import Fleet
-from tests.observe.topology import topologies
+from tests.system.observe.topology import topologies
 
 TICK = os.sysconf("SC_CLK_TCK")
 REPORT = Path(sys.executable).parent / "slurm-gpu-report"

@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from common import percentile, record  # noqa: E402
 
-from tests.agent import Agent  # noqa: E402
+from tests.support.agent import Agent  # noqa: E402
 
 SCRAPERS = 8
 PER_SCRAPER = 250

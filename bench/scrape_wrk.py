@@ -29,7 +29,7 @@ from agentproc import PROMETHEUS_HEADERS, cpu_seconds, load, rss_mib  # noqa: E4
 from common import record  # noqa: E402
 from node_large import build  # noqa: E402
 
-from tests.agent import Agent  # noqa: E402
+from tests.support.agent import Agent  # noqa: E402
 
 INTERVAL = 5.0
 _UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}

@@ -46,10 +46,10 @@ from agentproc import (  # noqa: E402
 )
 from common import record, yardstick  # noqa: E402
 
-from tests.agent import Agent  # noqa: E402
 from tests.conftest import SLURM_LOCK as LOCK  # noqa: E402  (tests and bench take turns)
 from tests.fakenvml import Device, FakeNvml, NvmlState, Pattern, Process  # noqa: E402
-from tests.integration.slurmcluster import SlurmCluster, unavailable_reason  # noqa: E402
+from tests.support.agent import Agent  # noqa: E402
+from tests.support.slurmcluster import SlurmCluster, unavailable_reason  # noqa: E402
 
 INTERVAL = 5.0
 GPU_JOBS = 4

@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import record
 
 from slurm_gpu_exporter.sim.synthnode import SynthNode
-from tests.agent import Agent, series
 from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
-from tests.hardening.churn import end_job, open_files, rss_kib, threads
+from tests.jobs.churn import end_job, open_files, rss_kib, threads
+from tests.support.agent import Agent, series
 
 
 def _figures(agent: Agent) -> dict[str, float]:

@@ -35,7 +35,7 @@ from bench.common import record
 from bench.scale_out import du, yardstick
 from slurm_gpu_exporter.exposition.rendered import Exposition
 from slurm_gpu_exporter.sim.fleet import FleetMix, slot_jobs, snapshot
-from tests.observe.topology import VM_FLAGS, VictoriaMetrics
+from tests.system.observe.topology import VM_FLAGS, VictoriaMetrics
 
 REPORT = Path(sys.executable).parent / "slurm-gpu-report"
 JOBS_PER_NODE = 32

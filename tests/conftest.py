@@ -16,6 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support import require
+from tests.support.slurmcluster import SlurmCluster, unavailable_reason
+
 # Markers that name a real component: each means the test starts that component.
 COMPONENT_MARKERS = ("slurm", "prometheus", "fakenvml")
 # Fixtures that start processes or daemons for the tests that use them.
@@ -138,3 +141,22 @@ def _processes_only_where_marked(request: pytest.FixtureRequest,
 
     monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
     monkeypatch.setattr(os, "fork", refuse)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(slurm_lock: None) -> Iterator[SlurmCluster]:
+    """The real one-node Slurm cluster, up for the whole session.
+
+    Started by this fixture when it is not running yet, and then stopped at the end;
+    a cluster someone started by hand (`scripts/slurm-testcluster up`) is left running.
+    """
+    reason = unavailable_reason()
+    require(reason is None, reason or "")
+    cluster = SlurmCluster()
+    started_here = not cluster.is_up()
+    cluster.up()
+    try:
+        yield cluster
+    finally:
+        if started_here:
+            cluster.down()

@@ -7,7 +7,7 @@ node: every problem becomes one line on stderr, which slurmd logs. They never
 talk to the agent, so a down or hung agent cannot delay a job.
 
 Standard library only, and as little of it as the job needs: the modules below, which
-import no ``re``, ``json`` or ``dataclasses`` (tests/unit/test_jobhooks.py holds the
+import no ``re``, ``json`` or ``dataclasses`` (tests/hooks/test_jobhooks.py holds the
 list). prolog/ and epilog/slurm-gpu-exporter.sh start the interpreter with ``-I -S``.
 """
 

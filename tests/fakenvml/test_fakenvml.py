@@ -27,7 +27,6 @@ from tests.fakenvml import (
     Pattern,
     Process,
     XidEvent,
-    fake_nvml_or_skip,
 )
 
 pytestmark = pytest.mark.fakenvml
@@ -60,12 +59,6 @@ def procs(rows):
     return rows if isinstance(rows, str) else sorted(
         [p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId] for p in rows)
 '''
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> FakeNvml:
-    """A built fake NVML with its state file in the test's tmp dir."""
-    return fake_nvml_or_skip(tmp_path / "nvml")
 
 
 def _script(body: str) -> list[str]:

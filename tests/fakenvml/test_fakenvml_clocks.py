@@ -15,12 +15,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 
-from tests.fakenvml import Device, FakeNvml, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.fakenvml import Device, FakeNvml, NvmlState, Pattern, Process
 from tests.fakenvml.clock_shim import (
     booted_env,
     shifted_env,
@@ -53,11 +52,6 @@ def clocks():
     return {"boot": time.clock_gettime(time.CLOCK_BOOTTIME),
             "real": time.clock_gettime(time.CLOCK_REALTIME)}
 """
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> FakeNvml:
-    return fake_nvml_or_skip(tmp_path / "nvml")
 
 
 def _busy(fake: FakeNvml, device_clock: Literal["boot", "epoch"] = "boot",

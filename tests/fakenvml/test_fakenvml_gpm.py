@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakenvml import Device, FakeNvml, MigInstance, NvmlState, Pattern, fake_nvml_or_skip
+from tests.fakenvml import Device, FakeNvml, MigInstance, NvmlState, Pattern
 from tests.fakenvml.test_fakenvml import Interactive, run
 
 pytestmark = pytest.mark.fakenvml
@@ -27,11 +27,6 @@ def metrics(a, b, ids):
     return [[req.metrics[i].metricId, req.metrics[i].nvmlReturn, round(req.metrics[i].value, 6)]
             for i in range(len(ids))]
 '''
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> FakeNvml:
-    return fake_nvml_or_skip(tmp_path / "nvml")
 
 
 def test_pynvml_structs_have_the_layout_the_fake_is_built_with() -> None:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import itertools
 import time
-from pathlib import Path
 from typing import Literal
 
 import pytest
 
-from tests.fakenvml import Device, FakeNvml, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.fakenvml import Device, FakeNvml, NvmlState, Pattern, Process
 from tests.fakenvml.test_fakenvml import run
 
 pytestmark = pytest.mark.fakenvml
@@ -26,11 +25,6 @@ PERIOD_S = 0.167
 PERIOD_US = 167_000
 # 1 s busy every 20 s: about six samples a burst, so 30 slots reach back five bursts.
 BURST_S, EVERY_S = 1.0, 20.0
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> FakeNvml:
-    return fake_nvml_or_skip(tmp_path / "nvml")
 
 
 READS = """

@@ -18,9 +18,9 @@ from typing import Any
 import bcrypt
 import yaml
 
-from tests.agent import Agent
-from tests.daemons import DEPLOY, Daemon, Prometheus, tool
 from tests.support import free_port
+from tests.support.agent import Agent
+from tests.support.daemons import DEPLOY, Daemon, Prometheus, tool
 
 RULES = DEPLOY / "prometheus" / "rules" / "slurm-gpu-exporter.rules.yml"
 CLUSTER = "testcluster"
@@ -68,7 +68,7 @@ def request(url: str, headers: dict[str, str] | None = None,
 
 @dataclass
 class Client:
-    """The Prometheus API at ``url`` as one caller: the interface tests.observe.grafana
+    """The Prometheus API at ``url`` as one caller: the interface tests.system.observe.grafana
     drives (query, query_range, label_values)."""
 
     url: str

@@ -26,10 +26,10 @@ from slurm_gpu_exporter.report.figures.shapes import (
     JobUsage,
     NodeDetail,
 )
-from tests.daemons import Daemon, Prometheus, tool
 from tests.proxy.stack import Answer, basic, password, request, write_configs
 from tests.report.pgserver import PostgresServer
-from tests.support import free_port
+from tests.support import free_port, job_figures
+from tests.support.daemons import Daemon, Prometheus, tool
 
 pytestmark = [pytest.mark.process, pytest.mark.prometheus]
 
@@ -164,17 +164,11 @@ def test_missing_jobs_hostile_ids_and_strangers(stack: Stack) -> None:
     assert wrong.status == 401
 
 
-def _figures(run: subprocess.CompletedProcess[str]) -> dict:
-    assert run.returncode == 0, run.stderr
-    (job,) = json.loads(run.stdout)["jobs"]
-    return job
-
-
 def test_job_through_the_proxy_renders_what_job_db_renders(stack: Stack) -> None:
-    direct = _figures(stack.report("job", "4242", "--db", stack.db, "--prometheus-url",
-                                   stack.prometheus.url))
-    mine = _figures(stack.as_user("alice", "job", "4242"))
-    root = _figures(stack.as_user("root", "job", "4242"))
+    direct = job_figures(stack.report("job", "4242", "--db", stack.db, "--prometheus-url",
+                                      stack.prometheus.url))
+    mine = job_figures(stack.as_user("alice", "job", "4242"))
+    root = job_figures(stack.as_user("root", "job", "4242"))
     assert mine["notes"][0].startswith(f"From the job archive (through {stack.proxy.url}, ")
     assert direct["notes"][0].startswith("From the job archive (")
     for figures in (mine, root):

@@ -22,9 +22,9 @@ import bcrypt
 import pytest
 import yaml
 
-from tests.daemons import Daemon
 from tests.proxy.stack import Answer, ProxyStack, basic, password, request, start
 from tests.support import free_port, wait_until
+from tests.support.daemons import Daemon
 
 pytestmark = [pytest.mark.process, pytest.mark.prometheus]
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO
+
+ROOT = REPO
 PROXY = ROOT / "slurm_gpu_exporter" / "proxy"
 # The web layer every server shares (none of the agent's exposition).
 ALLOWED = {"slurm_gpu_exporter", "slurm_gpu_exporter.web.config",

@@ -13,8 +13,9 @@ from slurm_gpu_exporter.proxy.query.limits import (
     check_regex_repetition,
     repetition_weight,
 )
-from tests.daemons import DEPLOY
-from tests.observe import grafana
+from tests.support import Clock
+from tests.support.daemons import DEPLOY
+from tests.system.observe import grafana
 
 
 async def _shares() -> dict[str, object]:
@@ -76,14 +77,6 @@ async def _handed_on() -> list[str]:
 
 def test_a_users_waiting_requests_run_one_at_a_time_in_turn() -> None:
     assert asyncio.run(_handed_on()) == ["0", "1", "2", "3"]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _wait_of(backoff: Backoff, user: str) -> int | None:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemons import Daemon
 from tests.proxy.slow_store import slow_store
 from tests.proxy.stack import Answer, ProxyStack, basic, request, start
 from tests.support import free_port, wait_until
+from tests.support.daemons import Daemon
 
 pytestmark = [pytest.mark.process, pytest.mark.prometheus]
 

@@ -1,12 +1,11 @@
 """The proxy's guards on plain values: what a munge identity's user name and unmunge's
 exit status decide, and the query checkers' time limit. unmunge and the checker worker
-are stood in for (no process starts); tests/integration/test_proxy_munge.py and
+are stood in for (no process starts); tests/proxy/test_proxy_munge.py and
 tests/proxy/test_check_pool.py run the real ones."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from slurm_gpu_exporter.proxy.munge import MungeDecoder, MungeRefusal, MungeUser
 from slurm_gpu_exporter.proxy.query.check_pool import CheckPool
 from slurm_gpu_exporter.proxy.query.restrict import QueryRefused, Scope
 from slurm_gpu_exporter.web.config import WebConfig
+from tests.support import basic_auth
 
 CREDENTIAL = "MUNGE:AwQFAAB+abc/9==:"
 
@@ -133,18 +133,16 @@ def _request(headers: dict[str, str]) -> Any:
     return make_mocked_request("GET", "/api/v1/query", headers=headers)
 
 
-def _basic(user: str, password: str = "pw") -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-
 def test_a_basic_auth_user_whose_name_is_no_user_name_is_refused() -> None:
     # The web config's user names are the site's, and a name with a space or a newline
     # could still be in it: the password check passes, the name must not become a matcher.
     config = WebConfig(users={"al ice": b"h", "alice": b"h"},
                        password_check=lambda _pw, _hash: True)
-    who = asyncio.run(identify(_request({"Authorization": _basic("al ice")}), config, None))
+    bad_name = {"Authorization": basic_auth("al ice", "pw")}
+    who = asyncio.run(identify(_request(bad_name), config, None))
     assert isinstance(who, Refusal) and (who.status, who.reason) == (401, "bad_credentials")
-    who = asyncio.run(identify(_request({"Authorization": _basic("alice")}), config, None))
+    good_name = {"Authorization": basic_auth("alice", "pw")}
+    who = asyncio.run(identify(_request(good_name), config, None))
     assert who == Caller("alice", "basic")
 
 

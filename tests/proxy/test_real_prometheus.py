@@ -22,8 +22,6 @@ import promql_parser as pp
 import pytest
 import yaml
 
-from tests.daemons import DEPLOY, Daemon
-from tests.observe import grafana
 from tests.proxy.stack import (
     CLUSTER,
     PUBLIC,
@@ -37,6 +35,8 @@ from tests.proxy.stack import (
     start,
 )
 from tests.support import free_port, require, wait_until
+from tests.support.daemons import DEPLOY, Daemon
+from tests.system.observe import grafana
 
 pytestmark = [pytest.mark.process, pytest.mark.prometheus]
 

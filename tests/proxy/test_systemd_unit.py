@@ -8,8 +8,8 @@ import tomllib
 
 import pytest
 
-from tests.daemons import DEPLOY, REPO
-from tests.support import require
+from tests.support import REPO, require
+from tests.support.daemons import DEPLOY
 
 pytestmark = pytest.mark.process
 
