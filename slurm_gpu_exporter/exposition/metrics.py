@@ -159,13 +159,13 @@ def gpm_families(snapshot: Snapshot) -> Iterator[Metric]:
 
 # Health counters by key prefix (snapshot JobGpuSample.health): family, label, help.
 HEALTH_COUNTERS = {
-    "throttle": ("gpu_throttled_seconds", "reason", "Seconds the GPU's clocks were held down, "
-                 "by reason (NVML violation counters)"),
-    "xid": ("gpu_xid_errors", "xid", "Xid errors, by Xid code"),
-    "ecc": ("gpu_ecc_errors", "type", "ECC errors (volatile)"),
-    "remapped_rows": ("gpu_remapped_rows", "cause", "Memory rows remapped, by cause"),
-    "pcie_replays": ("gpu_pcie_replays", "", "PCIe replays"),
-    "nvlink": ("gpu_nvlink_errors", "kind", "NVLink errors summed over the links, by kind"),
+    "throttle": ("gpu_throttled_seconds", "reason", "Seconds the GPU's clocks were held down"
+                 "{}, by reason (NVML violation counters)"),
+    "xid": ("gpu_xid_errors", "xid", "Xid errors{}, by Xid code"),
+    "ecc": ("gpu_ecc_errors", "type", "ECC errors (volatile){}"),
+    "remapped_rows": ("gpu_remapped_rows", "cause", "Memory rows remapped{}, by cause"),
+    "pcie_replays": ("gpu_pcie_replays", "", "PCIe replays{}"),
+    "nvlink": ("gpu_nvlink_errors", "kind", "NVLink errors{}, summed over the links, by kind"),
 }
 _DEVICE_TWINS = ("throttle", "remapped_rows", "pcie_replays", "nvlink")  # the others exist
 
@@ -175,11 +175,11 @@ def health_families(snapshot: Snapshot) -> Iterator[Metric]:
     its MIG instances) and per device; SM clocks. Left out where no GPU has them."""
     def family(prefix: str, kind: str, whose: str, labels: list[str]) -> CounterMetricFamily:
         name, label, doc = HEALTH_COUNTERS[kind]
-        return _counter(f"{prefix}_{name}", f"{doc}{whose}.", labels + ([label] if label else []))
+        return _counter(f"{prefix}_{name}", doc.format(whose) + ".", labels + [label] * bool(label))
 
     job = {k: family("slurm_job", k, " while the job held the GPU", JOB_GPU_LABELS)
            for k in HEALTH_COUNTERS}
-    device = {k: family("slurm", k, " (since the driver loaded)", GPU_LABELS)
+    device = {k: family("slurm", k, " (the driver's counter)", GPU_LABELS)
               for k in _DEVICE_TWINS}
     xid_last = _gauge("slurm_job_gpu_xid_last_timestamp_seconds", "When the job's last Xid "
                       "of that code was seen (Unix time).", [*JOB_GPU_LABELS, "xid"])
