@@ -89,7 +89,7 @@ class HealthBook:
         self.errors.driver_seen(driver)
 
     def prune(self, present: set[str]) -> None:
-        self.throttle.readings.prune(present)
+        self.throttle.prune(present)
         self.errors.prune(present)
 
     def export_state(self, boot_id: str | None) -> dict[str, object]:

@@ -31,6 +31,7 @@ class HealthReader:
         self.fields = fields
         self._max_clock: dict[str, int | None] = {}
         self._links: dict[str, tuple[int, ...]] = {}
+        self._supported_reasons: dict[str, int | None] = {}
 
     def read(self, d: Device, errors: list[str]) -> HealthReading:
         f = self.fields
@@ -48,6 +49,15 @@ class HealthReader:
             reasons = f.field(d.uuid, "clocks_throttle_reasons",
                               pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, errors,
                               d.handle)
+        supported = None
+        if not violations and all((d.uuid, f"violation_{r}") in f.unsupported for r in POLICIES):
+            # No violation counters (NVML 13 deprecates the call): the current reasons
+            # are sampled instead, for the reasons the GPU says it reports.
+            if d.uuid not in self._supported_reasons:
+                self._supported_reasons[d.uuid] = f.field(
+                    d.uuid, "clocks_event_reasons_supported",
+                    pynvml.nvmlDeviceGetSupportedClocksEventReasons, errors, d.handle)
+            supported = self._supported_reasons[d.uuid]
         clock = f.field(d.uuid, "sm_clock", pynvml.nvmlDeviceGetClockInfo, errors, d.handle,
                         _CLOCK_SM)
         if d.uuid not in self._max_clock:
@@ -58,7 +68,8 @@ class HealthReader:
             violations_ns=tuple(violations), counters=tuple(counters),
             sm_clock_mhz=None if clock is None else int(clock),
             sm_clock_max_mhz=self._max_clock[d.uuid],
-            clocks_event_reasons=None if reasons is None else int(reasons))
+            clocks_event_reasons=None if reasons is None else int(reasons),
+            clocks_event_reasons_supported=None if supported is None else int(supported))
 
     def _counters(self, d: Device, errors: list[str]) -> list[tuple[str, int]]:
         f = self.fields
@@ -104,4 +115,5 @@ class HealthReader:
         """A GPU that came back (reset): its links and clocks are found again."""
         self._max_clock.pop(uuid, None)
         self._links.pop(uuid, None)
+        self._supported_reasons.pop(uuid, None)
 

@@ -1990,6 +1990,23 @@ static nvmlReturn_t clocks_reasons(const char *fn, nvmlDevice_t device, unsigned
     return done(NVML_SUCCESS);
 }
 
+/* The reasons the GPU can report: those of the policies it lists. */
+nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t device,
+                                                      unsigned long long *supportedClocksEventReasons)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!supportedClocksEventReasons)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *supportedClocksEventReasons = 0;
+    for (unsigned pol = 0; pol < MAX_POLICY; pol++)
+        if (t.dev->viol_on[pol])
+            *supportedClocksEventReasons |= g_policy_bit[pol];
+    return done(NVML_SUCCESS);
+}
+
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
                                                     unsigned long long *clocksEventReasons)
 {

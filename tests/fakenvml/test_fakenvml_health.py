@@ -78,7 +78,8 @@ def test_reasons_clocks_and_error_counters_as_set_and_mig_handles_refused(
     got = run(fake, READ + '''
 h1 = N.nvmlDeviceGetHandleByIndex(1)
 mig = N.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
-out([call(N.nvmlDeviceGetCurrentClocksEventReasons, h),
+out([call(N.nvmlDeviceGetSupportedClocksEventReasons, h),
+     call(N.nvmlDeviceGetCurrentClocksEventReasons, h),
      call(N.nvmlDeviceGetCurrentClocksThrottleReasons, h),
      call(N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_SM),
      call(N.nvmlDeviceGetMaxClockInfo, h, N.NVML_CLOCK_SM),
@@ -93,6 +94,7 @@ out([call(N.nvmlDeviceGetCurrentClocksEventReasons, h),
 ''')
     no = "ERR:NOT_SUPPORTED"
     assert got == [
+        0x4 | 0x20 | 0x10,  # the listed reasons
         0x4 | 0x10, 0x4 | 0x10,  # power cap and sync boost now; thermal off
         1200, 1980, [2, 1, 0, 0], 5,
         [1, 0, 0, 1], [1, 2, 3, 4, no], no,

@@ -4,7 +4,9 @@ fake NVML (violation counters, Xid events, PCIe replays), across a restart.
 The fake's clock runs 10x: violation counters are NVML nanoseconds, so each sample
 period of the agent (1 real s) is 10 NVML-s of throttling. GPU 0 is power-capped 40 %
 of the time while job 21 holds it, then thermally slowed all of the time while job 23
-holds it; job 22 holds GPU 1, which has no violation counters at all.
+holds it; job 22 holds GPU 1, which has no violation counters at all. Job 24 holds GPU 2,
+thermally slowed all of the time, whose driver lacks nvmlDeviceGetViolationStatus (NVML
+13 deprecates it): its current clocks-event reasons are sampled instead.
 """
 
 from __future__ import annotations
@@ -42,11 +44,14 @@ def test_throttled_time_and_errors_go_to_the_job_holding_the_gpu_across_a_restar
     real0 = time.time()
     devices = [Device(0, processes=[Process(4242, 1 << 30)], pcie_replays=0,
                       throttle={"power": 0.4, "thermal": 0.0}),
-               Device(1, processes=[Process(4343, 1 << 30)])]
+               Device(1, processes=[Process(4343, 1 << 30)]),
+               Device(2, processes=[Process(4545, 1 << 30)], throttle={"thermal": 1.0},
+                      errors={"nvmlDeviceGetViolationStatus": "FUNCTION_NOT_FOUND"})]
     state = NvmlState(time_scale=SCALE, time_origin=real0, devices=devices)
     rig.fake.write(state)
     job21 = rig.node.add_job(21, [4242], job_gpus="0", start_time=real0)
     rig.node.add_job(22, [4343], job_gpus="1", start_time=real0)
+    rig.node.add_job(24, [4545], job_gpus="2", start_time=real0)
 
     def nvml(real: float) -> float:
         return real0 + SCALE * (real - real0)
@@ -65,8 +70,14 @@ def test_throttled_time_and_errors_go_to_the_job_holding_the_gpu_across_a_restar
         device = [value(t, DEVICE_THROTTLED, gpu="0", reason="power") for t in (text_a, text_b)]
         assert device[1] - device[0] == pytest.approx(got)  # job 21 alone held GPU 0
         assert throttled(text_b, 21, "thermal") == 0.0  # supported, never active
-        reasons = {lab["reason"] for lab in labelsets(text_b, THROTTLED)}
+        reasons = {lab["reason"] for lab in labelsets(text_b, THROTTLED) if lab["jobid"] == "21"}
         assert reasons == {"power", "thermal"}  # the others unsupported: no series
+        # Sampled where there are no violation counters: the whole span on the agent's
+        # clock (real seconds: the fake's scale does not apply), within a sample period.
+        sampled = throttled(text_b, 24, "thermal") - throttled(text_a, 24, "thermal")
+        assert sampled == pytest.approx(last_sample(text_b) - last_sample(text_a), abs=1.0)
+        assert {lab["reason"] for lab in labelsets(text_b, THROTTLED)
+                if lab["jobid"] == "24"} == {"thermal", "app_clocks"}
         assert not [lab for lab in labelsets(text_b, THROTTLED) if lab["jobid"] == "22"]
 
         # 2. An Xid and PCIe replays on GPU 0 while job 21 holds it: job 21's alone.

@@ -12,8 +12,10 @@ import pytest
 
 from slurm_gpu_exporter.exposition.metrics import health_families
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
+from slurm_gpu_exporter.gpu.backend import DeviceReading, HealthReading
 from slurm_gpu_exporter.gpu.cumulative import CumulativeReadings
 from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
+from slurm_gpu_exporter.gpu.throttle import ThrottleBook
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.source_health import SourceErrors
 from tests.unit.fake_gpu import T0, FakeBackend, StubMapper
@@ -60,6 +62,25 @@ def test_a_saved_reading_counts_the_gap_once_for_the_same_boot_and_driver() -> N
         other.import_state(saved, boot_id)
         other.driver_seen(driver)
         assert other.delta("GPU-a", {"power": 4000}, 130.0).values == {"power": 0}
+
+
+def test_without_violation_counters_the_current_reasons_are_sampled() -> None:
+    book = ThrottleBook()
+
+    def polled(reasons: int, supported: int | None = 0x4 | 0x20) -> DeviceReading:
+        return DeviceReading(index=0, uuid="GPU-a", name="", minor=0, pci_bus_id="",
+                             health=HealthReading(clocks_event_reasons=reasons,
+                                                  clocks_event_reasons_supported=supported))
+
+    zero = {"power": 0.0, "thermal": 0.0, "app_clocks": 0.0}  # the supported reasons
+    assert book.interval(polled(0x4), 10.0).seconds == zero
+    assert book.interval(polled(0x4), 15.0).seconds == {**zero, "power": 5.0, "app_clocks": 5.0}
+    assert book.interval(polled(0x0), 20.0).seconds == zero
+    assert book.interval(polled(0x40), 22.0).seconds == {**zero, "thermal": 2.0,
+                                                         "app_clocks": 2.0}  # HW thermal
+    assert dict(book.device_seconds("GPU-a")) == {"power": 5.0, "thermal": 2.0,
+                                                  "app_clocks": 7.0}
+    assert ThrottleBook().interval(polled(0x4, None), 1.0).seconds == {}  # no mask: none
 
 
 # -------------------------------------------------------- through the sampler
