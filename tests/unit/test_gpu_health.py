@@ -202,9 +202,11 @@ def test_a_restart_keeps_the_counters_and_counts_the_time_down_for_the_job_held_
     run(s, backend, [job()], polls=5)
     saved = s.export_state()
     backend.advance(30.0)  # down for 30 s, throttled 40 % of it
+    newcomer = job("8", start=backend.t - 10.0)  # started while the agent was down
     again = start(agents, backend, tmp_path, saved)
-    part = again.sample([job()], backend.t)
+    part = again.sample([job(), newcomer], backend.t)
     assert health_of(part)["throttle:power"] == pytest.approx(2.0 + 12.0)
+    assert health_of(part, "8")["throttle:power"] == 0.0  # not held across the gap
 
 
 def test_throttle_and_error_families_only_where_a_gpu_has_them(
