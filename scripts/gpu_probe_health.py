@@ -115,6 +115,33 @@ def probe_counters(handle: Any) -> dict[str, Any]:
     return out
 
 
+def probe_call_cost(handle: Any, links: dict[str, Any], n: int = 50) -> dict[str, Any]:
+    """Wall µs per call of each read the agent makes every sample (the agent makes 8
+    violation calls and 4 per active NVLink per GPU): what these reads cost a node."""
+    import pynvml
+
+    calls: dict[str, tuple[Any, ...]] = {
+        "violation": (pynvml.nvmlDeviceGetViolationStatus, handle, POLICIES["power"]),
+        "clocks_event_reasons": (pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, handle),
+        "sm_clock": (pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM),
+        "remapped_rows": (pynvml.nvmlDeviceGetRemappedRows, handle),
+        "pcie_replays": (pynvml.nvmlDeviceGetPcieReplayCounter, handle),
+    }
+    active = [int(k) for k, v in links.items() if v.get("active")]
+    if active:
+        calls["nvlink_error_counter"] = (pynvml.nvmlDeviceGetNvLinkErrorCounter, handle,
+                                         active[0], NVLINK_COUNTERS["crc_flit"])
+    out: dict[str, Any] = {}
+    for name, (fn, *args) in calls.items():
+        t0 = time.perf_counter()
+        for _ in range(n):
+            got = _call(fn, *args)
+        out[name] = (round((time.perf_counter() - t0) / n * 1e6, 1)
+                     if not isinstance(got, dict) else got)
+    out["active_nvlinks"] = len(active)
+    return out
+
+
 def probe_mig(handle: Any) -> dict[str, Any] | None:
     """On a MIG-enabled GPU: what its first MIG device answers (None: MIG off)."""
     import pynvml
@@ -133,5 +160,6 @@ def probe_mig(handle: Any) -> dict[str, Any] | None:
 
 def probe_health(handle: Any, seconds: float) -> dict[str, Any]:
     """Everything above for one GPU."""
-    return {"violations": probe_violations(handle, seconds), **probe_counters(handle),
-            "mig": probe_mig(handle)}
+    counters = probe_counters(handle)
+    return {"violations": probe_violations(handle, seconds), **counters,
+            "call_us": probe_call_cost(handle, counters["nvlink"]), "mig": probe_mig(handle)}

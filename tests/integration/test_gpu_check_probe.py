@@ -89,6 +89,7 @@ def test_probe_records_clocks_spacing_idle_samples_process_reads_energy_and_gpm(
     assert health["remapped_rows"] == {"error": "NVML_ERROR_NOT_SUPPORTED"}
     assert health["nvlink"] == {"0": {"error": "NVML_ERROR_NOT_SUPPORTED"}}
     assert health["mig"] is None
+    assert health["call_us"]["violation"] > 0 and health["call_us"]["active_nvlinks"] == 0
 
     [dry] = idle["gpus"]
     assert dry["full_buffer"] == {"under_load": False, "read": "NVML_ERROR_NOT_FOUND",
