@@ -97,9 +97,10 @@ class HealthReading:
     counters: tuple[tuple[str, int], ...] = ()
     sm_clock_mhz: int | None = None
     sm_clock_max_mhz: int | None = None
-    clocks_event_reasons: int | None = None  # the current bitmask (nvmlClocksEventReason*)
-    # The reasons the GPU can report (nvmlDeviceGetSupportedClocksEventReasons); read only
-    # where it has no violation counters at all (gpu/throttle.py then samples the bitmask).
+    # The current clocks-event reasons (nvmlClocksEventReason* bits) and those the GPU can
+    # report; read only where it has no violation counter at all (gpu/throttle.py then
+    # samples the bitmask).
+    clocks_event_reasons: int | None = None
     clocks_event_reasons_supported: int | None = None
 
 

@@ -1,5 +1,6 @@
-"""NVML reads of what slows a GPU or breaks it: violation counters by reason, the current
-clocks-event reasons, SM clocks, remapped rows, PCIe replays and NVLink errors.
+"""NVML reads of what slows a GPU or breaks it: violation counters by reason (the current
+clocks-event reasons where it has none), SM clocks, remapped rows, PCIe replays and
+NVLink errors.
 
 Every call goes through the FieldReader, so a call a GPU does not support (a policy
 a consumer board lacks, NVLink on a PCIe card) is asked once and then never again:
@@ -42,22 +43,22 @@ class HealthReader:
             if v is not None:
                 violations.append((reason, int(v.violationTime)))
         counters = self._counters(d, errors)
-        reasons = f.field(d.uuid, "clocks_event_reasons",
-                          pynvml.nvmlDeviceGetCurrentClocksEventReasons, errors, d.handle)
-        if reasons is None and (d.uuid, "clocks_event_reasons") in f.unsupported:
-            # Drivers before 535 know the call by its older name only.
-            reasons = f.field(d.uuid, "clocks_throttle_reasons",
-                              pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, errors,
-                              d.handle)
-        supported = None
+        reasons = supported = None
         if not violations and all((d.uuid, f"violation_{r}") in f.unsupported for r in POLICIES):
             # No violation counters (NVML 13 deprecates the call): the current reasons
-            # are sampled instead, for the reasons the GPU says it reports.
+            # are sampled instead (gpu/throttle.py), for the reasons the GPU reports.
             if d.uuid not in self._supported_reasons:
                 self._supported_reasons[d.uuid] = f.field(
                     d.uuid, "clocks_event_reasons_supported",
                     pynvml.nvmlDeviceGetSupportedClocksEventReasons, errors, d.handle)
             supported = self._supported_reasons[d.uuid]
+            reasons = f.field(d.uuid, "clocks_event_reasons",
+                              pynvml.nvmlDeviceGetCurrentClocksEventReasons, errors, d.handle)
+            if reasons is None and (d.uuid, "clocks_event_reasons") in f.unsupported:
+                # Drivers before 535 know the call by its older name only.
+                reasons = f.field(d.uuid, "clocks_throttle_reasons",
+                                  pynvml.nvmlDeviceGetCurrentClocksThrottleReasons, errors,
+                                  d.handle)
         clock = f.field(d.uuid, "sm_clock", pynvml.nvmlDeviceGetClockInfo, errors, d.handle,
                         _CLOCK_SM)
         if d.uuid not in self._max_clock:
