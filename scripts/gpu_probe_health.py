@@ -19,7 +19,8 @@ or suspected to differ from the fake NVML (tests/fakenvml), the probe records it
 - MIG instances: violation counters, clocks and error counters are per physical GPU; a
   MIG device handle is expected to answer NOT_SUPPORTED (recorded under ``mig``).
 - Remapped rows exist on A100/H100 (not on V100: NOT_SUPPORTED); NVLink counters only
-  on links that are up; PCIe replays on every board but some vGPUs.
+  on links that are up; PCIe replays on every board but some vGPUs. The agent reads the
+  NVLink totals as field values (``nvlink_total_fields``) where the driver has them.
 
 Only nvidia-ml-py is needed.
 """
@@ -112,6 +113,11 @@ def probe_counters(handle: Any) -> dict[str, Any]:
             kind: _call(pynvml.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter)
             for kind, counter in NVLINK_COUNTERS.items()} if state else {})
     out["nvlink"] = links
+    totals = _call(pynvml.nvmlDeviceGetFieldValues, handle, [52, 59, 38, 45])
+    out["nvlink_total_fields"] = totals if isinstance(totals, dict) else {
+        kind: (int(v.value.ullVal) if v.nvmlReturn == pynvml.NVML_SUCCESS
+               else {"error": int(v.nvmlReturn)})
+        for kind, v in zip(NVLINK_COUNTERS, totals, strict=True)}
     return out
 
 

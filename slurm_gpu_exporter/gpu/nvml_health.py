@@ -5,8 +5,10 @@ NVLink errors.
 Every call goes through the FieldReader, so a call a GPU does not support (a policy
 a consumer board lacks, NVLink on a PCIe card) is asked once and then never again:
 most of these are a dozen calls per GPU, and cost matters (issue 49). The maximum SM
-clock does not change while the driver runs: it is read once per GPU. NVLink links
-are found once per GPU (their state), then only the active ones are read.
+clock does not change while the driver runs: it is read once per GPU. NVLink errors
+are read as totals over the links in one field-values call; where the driver has no
+such fields, the links are found once per GPU (their state), then only the active ones
+are read, link by link.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from slurm_gpu_exporter.gpu.nvml_fields import Device, FieldReader
 # gpu/throttle.REASONS in NVML's NVML_PERF_POLICY_* numbers (nvml.h).
 POLICIES = {"power": 0, "thermal": 1, "sync_boost": 2, "board_limit": 3,
             "low_utilization": 4, "reliability": 5, "app_clocks": 10, "base_clocks": 11}
-# NVML_NVLINK_ERROR_DL_*: the counters exported, by the `kind` label.
+# NVML_NVLINK_ERROR_DL_*: the counters exported, by the `kind` label; and the
+# NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL fields that sum each over the links.
 NVLINK_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}
+NVLINK_TOTAL_FIELDS = {"replay": 52, "recovery": 59, "crc_flit": 38, "crc_data": 45}
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS before 13.x: links an H100/B200 has at most
 _CLOCK_SM = 1  # NVML_CLOCK_SM
 
@@ -84,6 +88,9 @@ class HealthReader:
                           errors, d.handle)
         if replays is not None:
             out.append(("pcie_replays", int(replays)))
+        totals = self._nvlink_totals(d, errors)
+        if totals is not None:
+            return out + totals
         links = self._active_links(d)
         for kind, counter in NVLINK_COUNTERS.items():
             total, any_read = 0, False
@@ -94,6 +101,21 @@ class HealthReader:
                     total, any_read = total + int(value), True
             if any_read:
                 out.append((f"nvlink:{kind}", total))
+        return out
+
+    def _nvlink_totals(self, d: Device, errors: list[str]) -> list[tuple[str, int]] | None:
+        """The NVLink error totals in one field-values call (18 links x 4 counters are 72
+        calls otherwise); None where the driver has none of them (read link by link)."""
+        values = self.fields.field(d.uuid, "nvlink_totals", pynvml.nvmlDeviceGetFieldValues,
+                                   errors, d.handle, list(NVLINK_TOTAL_FIELDS.values()))
+        if values is None:
+            return None
+        out = [(f"nvlink:{kind}", int(v.value.ullVal))
+               for kind, v in zip(NVLINK_TOTAL_FIELDS, values, strict=True)
+               if v.nvmlReturn == pynvml.NVML_SUCCESS]
+        if not out and all(v.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED for v in values):
+            self.fields.unsupported.add((d.uuid, "nvlink_totals"))  # not asked again
+            return None
         return out
 
     def _active_links(self, d: Device) -> tuple[int, ...]:

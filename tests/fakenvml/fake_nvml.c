@@ -2109,6 +2109,44 @@ nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int l
     return done(NVML_SUCCESS);
 }
 
+/* Field values: the NVLink error totals over the active links (what the per-link
+ * counters sum to); every other field answers NOT_SUPPORTED in its own nvmlReturn. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
+                                      nvmlFieldValue_t *values)
+{
+    static const struct {
+        unsigned field, counter;
+    } totals[] = {{NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, NVML_NVLINK_ERROR_DL_REPLAY},
+                  {NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, NVML_NVLINK_ERROR_DL_RECOVERY},
+                  {NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, NVML_NVLINK_ERROR_DL_CRC_FLIT},
+                  {NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, NVML_NVLINK_ERROR_DL_CRC_DATA}};
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!values || valuesCount < 0)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    double now = now_s();
+    for (int i = 0; i < valuesCount; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        v->timestamp = now > 0 ? (long long)(now * 1e6) : 0;
+        v->latencyUsec = 0;
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        for (size_t k = 0; k < sizeof totals / sizeof totals[0]; k++) {
+            if (v->fieldId != totals[k].field || !t.dev->nvlink_any)
+                continue;
+            unsigned long long sum = 0;
+            for (int link = 0; link < MAX_LINKS; link++)
+                if (t.dev->nvlink_on[link])
+                    sum += t.dev->nvlink_err[link][totals[k].counter];
+            v->value.ullVal = sum;
+            v->nvmlReturn = NVML_SUCCESS;
+        }
+    }
+    return done(NVML_SUCCESS);
+}
+
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
 {
     target_t t;

@@ -87,6 +87,8 @@ out([call(N.nvmlDeviceGetSupportedClocksEventReasons, h),
      [call(N.nvmlDeviceGetNvLinkState, h, link) for link in range(4)],
      [call(N.nvmlDeviceGetNvLinkErrorCounter, h, 0, c) for c in range(5)],
      call(N.nvmlDeviceGetNvLinkErrorCounter, h, 1, 0),
+     [[v.nvmlReturn, v.value.ullVal] for v in N.nvmlDeviceGetFieldValues(h, [38, 45, 52, 59, 74])],
+     [v.nvmlReturn for v in N.nvmlDeviceGetFieldValues(h1, [38])],
      call(N.nvmlDeviceGetClockInfo, h1, N.NVML_CLOCK_SM),
      [call(f, h1) for f in (N.nvmlDeviceGetRemappedRows, N.nvmlDeviceGetPcieReplayCounter)],
      call(N.nvmlDeviceGetNvLinkState, h1, 0), call(N.nvmlDeviceGetViolationStatus, h1, 0),
@@ -98,5 +100,7 @@ out([call(N.nvmlDeviceGetSupportedClocksEventReasons, h),
         0x4 | 0x10, 0x4 | 0x10,  # power cap and sync boost now; thermal off
         1200, 1980, [2, 1, 0, 0], 5,
         [1, 0, 0, 1], [1, 2, 3, 4, no], no,
+        # link totals: crc_flit, crc_data, replay (1 + 10), recovery; other fields refused
+        [[0, 3], [0, 4], [0, 11], [0, 2], [3, 0]], [3],
         no, [no, no], no, no, no,
     ]

@@ -88,6 +88,8 @@ def test_probe_records_clocks_spacing_idle_samples_process_reads_energy_and_gpm(
     assert health["pcie_replays"] == 2 and health["sm_clock_max_mhz"] == 1410
     assert health["remapped_rows"] == {"error": "NVML_ERROR_NOT_SUPPORTED"}
     assert health["nvlink"] == {"0": {"error": "NVML_ERROR_NOT_SUPPORTED"}}
+    assert health["nvlink_total_fields"] == {k: {"error": 3} for k in
+                                             ("replay", "recovery", "crc_flit", "crc_data")}
     assert health["mig"] is None
     assert health["call_us"]["violation"] > 0 and health["call_us"]["active_nvlinks"] == 0
 

@@ -42,11 +42,15 @@ def test_throttled_time_and_errors_go_to_the_job_holding_the_gpu_across_a_restar
     rig: Rig,
 ) -> None:
     real0 = time.time()
+    links = {0: (0, 0, 0, 0), 1: (0, 0, 0, 0)}
     devices = [Device(0, processes=[Process(4242, 1 << 30)], pcie_replays=0,
-                      throttle={"power": 0.4, "thermal": 0.0}),
+                      throttle={"power": 0.4, "thermal": 0.0}, nvlink_errors=dict(links)),
                Device(1, processes=[Process(4343, 1 << 30)]),
+               # Nor the NVLink totals' fields: its links are read one by one.
                Device(2, processes=[Process(4545, 1 << 30)], throttle={"thermal": 1.0},
-                      errors={"nvmlDeviceGetViolationStatus": "FUNCTION_NOT_FOUND"})]
+                      nvlink_errors=dict(links),
+                      errors={"nvmlDeviceGetViolationStatus": "FUNCTION_NOT_FOUND",
+                              "nvmlDeviceGetFieldValues": "FUNCTION_NOT_FOUND"})]
     state = NvmlState(time_scale=SCALE, time_origin=real0, devices=devices)
     rig.fake.write(state)
     job21 = rig.node.add_job(21, [4242], job_gpus="0", start_time=real0)
@@ -80,13 +84,23 @@ def test_throttled_time_and_errors_go_to_the_job_holding_the_gpu_across_a_restar
                 if lab["jobid"] == "24"} == {"thermal", "app_clocks"}
         assert not [lab for lab in labelsets(text_b, THROTTLED) if lab["jobid"] == "22"]
 
-        # 2. An Xid and PCIe replays on GPU 0 while job 21 holds it: job 21's alone.
+        # 2. An Xid, PCIe replays and NVLink CRC errors on GPU 0 while job 21 holds it:
+        # job 21's alone; NVLink replays on GPU 2 (read link by link): job 24's.
         devices[0].xid_events = [XidEvent(1, 79)]
         devices[0].pcie_replays = 3
+        devices[0].nvlink_errors = {0: (0, 0, 2, 0), 1: (0, 0, 5, 1)}
+        devices[2].nvlink_errors = {0: (4, 0, 0, 0), 1: (0, 0, 0, 0)}
         rig.fake.write(state)
+
+        def nvlink(text: str, jobid: int, kind: str) -> float | None:
+            return value(text, "slurm_job_gpu_nvlink_errors_total", jobid=str(jobid), kind=kind)
+
         text_c = wait_for(agent, lambda t: value(t, XID, jobid="21", xid="79") == 1
-                          and value(t, "slurm_job_gpu_pcie_replays_total", jobid="21") == 3,
-                          what="job 21's Xid and replays")
+                          and value(t, "slurm_job_gpu_pcie_replays_total", jobid="21") == 3
+                          and nvlink(t, 21, "crc_flit") == 7 and nvlink(t, 24, "replay") == 4,
+                          what="job 21's Xid, replays and NVLink errors, job 24's")
+        assert nvlink(text_c, 21, "crc_data") == 1 and nvlink(text_c, 21, "replay") == 0
+        assert nvlink(text_c, 22, "crc_flit") is None  # GPU 1 has no NVLink
         assert [lab["jobid"] for lab in labelsets(text_c, XID)] == ["21"]
         seen = value(text_c, "slurm_job_gpu_xid_last_timestamp_seconds", jobid="21", xid="79")
         assert seen is not None and real0 <= seen <= time.time()
