@@ -14,6 +14,9 @@ the accuracy check fails. Per GPU, over ``seconds`` of polling:
 - the energy counter's step size and how often it moves;
 - NVML GPM (Hopper and later): the return code of the support query, of taking a
   sample, and of each metric;
+- throttling and error counters (violation counters' units and clocks, clocks-event
+  reasons, SM clocks, remapped rows, PCIe replays, NVLink; gpu_probe_health.py says
+  what real drivers may do differently from the fake);
 - the whole device-sample buffer in one read after ``--probe-busy`` seconds (40) of
   100 % load: how many samples it holds, their span and period, and whether a re-read
   stamps them the same (``full_buffer``).
@@ -31,6 +34,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import gpu_probe_health
+
 CLOCKS = {"realtime": time.CLOCK_REALTIME, "boottime": time.CLOCK_BOOTTIME,
           "monotonic": time.CLOCK_MONOTONIC}
 # NVML_GPM_METRIC_* ids asked for, by our name (nvml.h numbers).
@@ -41,7 +46,7 @@ GPM_METRIC_IDS = {
     "fp16_util": 13, "pcie_tx_per_sec": 20, "pcie_rx_per_sec": 21,
     "nvlink_total_rx_per_sec": 60, "nvlink_total_tx_per_sec": 61,
 }  # fmt: skip
-PROBE_VERSION = 2  # 2: full_buffer
+PROBE_VERSION = 3  # 2: full_buffer; 3: health (gpu_probe_health.py)
 
 
 def host_clocks() -> dict[str, float]:
@@ -348,6 +353,7 @@ def run_probe(out: Path, gpus: list[int] | None, seconds: float, interval: float
             else:
                 gpu["gpm"] = probe_gpm(handle)
             gpu["full_buffer"] = _full_buffer(handle, uuid, start_full_load, busy_s)
+            gpu["health"] = gpu_probe_health.probe_health(handle, min(seconds, 2.0))
             report["gpus"].append(gpu)
     finally:
         pynvml.nvmlShutdown()

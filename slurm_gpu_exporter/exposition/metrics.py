@@ -157,6 +157,55 @@ def gpm_families(snapshot: Snapshot) -> Iterator[Metric]:
             yield family
 
 
+# Health counters by key prefix (snapshot JobGpuSample.health): family, label, help.
+HEALTH_COUNTERS = {
+    "throttle": ("gpu_throttled_seconds", "reason", "Seconds the GPU's clocks were held down"
+                 "{}, by reason (NVML violation counters)"),
+    "xid": ("gpu_xid_errors", "xid", "Xid errors{}, by Xid code"),
+    "ecc": ("gpu_ecc_errors", "type", "ECC errors (volatile){}"),
+    "remapped_rows": ("gpu_remapped_rows", "cause", "Memory rows remapped{}, by cause"),
+    "pcie_replays": ("gpu_pcie_replays", "", "PCIe replays{}"),
+    "nvlink": ("gpu_nvlink_errors", "kind", "NVLink errors{}, summed over the links, by kind"),
+}
+_DEVICE_TWINS = ("throttle", "remapped_rows", "pcie_replays", "nvlink")  # the others exist
+
+
+def health_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """Throttled time and errors per job (in full for each job holding the GPU or one of
+    its MIG instances) and per device; SM clocks. Left out where no GPU has them."""
+    def family(prefix: str, kind: str, whose: str, labels: list[str]) -> CounterMetricFamily:
+        name, label, doc = HEALTH_COUNTERS[kind]
+        return _counter(f"{prefix}_{name}", doc.format(whose) + ".", labels + [label] * bool(label))
+
+    job = {k: family("slurm_job", k, " while the job held the GPU", JOB_GPU_LABELS)
+           for k in HEALTH_COUNTERS}
+    device = {k: family("slurm", k, " (the driver's counter)", GPU_LABELS)
+              for k in _DEVICE_TWINS}
+    xid_last = _gauge("slurm_job_gpu_xid_last_timestamp_seconds", "When the job's last Xid "
+                      "of that code was seen (Unix time).", [*JOB_GPU_LABELS, "xid"])
+    clock, clock_max = (_gauge(f"slurm_gpu_sm_clock{n}_hertz", d, GPU_LABELS) for n, d in
+                        (("", "SM clock now."), ("_max", "Highest SM clock.")))
+    for s in snapshot.job_gpus:
+        key = [s.jobid, s.user, s.gpu, s.uuid]
+        for name, value in s.health:
+            kind, _, label = name.partition(":")
+            if kind in job:
+                job[kind].add_metric(key + ([label] if label else []), value)
+        for x, t in s.xid_last_seen:
+            xid_last.add_metric([*key, str(x)], t)
+    for g in snapshot.gpus:
+        for name, value in [*((f"throttle:{r}", v) for r, v in g.throttled_seconds),
+                            *g.error_counters]:
+            kind, _, label = name.partition(":")
+            if kind in device:
+                device[kind].add_metric([g.gpu, g.uuid] + ([label] if label else []), value)
+        _maybe(clock, [g.gpu, g.uuid], g.sm_clock_hz)
+        _maybe(clock_max, [g.gpu, g.uuid], g.sm_clock_max_hz)
+    for f in (*job.values(), xid_last, *device.values(), clock, clock_max):
+        if f.samples:
+            yield f
+
+
 def gpu_families(snapshot: Snapshot) -> Iterator[Metric]:
     """slurm_gpu_* device families."""
     info = _gauge("slurm_gpu_info", "GPU device metadata; value is always 1.",
@@ -340,6 +389,7 @@ class SnapshotCollector(Collector):
             yield from gpu_families(self.snapshot)
             yield from sample_gap_families(self.snapshot)
         yield from gpm_families(self.snapshot)
+        yield from health_families(self.snapshot)
         if self.snapshot.powercap_up is not None:
             yield from cpu_energy_families(self.snapshot)
         if self.snapshot.node_power_up is not None:

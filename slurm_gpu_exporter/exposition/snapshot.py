@@ -62,6 +62,11 @@ class JobGpuSample:
     # GPM activity seconds by name ("sm_active", ...); only where the job has the GPU
     # or MIG instance to itself and the GPU has GPM.
     activity_seconds: tuple[tuple[str, float], ...] = ()
+    # What slowed or hit the GPU while the job held it (gpu/job_errors.py), by key:
+    # "throttle:<reason>" seconds; "xid:<code>", "ecc:<type>", "remapped_rows:<cause>",
+    # "pcie_replays", "nvlink:<kind>" counts. Present where the GPU has the counter.
+    health: tuple[tuple[str, float], ...] = ()
+    xid_last_seen: tuple[tuple[int, float], ...] = ()  # (Xid code, Unix time last seen)
 
     @property
     def jobid(self) -> str:
@@ -100,6 +105,13 @@ class GpuSample:
     # GPM totals by name (GPUs with GPM only): activity seconds, PCIe/NVLink bytes.
     activity_seconds: tuple[tuple[str, float], ...] = ()
     traffic_bytes: tuple[tuple[str, float], ...] = ()
+    # The driver's throttled seconds by reason (only the reasons the GPU supports), SM
+    # clocks, and its cumulative error counters by key ("remapped_rows:correctable",
+    # "pcie_replays", "nvlink:crc_flit", ...) where it has them.
+    throttled_seconds: tuple[tuple[str, float], ...] = ()
+    sm_clock_hz: float | None = None
+    sm_clock_max_hz: float | None = None
+    error_counters: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

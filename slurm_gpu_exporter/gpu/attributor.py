@@ -17,6 +17,7 @@ from slurm_gpu_exporter.gpu.clocks import HostClocks, wall_to_driver_us
 from slurm_gpu_exporter.gpu.counters import CounterStore, JobGpuCounters
 from slurm_gpu_exporter.gpu.energy import EnergyCounters, EnergyDelta
 from slurm_gpu_exporter.gpu.integration import DeviceIntegrator, since_start
+from slurm_gpu_exporter.gpu.job_errors import HealthBook, HealthDelta
 from slurm_gpu_exporter.gpu.polling import XidCounts
 from slurm_gpu_exporter.gpu.samples import device_sample, mig_sample
 from slurm_gpu_exporter.gpu.shares import (
@@ -74,6 +75,7 @@ class GpuAttributor:
         self.counters = CounterStore()
         self.activity = DeviceActivity()
         self.xids = xids
+        self.health = HealthBook(xids)
         self.first_poll: float | None = None  # wall time of the first sample
 
     def attribute_gpu(self, reading: DeviceReading, poll: Poll) -> None:
@@ -86,8 +88,9 @@ class GpuAttributor:
         usage = self.users.usage(reading.processes, figures.process_samples,
                                  poll.key_to_job, poll.seen_pids)
         energy = self.energy.delta(reading, poll.now)
+        health = self.health.interval(reading, poll.now)
         if reading.mig:
-            self._attribute_mig(reading, poll, energy)
+            self._attribute_mig(reading, poll, energy, health)
             # The parent keeps its device series (power, energy, temperature, ECC, Xid);
             # its processes are the instances' and are counted there.
             poll.devices.append(self.device_sample(
@@ -102,6 +105,8 @@ class GpuAttributor:
         across = None if energy.gap_from is None else self.counters.held_across(
             [poll.key_to_job[j] for j in holders], parent.uuid, energy.gap_from)
         e_shares = energy_shares(busy_shares, busy or 0.0, holders, only=across)
+        self.health.hold(parent.uuid, bool(holders))
+        h_across = self._held_across(holders, parent.uuid, health, poll)
 
         def figures_of(key: str, job: Job, c: JobGpuCounters) -> Share:
             job_window, job_busy, unknown = window or 0.0, busy, figures.unknown
@@ -124,6 +129,7 @@ class GpuAttributor:
                 unknown)
 
         jobids = self._to_jobs(parent, usage, holders, poll, figures_of)
+        self._give_health(parent, jobids, health, h_across, poll)
         self._count_activity(parent, reading.gpm, jobids, bool(usage.unattributed), poll)
         user_busy = self.counters.count_unattributed_busy(parent.uuid, usage, busy, busy_shares)
         _to_users(parent, usage, poll, user_busy)
@@ -154,7 +160,25 @@ class GpuAttributor:
                 self.hold(c, job, poll.now, 0.0)
                 c.utilization, c.memory, c.processes = None, 0, 0
 
-    def _attribute_mig(self, reading: DeviceReading, poll: Poll, energy: EnergyDelta) -> None:
+    def _held_across(self, holders: Iterable[str], uuid: str, delta: HealthDelta, poll: Poll
+                     ) -> set[str] | None:
+        """After a restart: the jobs that held the target across the gap (None: no gap)."""
+        if delta.gap_from is None:
+            return None
+        return self.counters.held_across([poll.key_to_job[j] for j in holders], uuid,
+                                         delta.gap_from)
+
+    def _give_health(self, target: GpuTarget, jobids: Iterable[str], delta: HealthDelta,
+                     across: set[str] | None, poll: Poll) -> None:
+        """The interval's throttled time and errors to each job on the target, in full."""
+        for key in jobids:
+            job = poll.key_to_job.get(key)
+            if job is not None:
+                delta.give(self._counter(job, target), job,
+                           across is None or job.jobid in across)
+
+    def _attribute_mig(self, reading: DeviceReading, poll: Poll, energy: EnergyDelta,
+                       health: HealthDelta) -> None:
         """MIG instances: allocation by MIG UUID, processes by GPU and compute instance id;
         NVML gives no per-instance utilization, so busy time is not attributed. The GPU's
         energy goes to each instance by its share of the SMs (its compute slices), evenly
@@ -178,6 +202,7 @@ class GpuAttributor:
             across = None if energy.gap_from is None else self.counters.held_across(
                 [poll.key_to_job[j] for j in holders], target.uuid, energy.gap_from)
             e_shares = energy_shares({}, 0.0, holders, only=across)
+            h_across = self._held_across(holders, target.uuid, health, poll)
 
             def figures_of(key: str, job: Job, c: JobGpuCounters,
                            joules: float | None = joules,
@@ -187,6 +212,7 @@ class GpuAttributor:
                 return Share(0.0, None, joules * e_shares.get(key, 0.0))
 
             jobids = self._to_jobs(target, usage, holders, poll, figures_of)
+            self._give_health(target, jobids, health, h_across, poll)
             alone = per_gi[inst.gpu_instance_id] == 1
             self._count_activity(target, inst.gpm, jobids if alone else set(),
                                  bool(usage.unattributed), poll)
@@ -194,6 +220,7 @@ class GpuAttributor:
             poll.devices.append(mig_sample(reading.uuid, target.gpu, inst, usage.unattributed,
                                            self.activity))
         self.energy.hold(reading.uuid, held_any)
+        self.health.hold(reading.uuid, held_any)
 
     def _to_jobs(self, target: GpuTarget, usage: Usage, holders: Iterable[str], poll: Poll,
                  figures_of: Callable[[str, Job, JobGpuCounters], Share]) -> set[str]:
@@ -226,4 +253,5 @@ class GpuAttributor:
                        utilization: float | None,
                        unattributed: dict[str, tuple[int, int]] | None = None) -> GpuSample:
         return device_sample(reading, busy, utilization, unattributed or {}, self.devices,
-                             self.energy, self.xids.of(reading.uuid), self.activity)
+                             self.energy, self.xids.of(reading.uuid), self.activity,
+                             self.health)

@@ -83,6 +83,28 @@ class BufferShape:
 
 
 @dataclass(frozen=True)
+class HealthReading:
+    """What slows a GPU down or breaks it, as the driver counts it (gpu/nvml_health.py).
+
+    ``violations_ns``: the cumulative nanoseconds each reason (gpu/throttle.REASONS) held
+    the clocks down, only for the reasons the GPU supports; ``counters``: cumulative
+    device error counters by key ("remapped_rows:correctable", "pcie_replays",
+    "nvlink:crc_flit", ...), only those the GPU has; a counter whose read failed this time
+    is left out (its last value stands). Clocks in MHz, None: not readable.
+    """
+
+    violations_ns: tuple[tuple[str, int], ...] = ()
+    counters: tuple[tuple[str, int], ...] = ()
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    # The current clocks-event reasons (nvmlClocksEventReason* bits) and those the GPU can
+    # report; read only where it has no violation counter at all (gpu/throttle.py then
+    # samples the bitmask).
+    clocks_event_reasons: int | None = None
+    clocks_event_reasons_supported: int | None = None
+
+
+@dataclass(frozen=True)
 class DeviceReading:
     """One poll of one physical GPU. None means "not supported or not readable" for that field.
 
@@ -122,6 +144,7 @@ class DeviceReading:
     mig: tuple[MigInstance, ...] = ()
     gpm_supported: bool = False
     gpm: GpmFigures | None = None
+    health: HealthReading | None = None  # throttling and error counters (None: not read)
     errors: tuple[str, ...] = ()  # calls that failed in an unexpected way, for the log
     # Fields whose read failed this time ("energy", ...): their None means "unknown
     # now", not "not supported", so counters built on them must not restart.
@@ -144,6 +167,7 @@ class BufferRead:
 class XidEvent:
     uuid: str
     xid: int
+    at: float = 0.0  # wall time it was seen (0: when the agent counts it)
 
 
 class GpuBackend(Protocol):

@@ -43,6 +43,10 @@ class JobGpuCounters:
     processes: int = 0
     activity: dict[str, float] = field(default_factory=dict)  # GPM activity seconds by name
     unknown: float = 0.0  # seconds held where the driver's samples may have been lost
+    # What slowed or hit the GPU while held (gpu/job_errors.py): "throttle:power" seconds,
+    # "xid:79", "ecc:corrected", ... counts; and when each Xid code was last seen.
+    health: dict[str, float] = field(default_factory=dict)
+    xid_last: dict[str, float] = field(default_factory=dict)
 
     @property
     def allocated(self) -> float:
@@ -83,9 +87,13 @@ class JobGpuCounters:
         for name, amount in seconds.items():
             self.activity[name] = self.activity.get(name, 0.0) + amount
 
+    def add_health(self, key: str, amount: float) -> None:
+        """Add to one of the health counters (created at 0: its series starts)."""
+        self.health[key] = self.health.get(key, 0.0) + amount
+
     def to_state(self) -> list[Any]:
         return [self.gpu, self.held, self.window, self.busy, self.energy, self.peak,
-                self.held_until, self.activity, self.unknown]
+                self.held_until, self.activity, self.unknown, self.health, self.xid_last]
 
     @classmethod
     def from_state(cls, data: Any) -> JobGpuCounters | None:
@@ -95,6 +103,8 @@ class JobGpuCounters:
         try:
             activity: Any = {}
             unknown: Any = 0.0
+            health: Any = {}
+            xid_last: Any = {}
             if len(data) == 5:  # before 0.2: one allocated total, no time held until
                 gpu, allocated, busy, energy, peak = data
                 held = window = float(allocated)
@@ -103,12 +113,17 @@ class JobGpuCounters:
                 gpu, held, window, busy, energy, peak, held_until = data
             elif len(data) == 8:  # before unknown time
                 gpu, held, window, busy, energy, peak, held_until, activity = data
-            else:
+            elif len(data) == 9:  # before throttling and errors
                 gpu, held, window, busy, energy, peak, held_until, activity, unknown = data
+            else:
+                (gpu, held, window, busy, energy, peak, held_until, activity, unknown, health,
+                 xid_last) = data
             return cls(str(gpu), float(held), float(window), opt(busy), opt(energy),
                        int(peak), opt(held_until), fresh=False,
                        activity={str(n): float(v) for n, v in dict(activity).items()},
-                       unknown=float(unknown))
+                       unknown=float(unknown),
+                       health={str(n): float(v) for n, v in dict(health).items()},
+                       xid_last={str(n): float(v) for n, v in dict(xid_last).items()})
         except (TypeError, ValueError):
             return None
 

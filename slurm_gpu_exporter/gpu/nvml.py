@@ -27,6 +27,7 @@ from slurm_gpu_exporter.gpu.backend import (
 from slurm_gpu_exporter.gpu.clocks import HostClocks
 from slurm_gpu_exporter.gpu.gpm import GpmReader
 from slurm_gpu_exporter.gpu.nvml_fields import Device, FieldReader, GpuLost, text
+from slurm_gpu_exporter.gpu.nvml_health import HealthReader
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class NvmlBackend:
     def __init__(self) -> None:
         self._devices: list[Device] = []
         self._fields = FieldReader()
+        self._health = HealthReader(self._fields)
         self._event_set: Any = None
         self._uuid_by_handle: dict[int | None, str] = {}
         self._gpm = GpmReader()
@@ -74,6 +76,7 @@ class NvmlBackend:
         except pynvml.NVMLError as exc:
             raise GpuUnavailable(f"NVML failed to initialise: {exc}") from None
         self._fields = FieldReader()  # a reloaded driver may support what the last did not
+        self._health = HealthReader(self._fields)
         try:
             driver = text(pynvml.nvmlSystemGetDriverVersion())
             count = pynvml.nvmlDeviceGetCount()
@@ -156,6 +159,7 @@ class NvmlBackend:
                 mig=mig,
                 gpm_supported=gpm_ok,
                 gpm=gpm,
+                health=self._health.read(d, errors),
                 errors=tuple(errors),
                 failed=frozenset(e.split(":", 1)[0] for e in errors),  # "field: message"
             )
@@ -179,6 +183,7 @@ class NvmlBackend:
         d.handle, d.uuid, d.name, d.minor, d.pci_bus_id = (
             found.handle, found.uuid, found.name, found.minor, found.pci_bus_id)
         d.lost = False
+        self._health.forget(d.uuid)
         self._uuid_by_handle[_handle_key(d.handle)] = d.uuid
         return True
 

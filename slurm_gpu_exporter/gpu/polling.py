@@ -87,25 +87,40 @@ class Poller:
 
 
 class XidCounts:
-    """Xid events per GPU and code, counted by the Xid thread, read by the sampler."""
+    """Xid events per GPU and code, counted by the Xid thread, read by the sampler; and
+    each GPU's events not yet given to jobs (gpu/job_errors.py takes them each poll)."""
 
-    def __init__(self) -> None:
+    PENDING_MAX = 1000  # per GPU: an Xid storm while no poll takes them costs bounded memory
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, int], int] = {}
+        self._pending: dict[str, list[tuple[int, float]]] = {}
+        self._clock = clock
 
-    def add(self, uuid: str, xid: int) -> None:
+    def add(self, uuid: str, xid: int, at: float = 0.0) -> None:
         with self._lock:
             self._counts[(uuid, xid)] = self._counts.get((uuid, xid), 0) + 1
+            pending = self._pending.setdefault(uuid, [])
+            if len(pending) < self.PENDING_MAX:
+                pending.append((xid, at or self._clock()))
 
     def of(self, uuid: str) -> tuple[tuple[int, int], ...]:
         """(Xid, count) pairs of one GPU, by Xid."""
         with self._lock:
             return tuple(sorted((x, n) for (u, x), n in self._counts.items() if u == uuid))
 
+    def take(self, uuid: str) -> list[tuple[int, float]]:
+        """The GPU's (Xid, wall time) events since the last take, oldest first."""
+        with self._lock:
+            return self._pending.pop(uuid, [])
+
     def prune(self, present: set[str]) -> None:
         with self._lock:
             for key in [k for k in self._counts if k[0] not in present]:
                 del self._counts[key]
+            for uuid in [u for u in self._pending if u not in present]:
+                del self._pending[uuid]
 
 
 class BackendLink:
@@ -233,6 +248,6 @@ class BackendLink:
                 backoff = min(backoff * 2, 30.0)
                 continue
             for event in events:
-                self.xids.add(event.uuid, event.xid)
+                self.xids.add(event.uuid, event.xid, event.at)
             for event in events:
                 log.warning("Xid %d on GPU %s", event.xid, event.uuid)

@@ -8,12 +8,13 @@ at 0 with the job and are saved in the state dir (gpu/counters.py), so a restart
 of the agent never lowers them. Allocated time is wall-clock time held; busy time
 and energy come from the driver, and a read that fails once leaves them where they
 were (the driver's counters are cumulative, so the next good read counts what was
-missed). The last energy reading of each held GPU is saved too (gpu/energy.py): the
-first reading after a restart counts the energy used while the agent was down, for
-the jobs that held the GPU across that time. The backend itself is read in a worker
-thread (gpu/polling.py); who uses and holds each GPU comes from gpu/usage.py; GPM
-activity (SM, tensor, DRAM) is counted by gpu/activity.py, for the job that has a GPU
-or MIG instance to itself. What each reading adds to which job is gpu/attributor.py's part.
+missed); so do throttled time and errors per job (gpu/throttle.py, gpu/job_errors.py).
+The last energy reading of each held GPU is saved too (gpu/energy.py): the first
+reading after a restart counts the energy used while the agent was down, for the jobs
+that held the GPU across that time. The backend itself is read in a worker thread
+(gpu/polling.py); who uses and holds each GPU comes from gpu/usage.py; GPM activity
+(SM, tensor, DRAM) is counted by gpu/activity.py, for the job that has a GPU or MIG
+instance to itself. What each reading adds to which job is gpu/attributor.py's part.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class GpuSampler(SourceDefaults):
         self.energy = self.attribution.energy
         self.counters = self.attribution.counters
         self.activity = self.attribution.activity
+        self.health = self.attribution.health
         self._last_part = GpuPartResult(nvml_up=False)
         # Driver timestamps restart with the boot and may with the driver: cursors are
         # saved with both, and kept only for the same ones.
@@ -93,7 +95,7 @@ class GpuSampler(SourceDefaults):
     # As a source of the sample: the GPUs, with the tracker's jobs to attribute them to;
     # it also reads the drivers' sample buffers between samples.
     name = "nvml"
-    health = ("nvml",)
+    health_names = ("nvml",)
     state_key = "gpu"
 
     def take(self, ctx: SampleContext) -> GpuPartResult:
@@ -127,6 +129,7 @@ class GpuSampler(SourceDefaults):
         readings = self.link.read(self.devices.driver_cursors())
         self.devices.driver_seen(self.link.generation, self.link.driver)
         self.energy.driver_seen(self.link.driver)
+        self.health.driver_seen(self.link.driver)
         if readings is None:
             # Down, or a read still in flight. Nothing is lost while the driver's buffers
             # hold what the next read finds: its lateness decides (gpu/buffers.py), as for
@@ -178,6 +181,7 @@ class GpuSampler(SourceDefaults):
         present = {r.uuid for r in readings} | {m.uuid for r in readings for m in r.mig}
         self.devices.prune(present)
         self.energy.prune(present)
+        self.health.prune(present)
         self.counters.prune_gpus(present)
         self.activity.prune(present)
         self.link.xids.prune(present)
@@ -211,11 +215,13 @@ class GpuSampler(SourceDefaults):
         cursors = stamp_boot(devices.pop("cursors_by_gpu"), self.boot_id,
                              self.link.driver or self.devices.restored_driver)
         return {"sample_cursors": cursors, **self.energy.export_state(self.boot_id), **devices,
-                **self.counters.export_state(), **self.activity.export_state()}
+                **self.counters.export_state(), **self.activity.export_state(),
+                **self.health.export_state(self.boot_id)}
 
     def import_state(self, data: dict[str, Any]) -> None:
         by_gpu, driver = of_this_boot(data.get("sample_cursors"), self.boot_id)
         self.devices.import_state(data, by_gpu, driver)
         self.energy.import_state(data, self.boot_id)
+        self.health.import_state(data, self.boot_id)
         self.counters.import_state(data)
         self.activity.import_state(data)

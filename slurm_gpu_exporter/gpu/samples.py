@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from slurm_gpu_exporter.exposition.snapshot import GpuSample, JobGpuSample
 from slurm_gpu_exporter.gpu.activity import DeviceActivity
 from slurm_gpu_exporter.gpu.backend import DeviceReading, MigInstance
 from slurm_gpu_exporter.gpu.counters import CounterStore
 from slurm_gpu_exporter.gpu.energy import EnergyCounters
 from slurm_gpu_exporter.gpu.integration import DeviceIntegrator
+from slurm_gpu_exporter.gpu.job_errors import HealthBook
 from slurm_gpu_exporter.jobs.job import Job
 
 
@@ -28,6 +31,8 @@ def job_gpu_samples(counters: CounterStore, jobs: list[Job],
                 memory_peak_bytes=c.peak, energy_joules=c.energy,
                 processes=c.processes if live else 0,
                 activity_seconds=tuple(sorted(c.activity.items())),
+                health=tuple(sorted(c.health.items())),
+                xid_last_seen=tuple(sorted((int(x), t) for x, t in c.xid_last.items())),
             ))
     return tuple(out)
 
@@ -35,7 +40,7 @@ def job_gpu_samples(counters: CounterStore, jobs: list[Job],
 def device_sample(reading: DeviceReading, busy: float | None, utilization: float | None,
                   unattributed: dict[str, tuple[int, int]], devices: DeviceIntegrator,
                   energy: EnergyCounters, xid_errors: tuple[tuple[int, int], ...],
-                  activity: DeviceActivity) -> GpuSample:
+                  activity: DeviceActivity, health: HealthBook | None = None) -> GpuSample:
     """A physical GPU's series: this poll's reading with the totals kept for it."""
     energy_mj = energy.exported_mj(reading)
     seconds, traffic = activity.of(reading.uuid)
@@ -56,7 +61,20 @@ def device_sample(reading: DeviceReading, busy: float | None, utilization: float
         unattributed_processes=sum(n for n, _ in unattributed.values()),
         unattributed_memory_bytes=sum(m for _, m in unattributed.values()),
         activity_seconds=seconds, traffic_bytes=traffic,
+        **(_device_health(reading, health) if health is not None else {}),
     )
+
+
+def _device_health(reading: DeviceReading, health: HealthBook) -> dict[str, Any]:
+    """GpuSample's throttling, clock and error-counter fields of a physical GPU."""
+    h = reading.health
+    return {
+        "throttled_seconds": health.throttle.device_seconds(reading.uuid),
+        "sm_clock_hz": None if h is None or h.sm_clock_mhz is None else h.sm_clock_mhz * 1e6,
+        "sm_clock_max_hz": None if h is None or h.sm_clock_max_mhz is None
+        else h.sm_clock_max_mhz * 1e6,
+        "error_counters": tuple(sorted(health.device_counters(reading.uuid).items())),
+    }
 
 
 def mig_sample(parent_uuid: str, gpu: str, inst: MigInstance,

@@ -21,6 +21,7 @@ from slurm_gpu_exporter.gpu.backend import (
     DeviceReading,
     GpmFigures,
     GpuProcess,
+    HealthReading,
     ProcessUtilSample,
     UtilSample,
     XidEvent,
@@ -36,6 +37,11 @@ GPU_MEMORY = 80 * 2**30
 GPM_SHARES = {"sm_active": 0.7, "sm_occupancy": 0.45, "tensor_active": 0.35,
               "dram_active": 0.5, "fp32_active": 0.1, "fp16_active": 0.2, "fp64_active": 0.0}
 PCIE_BUSY = 2.0e9
+# Throttling: a GPU busy above POWER_KNEE percent is power-capped a growing share of the
+# time (POWER_CAPPED at 100 %), the last GPU runs warm (thermal slowdown a few percent of
+# its busy time); the SM clock drops with the capped share. Other reasons: supported, 0.
+POWER_KNEE, POWER_CAPPED, WARM_SHARE = 80.0, 0.25, 0.04
+SM_MAX_MHZ, SM_CAPPED_MHZ = 1980, 1590
 
 
 class SimulatedProcess(Protocol):
@@ -72,6 +78,10 @@ class SimulatedBackend:
         self._clock = clock
         self._energy_mj = [5.0e9 + 1.0e8 * i for i in range(gpu_count)]
         self._energy_at = clock()
+        self._violations_ns = [{"power": 0.0, "thermal": 0.0, "sync_boost": 0.0,
+                                "board_limit": 0.0, "reliability": 0.0}
+                               for _ in range(gpu_count)]
+        self._capped = [0.0] * gpu_count  # the power-capped share of the last interval
         self._gpm_at: float | None = None  # time of the previous read (GPM interval start)
         self._stop = threading.Event()
 
@@ -124,6 +134,13 @@ class SimulatedBackend:
                                       if s.timestamp_us > proc_cursor),
                 gpm_supported=True,
                 gpm=_gpm(util[gpu], gpm_since, now_us / 1e6),
+                health=HealthReading(
+                    violations_ns=tuple((r, int(ns)) for r, ns in self._violations_ns[gpu].items()),
+                    counters=(("remapped_rows:correctable", 0),
+                              ("remapped_rows:uncorrectable", 0), ("pcie_replays", gpu % 2)),
+                    sm_clock_mhz=round(SM_MAX_MHZ - (SM_MAX_MHZ - SM_CAPPED_MHZ)
+                                       * self._capped[gpu] / POWER_CAPPED),
+                    sm_clock_max_mhz=SM_MAX_MHZ),
             ))
         return readings
 
@@ -138,6 +155,11 @@ class SimulatedBackend:
             mean = sum(s.percent for s in samples) / len(samples) if samples else 0.0
             watts = IDLE_WATTS + (BUSY_WATTS - IDLE_WATTS) * mean / 100
             self._energy_mj[gpu] += watts * elapsed * 1000
+            capped = POWER_CAPPED * max(0.0, mean - POWER_KNEE) / (100 - POWER_KNEE)
+            self._capped[gpu] = capped
+            self._violations_ns[gpu]["power"] += capped * elapsed * 1e9
+            if gpu == self.gpu_count - 1:
+                self._violations_ns[gpu]["thermal"] += WARM_SHARE * mean / 100 * elapsed * 1e9
 
 
 def _gpm(samples: list[UtilSample], since: float | None, now: float) -> GpmFigures | None:

@@ -106,7 +106,7 @@ class CpuEnergySource(SourceDefaults):
 
     # As a source of the sample: after the cgroup figures, whose CPU time shares it.
     name = "powercap"
-    health = ("powercap",)
+    health_names = ("powercap",)
     state_key = "cpu_energy"
 
     def take(self, ctx: SampleContext) -> CpuEnergyPart:

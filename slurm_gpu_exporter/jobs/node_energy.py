@@ -102,7 +102,7 @@ class NodeEnergySource(SourceDefaults):
 
     # As a source of the sample: after the GPUs and RAPL, whose energy weighs the shares.
     name = "nodepower"
-    health = ("nodepower",)
+    health_names = ("nodepower",)
     state_key = "node_energy"
 
     def take(self, ctx: SampleContext) -> NodeEnergyPart:

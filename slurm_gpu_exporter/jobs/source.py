@@ -40,12 +40,12 @@ class SampleContext:
 class SampleSource(Protocol):
     """A source of the sample. ``name`` is its step (timed in
     ``slurm_gpu_exporter_sample_step_duration_seconds``, its part's key in the context);
-    ``health`` the names in node/source_health.SOURCES it answers for (up or down in
+    ``health_names`` the names in node/source_health.SOURCES it answers for (up or down in
     ``slurm_gpu_exporter_source_up``; a crash of ``take`` counts under the first);
     ``state_key`` where its state lives in the state file (None: it keeps none)."""
 
     name: str
-    health: tuple[str, ...]
+    health_names: tuple[str, ...]
     state_key: str | None
 
     def take(self, ctx: SampleContext) -> Any:

@@ -61,7 +61,7 @@ class JobStatsCollector(SourceDefaults):
 
     # As a source of the sample: each job's CPU and memory, from its cgroup.
     name = "cgroup"
-    health = ("cgroup",)
+    health_names = ("cgroup",)
     state_key = "jobs"
 
     def take(self, ctx: SampleContext) -> list[JobSample]:

@@ -74,7 +74,7 @@ class JobTracker(SourceDefaults):
     # problems count under the spool (its first read) and Slurm (its look-ups). Its step
     # keeps the name it has in slurm_gpu_exporter_sample_step_duration_seconds.
     name = "registry"
-    health = ("spool", "slurm")
+    health_names = ("spool", "slurm")
 
     def take(self, ctx: SampleContext) -> list[Job]:
         return self.refresh(ctx.now)

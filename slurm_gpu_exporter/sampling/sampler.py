@@ -135,7 +135,7 @@ class Sampler:
         steps: list[StepTiming] = []
         fields: dict[str, Any] = {}
         for source in self.sources:
-            part = self._timed(source.name, source.health[0], steps,
+            part = self._timed(source.name, source.health_names[0], steps,
                                lambda s=source: s.take(ctx), source.failed_part)
             ctx.parts[source.name] = part
             fields.update(source.snapshot_fields(part))
@@ -163,7 +163,7 @@ class Sampler:
         ok: dict[str, bool] = {}
         for source in self.sources:
             good = source.up(ctx.parts[source.name])
-            for name in source.health:
+            for name in source.health_names:
                 ok[name] = good and name not in failed
         if self.state is not None:
             ok[STATE_STEP] = STATE_STEP not in failed

@@ -221,7 +221,8 @@ def snapshot(mix: FleetMix, node: int, now: float) -> Snapshot:
                 utilization=(job.profile.busy if running else 0.0) if not mig else None,
                 memory_used_bytes=memory if running else 0, memory_peak_bytes=memory,
                 energy_joules=None if mig else round((70 + 500 * job.profile.busy) * t, 3),
-                processes=1 if running else 0, activity_seconds=activity))
+                processes=1 if running else 0, activity_seconds=activity,
+                **_job_health(mix, node, dev_uuid, job.profile.busy, t, job.start)))
             if running:
                 device_busy[dev_uuid] = device_busy.get(dev_uuid, 0.0) + job.profile.busy
                 device_memory[dev_uuid] = device_memory.get(dev_uuid, 0) + memory
@@ -279,7 +280,24 @@ def _device_figures(d: GpuSample, busy: dict[str, float], memory: dict[str, int]
                    activity_seconds=(("fp64_active", round(0.05 * age, 3)),
                                      ("sm_active", round(0.4 * age, 3))),
                    traffic_bytes=(("nvlink_receive", round(5e8 * age, 3)),
-                                  ("pcie_transmit", round(1e9 * age, 3))))
+                                  ("pcie_transmit", round(1e9 * age, 3))),
+                   throttled_seconds=(("power", round(0.02 * age, 3)), ("thermal", 0.0)),
+                   sm_clock_hz=1.98e9 - 3.9e8 * util, sm_clock_max_hz=1.98e9,
+                   error_counters=(("nvlink:crc_flit", 0), ("pcie_replays", 0),
+                                   ("remapped_rows:correctable", 0),
+                                   ("remapped_rows:uncorrectable", 0)))
+
+
+def _job_health(mix: FleetMix, node: int, uuid: str, busy: float, held: float,
+                start: float) -> dict[str, Any]:
+    """Power-capped 5 % of the busy time, no errors; the Xid 13 of a GPU that has one
+    (``_xids``) hit the job a minute in."""
+    health = [("ecc:corrected", 0.0), ("nvlink:crc_flit", 0.0), ("pcie_replays", 0.0),
+              ("remapped_rows:correctable", 0.0), ("throttle:power", round(0.05 * busy * held, 3)),
+              ("throttle:thermal", 0.0)]
+    hit = _hash(mix.seed, "xid", node, uuid) % 50 == 0 and held > 60
+    return {"health": tuple(health + [("xid:13", 1.0)] * hit),
+            "xid_last_seen": ((13, start + 60.0),) if hit else ()}
 
 
 def _driver_events(d: GpuSample) -> tuple[tuple[str, int], ...]:

@@ -85,7 +85,7 @@ class TrainingSource(SourceDefaults):
 
     # As a source of the sample: the last, with the tracker's answer as it was.
     name = "training"
-    health = ("training",)
+    health_names = ("training",)
 
     def take(self, ctx: SampleContext) -> tuple[Metric, ...]:
         return self.sample(ctx.tracked)

@@ -38,7 +38,8 @@ _PROCESS_LINE = re.compile(r"^(# (HELP|TYPE|UNIT) )?process_")
 
 def fixed_snapshot() -> Snapshot:
     """Two jobs (one running on a GPU and a MIG instance, one lingering), two devices,
-    an unattributed user and every self metric (the node info too)."""
+    an unattributed user and every self metric (the node info too); throttling and
+    errors on the first GPU."""
     running = JobInfo(jobid="4101", user="alice", uid=1001, account="ml", partition="gpu",
                       qos="normal", name="train \"big\" \\ net", array_job_id="4100",
                       array_task_id="1", start_time=1_700_000_000.0)
@@ -60,11 +61,17 @@ def fixed_snapshot() -> Snapshot:
                          busy_seconds=412.75, utilization=0.8125, memory_used_bytes=20 << 30,
                          memory_peak_bytes=22 << 30, energy_joules=150_000.5, processes=2,
                          activity_seconds=(("dram_active", 88.5), ("sm_active", 250.25),
-                                           ("sm_occupancy", 120.0), ("tensor_active", 60.5))),
+                                           ("sm_occupancy", 120.0), ("tensor_active", 60.5)),
+                         health=(("ecc:corrected", 1.0), ("nvlink:crc_flit", 2.0),
+                                 ("pcie_replays", 0.0), ("remapped_rows:correctable", 1.0),
+                                 ("throttle:power", 42.5), ("throttle:thermal", 0.0),
+                                 ("xid:79", 1.0)),
+                         xid_last_seen=((79, 1_700_000_300.0),)),
             JobGpuSample(job=JobInfo(jobid="4101", user="alice"), gpu="1.3", uuid="MIG-bbbb",
                          allocated_seconds=500.0, busy_seconds=None, utilization=None,
                          memory_used_bytes=1 << 30, memory_peak_bytes=2 << 30,
-                         energy_joules=None, processes=1, activity_seconds=(("sm_active", 12.5),)),
+                         energy_joules=None, processes=1, activity_seconds=(("sm_active", 12.5),),
+                         health=(("throttle:power", 7.25),)),
             JobGpuSample(job=JobInfo(jobid="4102", user="bob"), gpu="2", uuid="GPU-cccc",
                          allocated_seconds=300.5,
                          busy_seconds=0.0, utilization=0.0, memory_used_bytes=0,
@@ -78,7 +85,12 @@ def fixed_snapshot() -> Snapshot:
                       ecc_uncorrected=0, xid_errors=((79, 1), (13, 2)),
                       unattributed_processes=1, unattributed_memory_bytes=512 << 20,
                       activity_seconds=(("fp64_active", 1.5), ("sm_active", 5000.75)),
-                      traffic_bytes=(("nvlink_receive", 0.0), ("pcie_transmit", 1.25e12))),
+                      traffic_bytes=(("nvlink_receive", 0.0), ("pcie_transmit", 1.25e12)),
+                      throttled_seconds=(("power", 1234.5), ("thermal", 0.0)),
+                      sm_clock_hz=1.755e9, sm_clock_max_hz=1.98e9,
+                      error_counters=(("nvlink:crc_flit", 2), ("pcie_replays", 5),
+                                      ("remapped_rows:correctable", 1),
+                                      ("remapped_rows:uncorrectable", 0))),
             GpuSample(gpu="1.3", uuid="MIG-bbbb", name="NVIDIA A100 MIG 1g.10gb", minor=None,
                       pci_bus_id="00000000:3B:00.0", parent_uuid="GPU-dddd",
                       memory_used_bytes=1 << 30, memory_total_bytes=10 << 30,

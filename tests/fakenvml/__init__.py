@@ -35,6 +35,7 @@ __all__ = [
     "ERROR_NAMES",
     "GPM_METRICS",
     "IDEAL_DRIVER",
+    "THROTTLE_POLICIES",
     "Device",
     "FakeNvml",
     "FakeNvmlUnavailable",
@@ -44,6 +45,7 @@ __all__ = [
     "Process",
     "XidEvent",
     "build_library",
+    "duty_active_s",
     "fake_nvml_or_skip",
     "find_nvml_header",
 ]
@@ -64,6 +66,24 @@ CFLAGS = (
     "-pthread",
     f"-Wl,-soname,{LIB_NAME}",
 )
+
+#: Throttle reasons a Device may list, by their NVML_PERF_POLICY_* number.
+THROTTLE_POLICIES = {"power": 0, "thermal": 1, "sync_boost": 2, "board_limit": 3,
+                     "low_utilization": 4, "reliability": 5, "app_clocks": 10,
+                     "base_clocks": 11}
+THROTTLE_PERIOD_S = 1.0  # THROTTLE_PERIOD_S in fake_nvml.c
+
+
+def duty_active_s(dt: float, fraction: float) -> float:
+    """Seconds a reason active the first ``fraction`` of each second since its origin
+    was active in ``dt`` seconds from it (duty_active_s in fake_nvml.c)."""
+    if dt <= 0:
+        return 0.0
+    periods = math.floor(dt / THROTTLE_PERIOD_S)
+    rest = dt - periods * THROTTLE_PERIOD_S
+    on = fraction * THROTTLE_PERIOD_S
+    return periods * on + min(rest, on)
+
 
 #: Error names accepted in ``errors``/``init_error`` (NVML_ERROR_<name>).
 ERROR_NAMES = frozenset(
@@ -290,6 +310,19 @@ class Device:
     # GPM (Hopper and later): None = not supported; else traces by GPM_METRICS name
     # (a metric not listed reads 0).
     gpm: dict[str, GpmTrace] | None = None
+    # Throttling: the share of the time (0..1) each reason (THROTTLE_POLICIES) holds the
+    # clocks down, active the first part of every second; a reason not listed answers
+    # NOT_SUPPORTED (None: none is supported). Violation counters start at
+    # ``violation_base_ns`` and continue across writes (a new share applies from then).
+    throttle: dict[str, float] | None = None
+    violation_base_ns: int = 0
+    sm_clock_mhz: int | None = 1410  # None: nvmlDeviceGetClockInfo answers NOT_SUPPORTED
+    sm_clock_max_mhz: int = 1410
+    # None: the call answers NOT_SUPPORTED. Rows: (correctable, uncorrectable, pending,
+    # failure); NVLink errors: link -> (replay, recovery, crc_flit, crc_data).
+    remapped_rows: tuple[int, int, int, int] | None = None
+    pcie_replays: int | None = None
+    nvlink_errors: dict[int, tuple[int, int, int, int]] | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < 64:
@@ -525,6 +558,7 @@ class FakeNvml:
         self._gpm: dict[tuple[str, str, str], _History] = {}  # (uuid, gi, metric)
         self._live_gpm: set[tuple[str, str, str]] = set()
         self._energy: dict[str, tuple[float, float, float]] = {}
+        self._violation: dict[tuple[str, str], tuple[float, float, float]] = {}
         self._xid_time: dict[tuple[str, int], float] = {}
         self._last_mtime_ns = 0
         self._clock: tuple[float, float] | None = None  # (scale, origin) once written
@@ -702,6 +736,8 @@ class FakeNvml:
         # Forget the history of devices and processes that are gone.
         for key in set(self._util) - live_util:
             del self._util[key]
+        for vkey in [k for k in self._violation if k[0] not in live_util]:
+            del self._violation[vkey]
         for pkey in set(self._psm) - live_psm:
             del self._psm[pkey]
         for gkey in set(self._gpm) - self._live_gpm:
@@ -799,8 +835,37 @@ class FakeNvml:
                 f"{_id(ev.gpu_instance_id)} {_id(ev.compute_instance_id)}"
             )
         out += self._render_gpm(dev, now, horizon)
+        out += self._render_health(dev, now)
         out += _injections(dev.errors, dev.sleeps, dev.errors_once)
         out.append("end")
+        return out
+
+    def _render_health(self, dev: Device, now: float) -> list[str]:
+        """Violation counters (continued across writes), SM clocks, error counters."""
+        out = []
+        for reason, fraction in (dev.throttle or {}).items():
+            if reason not in THROTTLE_POLICIES or not 0 <= fraction <= 1:
+                raise ValueError(f"throttle {reason!r}: want a reason of {THROTTLE_POLICIES} "
+                                 "and a share of the time within 0..1")
+            key = (dev.uuid, reason)
+            if key not in self._violation:
+                base, origin = float(dev.violation_base_ns), now
+            else:
+                pbase, porigin, pfrac = self._violation[key]
+                base, origin = pbase, porigin
+                if pfrac != fraction:
+                    base, origin = pbase + duty_active_s(now - porigin, pfrac) * 1e9, now
+            self._violation[key] = (base, origin, float(fraction))
+            out.append(f"violation {THROTTLE_POLICIES[reason]} {base!r} {origin!r} "
+                       f"{float(fraction)!r}")
+        if dev.sm_clock_mhz is not None:
+            out.append(f"sm_clock {int(dev.sm_clock_mhz)} {int(dev.sm_clock_max_mhz)}")
+        if dev.remapped_rows is not None:
+            out.append("remapped_rows " + " ".join(str(int(n)) for n in dev.remapped_rows))
+        if dev.pcie_replays is not None:
+            out.append(f"pcie_replays {int(dev.pcie_replays)}")
+        for link, counts in sorted((dev.nvlink_errors or {}).items()):
+            out.append(f"nvlink {int(link)} " + " ".join(str(int(n)) for n in counts))
         return out
 
     def _render_gpm(self, dev: Device, now: float, horizon: float) -> list[str]:

@@ -46,6 +46,10 @@
 #define NO_ID 0xFFFFFFFFu
 #define MAX_FILE (64u << 20)
 
+#define MAX_POLICY 12    /* NVML_PERF_POLICY_* values are below this */
+#define MAX_LINKS 18     /* NVLinks per device (NVML_NVLINK_MAX_LINKS of 12.x headers) */
+#define THROTTLE_PERIOD_S 1.0 /* a reason active FRACTION of the time: the first part of each */
+
 #define KIND_COMPUTE 1u
 #define KIND_GRAPHICS 2u
 #define KIND_MPS 4u
@@ -142,6 +146,17 @@ typedef struct {
     int gpm_support; /* nvmlGpmQueryDeviceSupport says yes (Hopper and later) */
     int ngpm, capgpm;
     gpmtl_t *gpm;
+    /* violation counters by NVML_PERF_POLICY_*: ns = base + active time since origin */
+    int viol_on[MAX_POLICY];
+    double viol_base_ns[MAX_POLICY], viol_origin[MAX_POLICY], viol_fraction[MAX_POLICY];
+    int sm_clock_set;
+    unsigned sm_clock, sm_clock_max; /* MHz */
+    int remap_set;
+    unsigned remap[4]; /* correctable, uncorrectable, pending, failure */
+    int pcie_set;
+    unsigned pcie_replays;
+    int nvlink_any, nvlink_on[MAX_LINKS];
+    unsigned long long nvlink_err[MAX_LINKS][4]; /* NVML_NVLINK_ERROR_DL_REPLAY..CRC_DATA */
     injlist_t errors, sleeps;
 } fdev_t;
 
@@ -726,6 +741,41 @@ static int parse_device_line(fdev_t *d, const char *key, char **p, perr_t *pe)
         if (grow((void **)&d->xids, &d->capxid, d->nxid, sizeof(xid_t)))
             return fail(pe, "out of memory", NULL);
         d->xids[d->nxid++] = x;
+    } else if (strcmp(key, "violation") == 0) {
+        unsigned pol;
+        double base, origin, frac;
+        if (parse_uint(next_tok(p), &pol) || pol >= MAX_POLICY || (pol > 5 && pol < 10) ||
+            parse_dbl(next_tok(p), &base) || base < 0 || base > 1e19 ||
+            parse_dbl(next_tok(p), &origin) || parse_dbl(next_tok(p), &frac) || frac < 0 ||
+            frac > 1)
+            return fail(pe, "violation needs POLICY (0..5, 10, 11) BASE_NS ORIGIN FRACTION (0..1)",
+                        NULL);
+        d->viol_on[pol] = 1;
+        d->viol_base_ns[pol] = base;
+        d->viol_origin[pol] = origin;
+        d->viol_fraction[pol] = frac;
+    } else if (strcmp(key, "sm_clock") == 0) {
+        if (parse_uint(next_tok(p), &d->sm_clock) || parse_uint(next_tok(p), &d->sm_clock_max))
+            return fail(pe, "sm_clock needs MHZ MAX_MHZ", NULL);
+        d->sm_clock_set = 1;
+    } else if (strcmp(key, "remapped_rows") == 0) {
+        for (int i = 0; i < 4; i++)
+            if (parse_uint(next_tok(p), &d->remap[i]))
+                return fail(pe, "remapped_rows needs CORRECTABLE UNCORRECTABLE PENDING FAILURE",
+                            NULL);
+        d->remap_set = 1;
+    } else if (strcmp(key, "pcie_replays") == 0) {
+        if (parse_uint(next_tok(p), &d->pcie_replays))
+            return fail(pe, "bad pcie_replays", NULL);
+        d->pcie_set = 1;
+    } else if (strcmp(key, "nvlink") == 0) {
+        unsigned link;
+        if (parse_uint(next_tok(p), &link) || link >= MAX_LINKS)
+            return fail(pe, "nvlink needs LINK (0..17) REPLAY RECOVERY CRC_FLIT CRC_DATA", NULL);
+        for (int i = 0; i < 4; i++)
+            if (parse_ull(next_tok(p), &d->nvlink_err[link][i]))
+                return fail(pe, "nvlink needs LINK REPLAY RECOVERY CRC_FLIT CRC_DATA", NULL);
+        d->nvlink_on[link] = d->nvlink_any = 1;
     } else if (strcmp(key, "error") == 0 || strcmp(key, "error_once") == 0) {
         return parse_inject(p, &d->errors, 0, pe, key[5] == '_');
     } else if (strcmp(key, "sleep") == 0) {
@@ -1869,6 +1919,231 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorTyp
         *eccCounts = t.dev->ecc_u;
     else
         return done(NVML_ERROR_INVALID_ARGUMENT);
+    return done(NVML_SUCCESS);
+}
+
+/* ------------------------------------------------- throttling and errors */
+
+/* Seconds a reason active the first FRACTION of every THROTTLE_PERIOD_S since its
+ * origin was active in (origin, origin + dt]: FakeNvml keeps the same sum in Python. */
+static double duty_active_s(double dt, double fraction)
+{
+    if (dt <= 0)
+        return 0;
+    double periods = floor(dt / THROTTLE_PERIOD_S);
+    double rest = dt - periods * THROTTLE_PERIOD_S;
+    double on = fraction * THROTTLE_PERIOD_S;
+    return periods * on + (rest < on ? rest : on);
+}
+
+static int policy_active(const fdev_t *d, unsigned pol, double now)
+{
+    if (!d->viol_on[pol] || d->viol_fraction[pol] <= 0)
+        return 0;
+    double phase = fmod(now - d->viol_origin[pol], THROTTLE_PERIOD_S);
+    if (phase < 0)
+        phase += THROTTLE_PERIOD_S;
+    return phase < d->viol_fraction[pol] * THROTTLE_PERIOD_S;
+}
+
+nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device, nvmlPerfPolicyType_t perfPolicyType,
+                                          nvmlViolationTime_t *violTime)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    unsigned pol = (unsigned)perfPolicyType;
+    if (!violTime || pol >= MAX_POLICY)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (!t.dev->viol_on[pol])
+        return done(NVML_ERROR_NOT_SUPPORTED);
+    double now = now_s();
+    double ns = t.dev->viol_base_ns[pol] +
+                duty_active_s(now - t.dev->viol_origin[pol], t.dev->viol_fraction[pol]) * 1e9;
+    violTime->referenceTime = now > 0 ? (unsigned long long)(now * 1e6) : 0ull;
+    violTime->violationTime = ns < 1.8e19 ? (unsigned long long)ns : ULLONG_MAX;
+    return done(NVML_SUCCESS);
+}
+
+/* The nvmlClocksEventReason* bit each policy's reason shows as (0: none). */
+static const unsigned long long g_policy_bit[MAX_POLICY] = {
+    [0] = nvmlClocksEventReasonSwPowerCap,      [1] = nvmlClocksEventReasonSwThermalSlowdown,
+    [2] = nvmlClocksEventReasonSyncBoost,       [3] = 0x200ull /* BoardLimit */,
+    [4] = nvmlClocksEventReasonGpuIdle,         [5] = 0x400ull /* Reliability */,
+    [10] = nvmlClocksEventReasonApplicationsClocksSetting,
+};
+
+static nvmlReturn_t clocks_reasons(const char *fn, nvmlDevice_t device, unsigned long long *out)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(fn, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!out)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    double now = now_s();
+    *out = 0;
+    for (unsigned pol = 0; pol < MAX_POLICY; pol++)
+        if (policy_active(t.dev, pol, now))
+            *out |= g_policy_bit[pol];
+    return done(NVML_SUCCESS);
+}
+
+/* The reasons the GPU can report: those of the policies it lists. */
+nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t device,
+                                                      unsigned long long *supportedClocksEventReasons)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!supportedClocksEventReasons)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    *supportedClocksEventReasons = 0;
+    for (unsigned pol = 0; pol < MAX_POLICY; pol++)
+        if (t.dev->viol_on[pol])
+            *supportedClocksEventReasons |= g_policy_bit[pol];
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
+                                                    unsigned long long *clocksEventReasons)
+{
+    return clocks_reasons(__func__, device, clocksEventReasons);
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device,
+                                                       unsigned long long *clocksThrottleReasons)
+{
+    return clocks_reasons(__func__, device, clocksThrottleReasons);
+}
+
+static nvmlReturn_t sm_clock(const char *fn, nvmlDevice_t device, nvmlClockType_t type,
+                             unsigned int *clock, int max)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(fn, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!clock || (unsigned)type >= (unsigned)NVML_CLOCK_COUNT)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (type != NVML_CLOCK_SM || !t.dev->sm_clock_set)
+        return done(NVML_ERROR_NOT_SUPPORTED);
+    *clock = max ? t.dev->sm_clock_max : t.dev->sm_clock;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock)
+{
+    return sm_clock(__func__, device, type, clock, 0);
+}
+
+nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type,
+                                       unsigned int *clock)
+{
+    return sm_clock(__func__, device, type, clock, 1);
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows,
+                                       unsigned int *uncRows, unsigned int *isPending,
+                                       unsigned int *failureOccurred)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!corrRows || !uncRows || !isPending || !failureOccurred)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (!t.dev->remap_set)
+        return done(NVML_ERROR_NOT_SUPPORTED);
+    *corrRows = t.dev->remap[0];
+    *uncRows = t.dev->remap[1];
+    *isPending = t.dev->remap[2];
+    *failureOccurred = t.dev->remap[3];
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t device, unsigned int *value)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!value)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (!t.dev->pcie_set)
+        return done(NVML_ERROR_NOT_SUPPORTED);
+    *value = t.dev->pcie_replays;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+                                      nvmlEnableState_t *isActive)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!isActive || link >= MAX_LINKS)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (!t.dev->nvlink_any)
+        return done(NVML_ERROR_NOT_SUPPORTED);
+    *isActive = t.dev->nvlink_on[link] ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return done(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link,
+                                             nvmlNvLinkErrorCounter_t counter,
+                                             unsigned long long *counterValue)
+{
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!counterValue || link >= MAX_LINKS || (unsigned)counter >= NVML_NVLINK_ERROR_COUNT)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    if (!t.dev->nvlink_on[link] || (unsigned)counter > NVML_NVLINK_ERROR_DL_CRC_DATA)
+        return done(NVML_ERROR_NOT_SUPPORTED);
+    *counterValue = t.dev->nvlink_err[link][counter];
+    return done(NVML_SUCCESS);
+}
+
+/* Field values: the NVLink error totals over the active links (what the per-link
+ * counters sum to); every other field answers NOT_SUPPORTED in its own nvmlReturn. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
+                                      nvmlFieldValue_t *values)
+{
+    static const struct {
+        unsigned field, counter;
+    } totals[] = {{NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, NVML_NVLINK_ERROR_DL_REPLAY},
+                  {NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, NVML_NVLINK_ERROR_DL_RECOVERY},
+                  {NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, NVML_NVLINK_ERROR_DL_CRC_FLIT},
+                  {NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, NVML_NVLINK_ERROR_DL_CRC_DATA}};
+    target_t t;
+    nvmlReturn_t r = begin_dev(__func__, device, PARENT_ONLY, &t);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!values || valuesCount < 0)
+        return done(NVML_ERROR_INVALID_ARGUMENT);
+    double now = now_s();
+    for (int i = 0; i < valuesCount; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        v->timestamp = now > 0 ? (long long)(now * 1e6) : 0;
+        v->latencyUsec = 0;
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        for (size_t k = 0; k < sizeof totals / sizeof totals[0]; k++) {
+            if (v->fieldId != totals[k].field || !t.dev->nvlink_any)
+                continue;
+            unsigned long long sum = 0;
+            for (int link = 0; link < MAX_LINKS; link++)
+                if (t.dev->nvlink_on[link])
+                    sum += t.dev->nvlink_err[link][totals[k].counter];
+            v->value.ullVal = sum;
+            v->nvmlReturn = NVML_SUCCESS;
+        }
+    }
     return done(NVML_SUCCESS);
 }
 

@@ -14,6 +14,7 @@ from slurm_gpu_exporter.gpu.backend import (
     DeviceReading,
     GpmFigures,
     GpuProcess,
+    HealthReading,
     UtilSample,
     XidEvent,
 )
@@ -47,6 +48,12 @@ class FakeBackend:
         # the time since the previous read that got them ("gpm" in ``fail``: none).
         self.sm_active: float | None = None
         self._gpm_since: float | None = None
+        # Violation counters (ns) of the reasons the GPU supports, and the share of the
+        # time each is active (advance() moves them); device error counters by key.
+        self.violations_ns: dict[str, int] = {}
+        self.throttling: dict[str, float] = {}
+        self.error_counters: dict[str, int] = {}
+        self.ecc_corrected: int | None = None
 
     def init(self) -> str:
         self.inits += 1
@@ -66,6 +73,8 @@ class FakeBackend:
 
     def advance(self, seconds: float, watts: float = 100.0) -> None:
         self.t += seconds
+        for reason, share in self.throttling.items():
+            self.violations_ns[reason] += round(share * seconds * 1e9)
         if self.energy_mj is not None:
             self.energy_mj += round(watts * seconds * 1000)
 
@@ -88,6 +97,11 @@ class FakeBackend:
             gpm_supported=self.sm_active is not None, gpm=self._gpm(fail),
             energy_mj=None if "energy" in fail else self.energy_mj,
             processes=self.processes, util_samples=samples, process_samples=(),
+            ecc_corrected=self.ecc_corrected,
+            health=HealthReading(
+                violations_ns=tuple(v for v in self.violations_ns.items() if v[0] not in fail),
+                counters=tuple(self.error_counters.items()), sm_clock_mhz=1980,
+                sm_clock_max_mhz=1980) if self.violations_ns or self.error_counters else None,
             errors=tuple(f"{f}: Unknown Error" for f in sorted(fail)),
             failed=frozenset(fail),
         )]

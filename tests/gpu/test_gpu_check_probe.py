@@ -34,7 +34,8 @@ def test_probe_records_clocks_spacing_idle_samples_process_reads_energy_and_gpm(
     now = time.time()
     fake.write(NvmlState(devices=[
         # pid 100's samples are current, pid 109's 4.5 s late (the default stagger).
-        Device(0, power_w=60.0, gpm={"sm_util": 40.0}, processes=[
+        Device(0, power_w=60.0, gpm={"sm_util": 40.0}, throttle={"power": 0.5},
+               pcie_replays=2, processes=[
             Process(100, sm=Pattern.constant(30), start_time=now - 30),
             Process(109, sm=Pattern.constant(20), start_time=now - 30)]),
         Device(1),  # idle: its buffer runs dry
@@ -48,7 +49,7 @@ def test_probe_records_clocks_spacing_idle_samples_process_reads_energy_and_gpm(
         assert run.returncode == 0, run.stdout + run.stderr
     busy = json.loads(out.with_suffix(".0.json").read_text())
     idle = json.loads(out.with_suffix(".1.json").read_text())
-    assert busy["driver"] == "550.54.15" and busy["probe_version"] == 2
+    assert busy["driver"] == "550.54.15" and busy["probe_version"] == 3
 
     [gpu] = busy["gpus"]
     if ctypes.util.find_library("cuda") is None:  # no CUDA beside the fake: said why
@@ -75,6 +76,22 @@ def test_probe_records_clocks_spacing_idle_samples_process_reads_energy_and_gpm(
     assert SPAN_MIN_S <= full["span_s"] <= SPAN_MAX_S
     assert full["period_s"] == pytest.approx(0.167, abs=0.02)
     assert full["samples"] == SLOTS and full["restamped_on_reread"] == 0
+
+    # Throttling: the power counter grew half of the time, in ns, its reference time in
+    # µs of the epoch; the policies the fake does not list answer NOT_SUPPORTED.
+    health = gpu["health"]
+    power = health["violations"]["power"]
+    assert power["grew_ns_per_host_s"] == pytest.approx(0.5e9, rel=0.2)
+    assert power["reference_per_host_s"] == pytest.approx(1e6, rel=0.05)
+    assert abs(power["reference_behind_s"]["realtime"]) < 1.0
+    assert health["violations"]["thermal"] == {"error": "NVML_ERROR_NOT_SUPPORTED"}
+    assert health["pcie_replays"] == 2 and health["sm_clock_max_mhz"] == 1410
+    assert health["remapped_rows"] == {"error": "NVML_ERROR_NOT_SUPPORTED"}
+    assert health["nvlink"] == {"0": {"error": "NVML_ERROR_NOT_SUPPORTED"}}
+    assert health["nvlink_total_fields"] == {k: {"error": 3} for k in
+                                             ("replay", "recovery", "crc_flit", "crc_data")}
+    assert health["mig"] is None
+    assert health["call_us"]["violation"] > 0 and health["call_us"]["active_nvlinks"] == 0
 
     [dry] = idle["gpus"]
     assert dry["full_buffer"] == {"under_load": False, "read": "NVML_ERROR_NOT_FOUND",

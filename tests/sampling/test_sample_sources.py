@@ -29,7 +29,7 @@ class Counting(SourceDefaults):
     state, and is down when told to be."""
 
     name = "nodepower"  # borrows a health name: SOURCES is the one list of them
-    health = ("nodepower",)
+    health_names = ("nodepower",)
     state_key = "made_up"
 
     def __init__(self) -> None:
