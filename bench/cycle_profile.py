@@ -39,8 +39,8 @@ TOP = 30
 
 
 def child(args: argparse.Namespace, tmp: Path) -> None:
-    from slurm_gpu_exporter.gpu.nvml import NvmlBackend
-    from slurm_gpu_exporter.gpu.sampler import GpuSampler
+    from slurm_gpu_exporter.gpu.nvml.backend import NvmlBackend
+    from slurm_gpu_exporter.gpu.source import GpuSampler
     from slurm_gpu_exporter.jobs.stats import JobStatsCollector
     from slurm_gpu_exporter.jobs.tracker import JobTracker
     from slurm_gpu_exporter.node.cgroup import CgroupFS

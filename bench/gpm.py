@@ -45,8 +45,8 @@ def _node(gpm: bool, mig: bool) -> object:
 
 def _child() -> None:
     """Inside the fake's environment: time reads with and without GPM."""
-    from slurm_gpu_exporter.gpu import gpm as gpm_module
-    from slurm_gpu_exporter.gpu.nvml import NvmlBackend
+    from slurm_gpu_exporter.gpu.nvml import gpm as gpm_module
+    from slurm_gpu_exporter.gpu.nvml.backend import NvmlBackend
 
     backend = NvmlBackend()
     backend.init()
@@ -86,9 +86,9 @@ def _child() -> None:
 
 def _bookkeeping_us() -> float:
     """CPU µs per GPU per sample of the sampler's GPM arithmetic (no NVML)."""
-    from slurm_gpu_exporter.gpu.activity import DeviceActivity, job_activity, sole_job
+    from slurm_gpu_exporter.gpu.attribution.activity import DeviceActivity, job_activity, sole_job
+    from slurm_gpu_exporter.gpu.attribution.counters import JobGpuCounters
     from slurm_gpu_exporter.gpu.backend import GpmFigures
-    from slurm_gpu_exporter.gpu.counters import JobGpuCounters
 
     figures = GpmFigures(5.0, {"sm_active": 0.25, "sm_occupancy": 0.3, "tensor_active": 0.1,
                                "dram_active": 0.4, "fp64_active": 0.0, "fp32_active": 0.2,

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import percentile, record
 
 from slurm_gpu_exporter.exposition.rendered import render
-from slurm_gpu_exporter.gpu.sampler import GpuSampler
 from slurm_gpu_exporter.gpu.simulated import SimulatedBackend
+from slurm_gpu_exporter.gpu.source import GpuSampler
 from slurm_gpu_exporter.jobs.stats import JobStatsCollector
 from slurm_gpu_exporter.jobs.tracker import JobTracker
 from slurm_gpu_exporter.node.cgroup import CgroupFS

@@ -183,7 +183,7 @@ def probe_full_buffer(handle: Any, under_load: bool) -> dict[str, Any]:
     """The whole device-sample buffer in one read from 0: its length, the span it holds
     and the period of its samples. Taken after the GPU has been busy long enough to
     fill it (``under_load``), this is what the agent's buffer reads are spaced by
-    (slurm_gpu_exporter/gpu/buffers.py); on an idle GPU, whether a read says
+    (slurm_gpu_exporter/gpu/driver/buffers.py); on an idle GPU, whether a read says
     NOT_FOUND. The same read again, to see that the stamps do not move."""
     import pynvml
 

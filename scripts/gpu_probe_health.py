@@ -1,7 +1,7 @@
 """The throttling and error-counter facts of ``scripts/gpu-check --probe`` (gpu_probe.py).
 
-What the agent's throttle and error bookkeeping (gpu/nvml_health.py, gpu/throttle.py,
-gpu/job_errors.py) assumes, read from the driver itself. Where real drivers are known
+What the agent's throttle and error bookkeeping (gpu/nvml/health.py, gpu/attribution/throttle.py,
+gpu/attribution/job_errors.py) assumes, read from the driver itself. Where real drivers are known
 or suspected to differ from the fake NVML (tests/fakenvml), the probe records it:
 
 - ``nvmlViolationTime_t.referenceTime`` is documented as a CPU timestamp in µs, but on

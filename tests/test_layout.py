@@ -486,3 +486,32 @@ def test_size_allow_list_names_only_files_that_need_it() -> None:
     over = {rel for rel, cls, lines in _sizes()
             if lines > (MAX_CLASS_LINES if cls else MAX_MODULE_LINES)}
     assert over >= set(SIZE_ALLOWED)
+
+
+MAX_FOLDER_MODULES = 15
+
+
+def _crowded_folders(package: Path = PACKAGE) -> list[str]:
+    """Folders holding more modules than a reader takes in at once (their __init__ not
+    counted): split them into subpackages by what the modules do."""
+    crowded = []
+    for folder in sorted({p.parent for p in package.rglob("*.py")}):
+        modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        if len(modules) > MAX_FOLDER_MODULES:
+            crowded.append(f"{folder.relative_to(package.parent)}: {len(modules)} modules")
+    return crowded
+
+
+def test_no_folder_holds_more_than_15_modules() -> None:
+    assert _crowded_folders() == []
+
+
+def test_a_crowded_folder_is_found(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "gpu").mkdir(parents=True)
+    for i in range(MAX_FOLDER_MODULES + 1):
+        (package / "gpu" / f"m{i}.py").write_text("")
+    (package / "gpu" / "__init__.py").write_text("")
+    assert _crowded_folders(package) == [f"pkg/gpu: {MAX_FOLDER_MODULES + 1} modules"]
+    (package / "gpu" / "m0.py").unlink()
+    assert _crowded_folders(package) == []

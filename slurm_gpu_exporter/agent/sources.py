@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_gpu_exporter.gpu.backend import GpuBackend
-from slurm_gpu_exporter.gpu.sampler import GpuSampler
+from slurm_gpu_exporter.gpu.source import GpuSampler
 from slurm_gpu_exporter.hooks import spool
 from slurm_gpu_exporter.jobs.cpu_energy import CpuEnergySource
 from slurm_gpu_exporter.jobs.node_energy import NodeEnergySource
@@ -87,7 +87,7 @@ def _gpus(node: Node) -> GpuSampler:
 
         backend = SimulatedBackend(node.simulation.gpu_count, node.simulation.gpu_processes)
     else:
-        from slurm_gpu_exporter.gpu.nvml import NvmlBackend
+        from slurm_gpu_exporter.gpu.nvml.backend import NvmlBackend
 
         backend = NvmlBackend()
     return GpuSampler(backend, node.args.proc_root, node.errors, cgroups=node.cgroups,

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _nvml() -> GpuBackend:
-    from slurm_gpu_exporter.gpu.nvml import NvmlBackend
+    from slurm_gpu_exporter.gpu.nvml.backend import NvmlBackend
 
     return NvmlBackend()
 

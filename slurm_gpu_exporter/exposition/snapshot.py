@@ -62,7 +62,7 @@ class JobGpuSample:
     # GPM activity seconds by name ("sm_active", ...); only where the job has the GPU
     # or MIG instance to itself and the GPU has GPM.
     activity_seconds: tuple[tuple[str, float], ...] = ()
-    # What slowed or hit the GPU while the job held it (gpu/job_errors.py), by key:
+    # What slowed or hit the GPU while the job held it (gpu/attribution/job_errors.py), by key:
     # "throttle:<reason>" seconds; "xid:<code>", "ecc:<type>", "remapped_rows:<cause>",
     # "pcie_replays", "nvlink:<kind>" counts. Present where the GPU has the counter.
     health: tuple[tuple[str, float], ...] = ()
@@ -99,7 +99,7 @@ class GpuSample:
     ecc_uncorrected: int | None = None
     xid_errors: tuple[tuple[int, int], ...] = ()  # (xid, count)
     unknown_seconds: float | None = None  # driver samples may have been lost (busy GPUs)
-    driver_events: tuple[tuple[str, int], ...] = ()  # (kind, count): gpu/integration.py
+    driver_events: tuple[tuple[str, int], ...] = ()  # (kind, count): gpu/driver/integration.py
     unattributed_processes: int = 0
     unattributed_memory_bytes: int = 0
     # GPM totals by name (GPUs with GPM only): activity seconds, PCIe/NVLink bytes.

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from slurm_gpu_exporter.gpu.clocks import HostClocks
+from slurm_gpu_exporter.gpu.driver.clocks import HostClocks
 
 
 class GpuUnavailable(Exception):
@@ -84,7 +84,7 @@ class BufferShape:
 
 @dataclass(frozen=True)
 class HealthReading:
-    """What slows a GPU down or breaks it, as the driver counts it (gpu/nvml_health.py).
+    """What slows a GPU down or breaks it, as the driver counts it (gpu/nvml/health.py).
 
     ``violations_ns``: the cumulative nanoseconds each reason (gpu/throttle.REASONS) held
     the clocks down, only for the reasons the GPU supports; ``counters``: cumulative
@@ -98,7 +98,7 @@ class HealthReading:
     sm_clock_mhz: int | None = None
     sm_clock_max_mhz: int | None = None
     # The current clocks-event reasons (nvmlClocksEventReason* bits) and those the GPU can
-    # report; read only where it has no violation counter at all (gpu/throttle.py then
+    # report; read only where it has no violation counter at all (gpu/attribution/throttle.py then
     # samples the bitmask).
     clocks_event_reasons: int | None = None
     clocks_event_reasons_supported: int | None = None
@@ -153,7 +153,7 @@ class DeviceReading:
 
 @dataclass(frozen=True)
 class BufferRead:
-    """One read of a GPU's sample buffers between two samples (gpu/buffers.py): the
+    """One read of a GPU's sample buffers between two samples (gpu/driver/buffers.py): the
     samples newer than the cursors passed in; None where the GPU has none; and what the
     whole device buffer held (None: not read whole)."""
 

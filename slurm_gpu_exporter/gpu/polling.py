@@ -88,7 +88,7 @@ class Poller:
 
 class XidCounts:
     """Xid events per GPU and code, counted by the Xid thread, read by the sampler; and
-    each GPU's events not yet given to jobs (gpu/job_errors.py takes them each poll)."""
+    each GPU's events not yet given to jobs (gpu/attribution/job_errors.py takes them each poll)."""
 
     PENDING_MAX = 1000  # per GPU: an Xid storm while no poll takes them costs bounded memory
 

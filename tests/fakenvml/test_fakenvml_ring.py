@@ -156,14 +156,14 @@ out({"util": util, "power": read(N.NVML_TOTAL_POWER_SAMPLES, 0), "now": time.tim
 
 
 def test_the_agent_learns_a_bursty_gpu_s_buffer_length_exactly(fake: FakeNvml) -> None:
-    """gpu/buffers.py takes the samples a whole read holds as the buffer's length once
+    """gpu/driver/buffers.py takes the samples a whole read holds as the buffer's length once
     its oldest moves on: over the ring that is buffer_samples, burst after burst. The
     ring reaches back 50 s, so the boot is an hour back whatever the host's uptime."""
     fake.write(NvmlState(buffer_samples=N, time_scale=10.0, boot_time=time.time() - 3600,
                          devices=[Device(0, util=Pattern.square(BURST_S, 10.0))]))
     got = run(fake, """
-from slurm_gpu_exporter.gpu.buffers import BufferStash
-from slurm_gpu_exporter.gpu.nvml_samples import util_samples_after
+from slurm_gpu_exporter.gpu.driver.buffers import BufferStash
+from slurm_gpu_exporter.gpu.nvml.sample_buffers import util_samples_after
 N.nvmlInit()
 h = N.nvmlDeviceGetHandleByIndex(0)
 stash, errors, held, end = BufferStash(), [], set(), time.monotonic() + 3.5  # 35 s: 3 bursts

@@ -109,7 +109,7 @@ class FakeBackend:
 
     def _gpm(self, fail: set[str]) -> GpmFigures | None:
         if self.sm_active is None or "gpm" in fail:
-            return None  # a failed read keeps the previous GPM sample, as gpu/gpm.py does
+            return None  # a failed read keeps the previous GPM sample, as gpu/nvml/gpm.py does
         since, self._gpm_since = self._gpm_since, self.t
         if since is None:
             return None

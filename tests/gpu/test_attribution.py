@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_gpu_exporter.gpu.backend import UtilSample
-from slurm_gpu_exporter.gpu.gaps import integrate_samples
-from slurm_gpu_exporter.gpu.shares import (
+from slurm_gpu_exporter.gpu.attribution.shares import (
     UNATTRIBUTED,
     GpuTarget,
     energy_shares,
     held_targets,
     shares,
 )
+from slurm_gpu_exporter.gpu.backend import UtilSample
+from slurm_gpu_exporter.gpu.driver.gaps import integrate_samples
 from slurm_gpu_exporter.model.allocation import GpuAllocation, gpu_allocation, parse_index_list
 
 # NVML order 0..3, but minor numbers (= Slurm's gres indices) reversed.
@@ -128,7 +128,7 @@ def test_out_of_range_percentages_are_clamped() -> None:
 
 
 def test_a_mig_instance_has_its_compute_slices_share_of_the_gpu() -> None:
-    from slurm_gpu_exporter.gpu.shares import mig_sm_fraction
+    from slurm_gpu_exporter.gpu.attribution.shares import mig_sm_fraction
 
     a100 = "NVIDIA A100-SXM4-80GB"
     assert mig_sm_fraction("NVIDIA A100-SXM4-80GB MIG 1g.10gb", a100) == 1 / 7

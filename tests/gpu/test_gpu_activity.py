@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.gpu.activity import DeviceActivity, job_activity, sole_job
+from slurm_gpu_exporter.gpu.attribution.activity import DeviceActivity, job_activity, sole_job
+from slurm_gpu_exporter.gpu.attribution.counters import JobGpuCounters
 from slurm_gpu_exporter.gpu.backend import GpmFigures, GpuProcess
-from slurm_gpu_exporter.gpu.counters import JobGpuCounters
-from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
+from slurm_gpu_exporter.gpu.source import GpuPartResult, GpuSampler
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.source_health import SourceErrors
 from tests.gpu.fake_gpu import T0, FakeBackend, StubMapper

@@ -1,12 +1,13 @@
-"""Reads of the driver's sample buffers between two polls (gpu/buffers.py), on plain numbers."""
+"""Reads of the driver's sample buffers between two polls (gpu/driver/buffers.py), on plain
+numbers."""
 
 from __future__ import annotations
 
 import pytest
 
 from slurm_gpu_exporter.gpu.backend import BufferRead, BufferShape, UtilSample
-from slurm_gpu_exporter.gpu.buffers import BufferStash
-from slurm_gpu_exporter.gpu.integration import DeviceIntegrator
+from slurm_gpu_exporter.gpu.driver.buffers import BufferStash
+from slurm_gpu_exporter.gpu.driver.integration import DeviceIntegrator
 from tests.gpu.test_gpu_integration import at, reading
 
 PERIOD_S = 1 / 6

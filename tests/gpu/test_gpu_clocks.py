@@ -1,10 +1,10 @@
-"""Which host clock a driver's samples are on (gpu/clocks.py), on plain numbers."""
+"""Which host clock a driver's samples are on (gpu/driver/clocks.py), on plain numbers."""
 
 from __future__ import annotations
 
 import pytest
 
-from slurm_gpu_exporter.gpu.clocks import HostClocks, clock_of, wall_to_driver_us
+from slurm_gpu_exporter.gpu.driver.clocks import HostClocks, clock_of, wall_to_driver_us
 
 AT = HostClocks(realtime=1_800_000_000.0, boottime=5_000_000.0, monotonic=4_000_000.0)
 

@@ -1,10 +1,10 @@
-"""Job runs' GPU counters and their state-dir form (gpu/counters.py)."""
+"""Job runs' GPU counters and their state-dir form (gpu/attribution/counters.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from slurm_gpu_exporter.gpu.counters import CounterStore, JobGpuCounters
+from slurm_gpu_exporter.gpu.attribution.counters import CounterStore, JobGpuCounters
 
 
 def test_a_counter_starts_at_zero_and_is_found_again_by_job_run() -> None:

@@ -1,5 +1,6 @@
 """GPU energy across restarts of the agent: the readings kept in the state dir
-(gpu/energy.py) and the gap they credit to the jobs that held the GPU (gpu/sampler.py)."""
+(gpu/attribution/energy.py) and the gap they credit to the jobs that held the GPU
+(gpu/source.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from slurm_gpu_exporter.gpu.attribution.energy import EnergyCounters, EnergyDelta, energy_delta_j
+from slurm_gpu_exporter.gpu.attribution.shares import energy_shares
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuProcess
-from slurm_gpu_exporter.gpu.energy import EnergyCounters, EnergyDelta, energy_delta_j
-from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
-from slurm_gpu_exporter.gpu.shares import energy_shares
+from slurm_gpu_exporter.gpu.source import GpuPartResult, GpuSampler
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.source_health import SourceErrors
 from slurm_gpu_exporter.node.state_dir import STATE_VERSION, StateStore

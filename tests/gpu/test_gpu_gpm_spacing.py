@@ -1,4 +1,4 @@
-"""GPM samples of one stream are never taken closer than NVML's 100 ms (gpu/gpm.py).
+"""GPM samples of one stream are never taken closer than NVML's 100 ms (gpu/nvml/gpm.py).
 
 pynvml's GPM calls are replaced by counters here: what is checked is when the reader
 samples, not what NVML computes.
@@ -12,7 +12,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from slurm_gpu_exporter.gpu.gpm import GpmReader
+from slurm_gpu_exporter.gpu.nvml.gpm import GpmReader
 
 
 def test_a_poll_within_100_ms_of_the_last_gpm_sample_keeps_it_for_the_next(

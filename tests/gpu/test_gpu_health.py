@@ -1,6 +1,7 @@
 """What slowed a job's GPU and what hit it: the cumulative-counter bookkeeping
-(gpu/cumulative.py), throttled seconds and error counts per job (gpu/throttle.py,
-gpu/job_errors.py) through the GPU sampler, across restarts of the agent."""
+(gpu/attribution/cumulative.py), throttled seconds and error counts per job
+(gpu/attribution/throttle.py, gpu/attribution/job_errors.py) through the GPU sampler,
+across restarts of the agent."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import pytest
 
 from slurm_gpu_exporter.exposition.metrics import health_families
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
+from slurm_gpu_exporter.gpu.attribution.cumulative import CumulativeReadings
+from slurm_gpu_exporter.gpu.attribution.throttle import ThrottleBook
 from slurm_gpu_exporter.gpu.backend import DeviceReading, HealthReading
-from slurm_gpu_exporter.gpu.cumulative import CumulativeReadings
-from slurm_gpu_exporter.gpu.sampler import GpuPartResult, GpuSampler
-from slurm_gpu_exporter.gpu.throttle import ThrottleBook
+from slurm_gpu_exporter.gpu.source import GpuPartResult, GpuSampler
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.source_health import SourceErrors
 from tests.gpu.fake_gpu import T0, FakeBackend, StubMapper

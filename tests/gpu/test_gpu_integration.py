@@ -1,4 +1,4 @@
-"""The pure arithmetic of GPU sampling (gpu/integration.py) on plain readings."""
+"""The pure arithmetic of GPU sampling (gpu/driver/integration.py) on plain readings."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from slurm_gpu_exporter.gpu.backend import (
     ProcessUtilSample,
     UtilSample,
 )
-from slurm_gpu_exporter.gpu.clocks import HostClocks
-from slurm_gpu_exporter.gpu.integration import DeviceIntegrator
+from slurm_gpu_exporter.gpu.driver.clocks import HostClocks
+from slurm_gpu_exporter.gpu.driver.integration import DeviceIntegrator
 
 AT = HostClocks(realtime=1_800_000_000.0, boottime=1_000.0, monotonic=1_000.0)
 
@@ -232,7 +232,7 @@ def test_the_first_samples_of_a_gpu_idle_since_the_agent_started_are_counted() -
 
 
 def test_the_measured_period_is_the_median_spacing_of_the_samples() -> None:
-    from slurm_gpu_exporter.gpu.gaps import measured_period_us
+    from slurm_gpu_exporter.gpu.driver.gaps import measured_period_us
 
     def at(*stamps: int) -> tuple[UtilSample, ...]:
         return tuple(UtilSample(t, 0.0) for t in stamps)

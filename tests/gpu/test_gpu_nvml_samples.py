@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from slurm_gpu_exporter.gpu import nvml_samples
 from slurm_gpu_exporter.gpu.backend import BufferShape, UtilSample
+from slurm_gpu_exporter.gpu.nvml import sample_buffers
 
 
 def _driver(monkeypatch: pytest.MonkeyPatch, stamps: list[int]) -> None:
@@ -28,22 +28,22 @@ def _driver(monkeypatch: pytest.MonkeyPatch, stamps: list[int]) -> None:
 def test_only_the_samples_past_the_cursor_come_back_oldest_first(
         monkeypatch: pytest.MonkeyPatch) -> None:
     _driver(monkeypatch, [700, 800, 900, 400, 500, 600])
-    found, newest, shape = nvml_samples.util_samples(None, 650, [])  # type: ignore[misc]
+    found, newest, shape = sample_buffers.util_samples(None, 650, [])  # type: ignore[misc]
     assert found == (UtilSample(700, 700 % 97), UtilSample(800, 800 % 97),
                      UtilSample(900, 900 % 97))
     assert newest is None and shape == BufferShape(6, 400)
-    assert nvml_samples.util_samples_after(None, 850, []) == (
+    assert sample_buffers.util_samples_after(None, 850, []) == (
         (UtilSample(900, 900 % 97),), BufferShape(6, 400))
 
 
 def test_none_past_the_cursor_gives_the_newest_the_buffer_holds(
         monkeypatch: pytest.MonkeyPatch) -> None:
     _driver(monkeypatch, [700, 800, 400])
-    assert nvml_samples.util_samples(None, 800, []) == ((), 800, BufferShape(3, 400))
-    assert nvml_samples.util_samples(None, 0, [])[0] == (  # first look: all of them
+    assert sample_buffers.util_samples(None, 800, []) == ((), 800, BufferShape(3, 400))
+    assert sample_buffers.util_samples(None, 0, [])[0] == (  # first look: all of them
         UtilSample(400, 400 % 97), UtilSample(700, 700 % 97), UtilSample(800, 800 % 97))
 
 
 def test_an_empty_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
     _driver(monkeypatch, [])
-    assert nvml_samples.util_samples(None, 800, []) == ((), None, BufferShape(0, None))
+    assert sample_buffers.util_samples(None, 800, []) == ((), None, BufferShape(0, None))

@@ -1,4 +1,4 @@
-"""Who uses and who holds a GPU (gpu/usage.py), with /proc written by the test."""
+"""Who uses and who holds a GPU (gpu/attribution/usage.py), with /proc written by the test."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import os
 import pwd
 from pathlib import Path
 
+from slurm_gpu_exporter.gpu.attribution.shares import UNATTRIBUTED, GpuTarget
+from slurm_gpu_exporter.gpu.attribution.usage import UNKNOWN_USER, UsageReader
 from slurm_gpu_exporter.gpu.backend import GpuProcess, ProcessUtilSample
-from slurm_gpu_exporter.gpu.shares import UNATTRIBUTED, GpuTarget
-from slurm_gpu_exporter.gpu.usage import UNKNOWN_USER, UsageReader
 from slurm_gpu_exporter.jobs.job import Job
 from tests.gpu.fake_gpu import StubMapper
 

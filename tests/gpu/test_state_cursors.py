@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_gpu_exporter.gpu.sampler import GpuSampler
+from slurm_gpu_exporter.gpu.source import GpuSampler
 from slurm_gpu_exporter.node.source_health import SourceErrors
 from slurm_gpu_exporter.node.state_dir import (
     BOOT_ID_PATH,

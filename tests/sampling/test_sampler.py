@@ -11,7 +11,7 @@ import pytest
 from slurm_gpu_exporter.exposition.rendered import Exposition, render
 from slurm_gpu_exporter.exposition.snapshot import NodeIdentity, Snapshot
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, XidEvent
-from slurm_gpu_exporter.gpu.sampler import GpuSampler
+from slurm_gpu_exporter.gpu.source import GpuSampler
 from slurm_gpu_exporter.jobs.cpu_energy import CpuEnergySource
 from slurm_gpu_exporter.jobs.node_energy import NodeEnergySource
 from slurm_gpu_exporter.jobs.stats import JobStatsCollector

@@ -111,7 +111,7 @@ class FieldReader:
 
     def samples(self, d: Device, what: str, read: Callable[..., T | None], since_us: int,
                  errors: list[str]) -> T | None:
-        """A sample-buffer read (gpu/nvml_samples.py), None where the GPU has none (not
+        """A sample-buffer read (gpu/nvml/sample_buffers.py), None where the GPU has none (not
         asked again)."""
         if (d.uuid, what) in self.unsupported:
             return None

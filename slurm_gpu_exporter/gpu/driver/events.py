@@ -6,16 +6,16 @@ from __future__ import annotations
 import logging
 
 from slurm_gpu_exporter.gpu.backend import DeviceReading
-from slurm_gpu_exporter.gpu.clocks import HostClocks, clock_of
-from slurm_gpu_exporter.gpu.cursors import SampleCursor
+from slurm_gpu_exporter.gpu.driver.clocks import HostClocks, clock_of
+from slurm_gpu_exporter.gpu.driver.cursors import SampleCursor
 
-log = logging.getLogger("slurm_gpu_exporter.gpu.integration")
+log = logging.getLogger("slurm_gpu_exporter.gpu.driver.integration")
 
 # What the driver's samples did that a site may want to see, counted per GPU: a cursor
 # moved back to the newest sample (its clock went back), a sample re-read a little
 # older than before (not a clock step), the host clock of its samples changed, a
 # sample over 100 % clamped, one outside 0..GARBAGE_PERCENT dropped, a read that came
-# later than the buffer's span (gpu/buffers.py).
+# later than the buffer's span (gpu/driver/buffers.py).
 EVENT_KINDS = ("device_rebase", "process_rebase", "stamp_jitter", "clock_change", "clamped",
                "out_of_range", "buffer_overrun")
 

@@ -5,7 +5,7 @@ A GPU's clocks held down slow every job on it, whole GPU or MIG instance alike: 
 interval's throttled seconds count in full for each job holding the GPU or one of its
 instances (like allocated seconds, not split). The device total is the driver's own
 counter, so it survives a restart of the agent as it is; the last reading of each held
-GPU is saved (gpu/cumulative.py), so what a job's GPU spent throttled while the agent
+GPU is saved (gpu/attribution/cumulative.py), so what a job's GPU spent throttled while the agent
 was down is counted too, for the jobs that held it across that time.
 
 A GPU without any violation counter (the call is deprecated from NVML 13 and a driver
@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from slurm_gpu_exporter.gpu.attribution.cumulative import CumulativeReadings
 from slurm_gpu_exporter.gpu.backend import DeviceReading
-from slurm_gpu_exporter.gpu.cumulative import CumulativeReadings
 
-# The `reason` label values, in NVML's NVML_PERF_POLICY_* order (gpu/nvml_health.py).
+# The `reason` label values, in NVML's NVML_PERF_POLICY_* order (gpu/nvml/health.py).
 REASONS = ("power", "thermal", "sync_boost", "board_limit", "low_utilization",
            "reliability", "app_clocks", "base_clocks")
 

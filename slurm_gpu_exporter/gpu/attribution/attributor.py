@@ -1,6 +1,6 @@
 """Attribution of one GPU's reading: busy time, energy, memory, processes and GPM activity
 to the jobs that use or hold it (whole GPUs, MIG instances, lost GPUs), the rest to the
-users outside every job. The per-job counters it adds to live in gpu/counters.py."""
+users outside every job. The per-job counters it adds to live in gpu/attribution/counters.py."""
 
 from __future__ import annotations
 
@@ -11,23 +11,23 @@ from pathlib import Path
 from typing import NamedTuple
 
 from slurm_gpu_exporter.exposition.snapshot import GpuSample, UnattributedSample
-from slurm_gpu_exporter.gpu.activity import DeviceActivity, job_activity, sole_job
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpmFigures
-from slurm_gpu_exporter.gpu.clocks import HostClocks, wall_to_driver_us
-from slurm_gpu_exporter.gpu.counters import CounterStore, JobGpuCounters
-from slurm_gpu_exporter.gpu.energy import EnergyCounters, EnergyDelta
-from slurm_gpu_exporter.gpu.integration import DeviceIntegrator, since_start
-from slurm_gpu_exporter.gpu.job_errors import HealthBook, HealthDelta
-from slurm_gpu_exporter.gpu.polling import XidCounts
-from slurm_gpu_exporter.gpu.samples import device_sample, mig_sample
-from slurm_gpu_exporter.gpu.shares import (
+from slurm_gpu_exporter.gpu.attribution.activity import DeviceActivity, job_activity, sole_job
+from slurm_gpu_exporter.gpu.attribution.counters import CounterStore, JobGpuCounters
+from slurm_gpu_exporter.gpu.attribution.energy import EnergyCounters, EnergyDelta
+from slurm_gpu_exporter.gpu.attribution.job_errors import HealthBook, HealthDelta
+from slurm_gpu_exporter.gpu.attribution.samples import device_sample, mig_sample
+from slurm_gpu_exporter.gpu.attribution.shares import (
     UNATTRIBUTED,
     GpuTarget,
     energy_shares,
     mig_sm_fraction,
     shares,
 )
-from slurm_gpu_exporter.gpu.usage import Usage, UsageReader
+from slurm_gpu_exporter.gpu.attribution.usage import Usage, UsageReader
+from slurm_gpu_exporter.gpu.backend import DeviceReading, GpmFigures
+from slurm_gpu_exporter.gpu.driver.clocks import HostClocks, wall_to_driver_us
+from slurm_gpu_exporter.gpu.driver.integration import DeviceIntegrator, since_start
+from slurm_gpu_exporter.gpu.polling import XidCounts
 from slurm_gpu_exporter.jobs.job import Job
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from slurm_gpu_exporter.exposition.snapshot import GpuSample, JobGpuSample
-from slurm_gpu_exporter.gpu.activity import DeviceActivity
+from slurm_gpu_exporter.gpu.attribution.activity import DeviceActivity
+from slurm_gpu_exporter.gpu.attribution.counters import CounterStore
+from slurm_gpu_exporter.gpu.attribution.energy import EnergyCounters
+from slurm_gpu_exporter.gpu.attribution.job_errors import HealthBook
 from slurm_gpu_exporter.gpu.backend import DeviceReading, MigInstance
-from slurm_gpu_exporter.gpu.counters import CounterStore
-from slurm_gpu_exporter.gpu.energy import EnergyCounters
-from slurm_gpu_exporter.gpu.integration import DeviceIntegrator
-from slurm_gpu_exporter.gpu.job_errors import HealthBook
+from slurm_gpu_exporter.gpu.driver.integration import DeviceIntegrator
 from slurm_gpu_exporter.jobs.job import Job
 
 

@@ -2,7 +2,7 @@
 
 ``nvmlDeviceGetSamples`` and ``nvmlDeviceGetProcessUtilization`` return the
 samples newer than a ``lastSeenTimeStamp``. The device buffer is read whole (from
-0): how many samples it holds and its oldest tell its length (gpu/buffers.py), and
+0): how many samples it holds and its oldest tell its length (gpu/driver/buffers.py), and
 where none is newer than the cursor, its newest timestamp shows a cursor ahead of
 it: the driver's clock went back (a clock step, a driver reload), which the
 integrator then corrects instead of waiting for the clock to catch up. Process
@@ -25,7 +25,7 @@ def util_samples(handle: Any, since_us: int, errors: list[str]
     """(device samples newer than ``since_us``, oldest first; where there are none, the
     newest the driver holds; what the whole buffer holds), or None where the GPU has no
     utilization samples. One read of the whole buffer (from 0), which is how its length
-    is learned (gpu/buffers.py)."""
+    is learned (gpu/driver/buffers.py)."""
     samples = _device_samples_after(handle, 0, errors)
     if samples is None:
         return None

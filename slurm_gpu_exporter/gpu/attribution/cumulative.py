@@ -1,5 +1,5 @@
 """Deltas of a GPU's cumulative driver counters between two readings, with the last reading
-kept in the state dir so that a restart of the agent loses nothing (as gpu/energy.py does
+kept in the state dir so that a restart of the agent loses nothing (as energy.py does
 for energy): violation nanoseconds by reason, remapped rows, PCIe replays, NVLink errors.
 
 A saved reading is good for the same GPU (UUID), boot and driver version; a counter

@@ -1,12 +1,12 @@
 """Errors that hit a job's GPU while the job held it: Xid events, volatile ECC errors,
 remapped rows, PCIe replays and NVLink errors, as per-job counters.
 
-Device counters are cumulative: each interval's delta (gpu/cumulative.py, kept in the
+Device counters are cumulative: each interval's delta (gpu/attribution/cumulative.py, kept in the
 state dir across restarts) goes to every job holding the GPU or one of its MIG
 instances at the poll that reads it. Xid events come from the Xid thread with the
 wall time they were seen (gpu/polling.XidCounts): an event goes to the jobs holding
 the GPU at the next poll that started before it, so a job that comes after an event
-never gets it. Throttled time (gpu/throttle.py) is handed out the same way.
+never gets it. Throttled time (gpu/attribution/throttle.py) is handed out the same way.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from slurm_gpu_exporter.gpu.attribution.counters import JobGpuCounters
+from slurm_gpu_exporter.gpu.attribution.cumulative import CumulativeReadings
+from slurm_gpu_exporter.gpu.attribution.throttle import ThrottleBook
 from slurm_gpu_exporter.gpu.backend import DeviceReading
-from slurm_gpu_exporter.gpu.counters import JobGpuCounters
-from slurm_gpu_exporter.gpu.cumulative import CumulativeReadings
 from slurm_gpu_exporter.gpu.polling import XidCounts
-from slurm_gpu_exporter.gpu.throttle import ThrottleBook
 from slurm_gpu_exporter.jobs.job import Job
 
 

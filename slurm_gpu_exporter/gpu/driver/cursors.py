@@ -1,7 +1,7 @@
 """Where each GPU's driver sample buffers have been read up to, on the driver's own clocks.
 
 Timestamps stay the driver's (they go back to it as ``lastSeenTimeStamp``); what
-clock each call is on is kept beside them (gpu/clocks.py). Process samples get a
+clock each call is on is kept beside them (gpu/driver/clocks.py). Process samples get a
 cursor per process: drivers hand out one sample per process per read, each with
 its own, sometimes seconds-old timestamp, so one cursor at the newest would skip
 the next sample of every process that lags behind it.

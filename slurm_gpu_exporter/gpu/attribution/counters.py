@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_gpu_exporter.gpu.integration import held_seconds
-from slurm_gpu_exporter.gpu.shares import UNATTRIBUTED, user_shares
-from slurm_gpu_exporter.gpu.usage import Usage
+from slurm_gpu_exporter.gpu.attribution.shares import UNATTRIBUTED, user_shares
+from slurm_gpu_exporter.gpu.attribution.usage import Usage
+from slurm_gpu_exporter.gpu.driver.integration import held_seconds
 from slurm_gpu_exporter.jobs.job import Job
 
 JobKey = tuple[str, float | None]  # (job id, start time): a requeued job is a new run
@@ -43,7 +43,7 @@ class JobGpuCounters:
     processes: int = 0
     activity: dict[str, float] = field(default_factory=dict)  # GPM activity seconds by name
     unknown: float = 0.0  # seconds held where the driver's samples may have been lost
-    # What slowed or hit the GPU while held (gpu/job_errors.py): "throttle:power" seconds,
+    # What slowed or hit the GPU while held (job_errors.py): "throttle:power" seconds,
     # "xid:79", "ecc:corrected", ... counts; and when each Xid code was last seen.
     health: dict[str, float] = field(default_factory=dict)
     xid_last: dict[str, float] = field(default_factory=dict)
@@ -83,7 +83,7 @@ class JobGpuCounters:
         self.processes = processes
 
     def add_activity(self, seconds: Mapping[str, float]) -> None:
-        """Add one GPM interval's activity seconds (see gpu/activity.py)."""
+        """Add one GPM interval's activity seconds (see gpu/attribution/activity.py)."""
         for name, amount in seconds.items():
             self.activity[name] = self.activity.get(name, 0.0) + amount
 

@@ -17,17 +17,17 @@ from typing import Any
 
 import pynvml
 
-from slurm_gpu_exporter.gpu import nvml_samples
 from slurm_gpu_exporter.gpu.backend import (
     BufferRead,
     DeviceReading,
     GpuUnavailable,
     XidEvent,
 )
-from slurm_gpu_exporter.gpu.clocks import HostClocks
-from slurm_gpu_exporter.gpu.gpm import GpmReader
-from slurm_gpu_exporter.gpu.nvml_fields import Device, FieldReader, GpuLost, text
-from slurm_gpu_exporter.gpu.nvml_health import HealthReader
+from slurm_gpu_exporter.gpu.driver.clocks import HostClocks
+from slurm_gpu_exporter.gpu.nvml import sample_buffers
+from slurm_gpu_exporter.gpu.nvml.fields import Device, FieldReader, GpuLost, text
+from slurm_gpu_exporter.gpu.nvml.gpm import GpmReader
+from slurm_gpu_exporter.gpu.nvml.health import HealthReader
 
 log = logging.getLogger(__name__)
 
@@ -130,10 +130,10 @@ class NvmlBackend:
             gpm_ok, gpm, mig = self._gpm.read(d.index, d.uuid, d.handle, mig, errors)
             # nvml.h: no utilization samples on a MIG-enabled GPU, instances made or not.
             mig_on = f.mig_on.get(d.uuid, False)
-            util = None if mig_on else f.samples(d, "samples", nvml_samples.util_samples,
+            util = None if mig_on else f.samples(d, "samples", sample_buffers.util_samples,
                                                  cursor[0], errors)
             procs = None if mig_on else f.samples(d, "process_samples",
-                                                  nvml_samples.process_samples, cursor[1],
+                                                  sample_buffers.process_samples, cursor[1],
                                                   errors)
             clocks = HostClocks.now()  # right after the sample calls: what they compare with
             memory = f.memory(d.uuid, d.handle, errors)
@@ -188,7 +188,7 @@ class NvmlBackend:
         return True
 
     def read_buffers(self, cursors: dict[str, tuple[int, int]]) -> list[BufferRead]:
-        """The sample buffers alone of the GPUs in ``cursors`` (gpu/buffers.py); a GPU
+        """The sample buffers alone of the GPUs in ``cursors`` (gpu/driver/buffers.py); a GPU
         that fails here is left to the next poll, which reports it."""
         out = []
         for d in self._devices:
@@ -197,10 +197,10 @@ class NvmlBackend:
                 continue
             errors: list[str] = []
             try:
-                util = self._fields.samples(d, "samples", nvml_samples.util_samples_after,
+                util = self._fields.samples(d, "samples", sample_buffers.util_samples_after,
                                             cursor[0], errors)
                 procs = self._fields.samples(d, "process_samples",
-                                             nvml_samples.process_samples_after, cursor[1],
+                                             sample_buffers.process_samples_after, cursor[1],
                                              errors)
             except (GpuLost, pynvml.NVMLError):
                 continue

@@ -1,5 +1,5 @@
 """The per-GPU cursors into the driver's sample buffers and what each poll's samples add
-(the arithmetic of one run of samples: gpu/gaps.py; energy: gpu/energy.py).
+(the arithmetic of one run of samples: gpu/driver/gaps.py; energy: gpu/attribution/energy.py).
 
 Nothing here reads a device or a clock: every time comes in as an argument (the host
 clocks as a HostClocks), so each piece is tested on plain numbers.
@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_gpu_exporter.gpu.backend import BufferRead, DeviceReading, ProcessUtilSample, UtilSample
-from slurm_gpu_exporter.gpu.buffers import BufferReads
-from slurm_gpu_exporter.gpu.clocks import HostClocks, clock_of
-from slurm_gpu_exporter.gpu.cursors import SampleCursor
-from slurm_gpu_exporter.gpu.driver_events import DriverEvents
-from slurm_gpu_exporter.gpu.gaps import (
+from slurm_gpu_exporter.gpu.driver.buffers import BufferReads
+from slurm_gpu_exporter.gpu.driver.clocks import HostClocks, clock_of
+from slurm_gpu_exporter.gpu.driver.cursors import SampleCursor
+from slurm_gpu_exporter.gpu.driver.events import DriverEvents
+from slurm_gpu_exporter.gpu.driver.gaps import (
     DEFAULT_COVER_S,
     Integrated,
     cover_limit_us,
@@ -114,8 +114,8 @@ def dry_from_the_start(c: SampleCursor, host_now: float) -> float:
 
 class DeviceIntegrator:
     """Per GPU: the cursors into the driver's sample buffers, busy and unknown-time
-    totals, counts of what the driver's samples did (gpu/driver_events.py), and what
-    reads between two polls found (gpu/buffers.py).
+    totals, counts of what the driver's samples did (gpu/driver/events.py), and what
+    reads between two polls found (gpu/driver/buffers.py).
 
     Each driver sample newer than the cursor is integrated once, so a GPU's busy time
     is exact whatever the poll interval. A cursor ahead of every sample the driver

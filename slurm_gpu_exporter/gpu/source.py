@@ -1,20 +1,21 @@
 """The GPU sampler: attributes each poll's readings to jobs, and exports the totals.
 
 Busy time comes from the driver's own sample buffer: every sample newer than the
-last one seen is integrated once (gpu/integration.py), so a job's mean utilization
+last one seen is integrated once (gpu/driver/integration.py), so a job's mean utilization
 is exact whatever the scrape or sample interval. Per job run (job id and start
 time) and GPU, allocated seconds, busy seconds and energy are counters that start
-at 0 with the job and are saved in the state dir (gpu/counters.py), so a restart
+at 0 with the job and are saved in the state dir (gpu/attribution/counters.py), so a restart
 of the agent never lowers them. Allocated time is wall-clock time held; busy time
 and energy come from the driver, and a read that fails once leaves them where they
 were (the driver's counters are cumulative, so the next good read counts what was
-missed); so do throttled time and errors per job (gpu/throttle.py, gpu/job_errors.py).
-The last energy reading of each held GPU is saved too (gpu/energy.py): the first
+missed); so do throttled time and errors per job (gpu/attribution/throttle.py,
+gpu/attribution/job_errors.py).
+The last energy reading of each held GPU is saved too (gpu/attribution/energy.py): the first
 reading after a restart counts the energy used while the agent was down, for the jobs
 that held the GPU across that time. The backend itself is read in a worker thread
-(gpu/polling.py); who uses and holds each GPU comes from gpu/usage.py; GPM activity
-(SM, tensor, DRAM) is counted by gpu/activity.py, for the job that has a GPU or MIG
-instance to itself. What each reading adds to which job is gpu/attributor.py's part.
+(gpu/polling.py); who uses and holds each GPU comes from gpu/attribution/usage.py; GPM activity
+(SM, tensor, DRAM) is counted by gpu/attribution/activity.py, for the job that has a GPU or MIG
+instance to itself. What each reading adds to which job is gpu/attribution/attributor.py's part.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from slurm_gpu_exporter.exposition.snapshot import GpuSample, JobGpuSample, UnattributedSample
-from slurm_gpu_exporter.gpu.attributor import GpuAttributor, Poll
+from slurm_gpu_exporter.gpu.attribution.attributor import GpuAttributor, Poll
+from slurm_gpu_exporter.gpu.attribution.samples import job_gpu_samples
 from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuBackend
-from slurm_gpu_exporter.gpu.clocks import HostClocks
+from slurm_gpu_exporter.gpu.driver.clocks import HostClocks
 from slurm_gpu_exporter.gpu.polling import BackendLink
-from slurm_gpu_exporter.gpu.samples import job_gpu_samples
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.jobs.source import SampleContext, SourceDefaults
 from slurm_gpu_exporter.node.cgroup import CgroupFS
@@ -132,7 +133,7 @@ class GpuSampler(SourceDefaults):
         self.health.driver_seen(self.link.driver)
         if readings is None:
             # Down, or a read still in flight. Nothing is lost while the driver's buffers
-            # hold what the next read finds: its lateness decides (gpu/buffers.py), as for
+            # hold what the next read finds: its lateness decides (gpu/driver/buffers.py), as for
             # a stalled agent. A driver that comes back is a new init: cursors start over.
             self._last_part = self._frozen(jobs, now)
             return self._last_part
@@ -145,7 +146,7 @@ class GpuSampler(SourceDefaults):
 
     def buffer_read_interval(self) -> float | None:
         """Seconds between reads of the driver's sample buffers that keep them from
-        overrunning unseen (gpu/buffers.py); None where the backend cannot read them
+        overrunning unseen (gpu/driver/buffers.py); None where the backend cannot read them
         alone or no GPU has them."""
         if getattr(self.link.backend, "read_buffers", None) is None:
             return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pynvml
 
 from slurm_gpu_exporter.gpu.backend import HealthReading
-from slurm_gpu_exporter.gpu.nvml_fields import Device, FieldReader
+from slurm_gpu_exporter.gpu.nvml.fields import Device, FieldReader
 
 # gpu/throttle.REASONS in NVML's NVML_PERF_POLICY_* numbers (nvml.h).
 POLICIES = {"power": 0, "thermal": 1, "sync_boost": 2, "board_limit": 3,
@@ -50,7 +50,7 @@ class HealthReader:
         reasons = supported = None
         if not violations and all((d.uuid, f"violation_{r}") in f.unsupported for r in POLICIES):
             # No violation counters (NVML 13 deprecates the call): the current reasons
-            # are sampled instead (gpu/throttle.py), for the reasons the GPU reports.
+            # are sampled instead (gpu/attribution/throttle.py), for the reasons the GPU reports.
             if d.uuid not in self._supported_reasons:
                 self._supported_reasons[d.uuid] = f.field(
                     d.uuid, "clocks_event_reasons_supported",

@@ -27,9 +27,9 @@ from slurm_gpu_exporter.gpu.backend import (
     ProcessUtilSample,
     UtilSample,
 )
-from slurm_gpu_exporter.gpu.clocks import HostClocks
-from slurm_gpu_exporter.gpu.cursors import SampleCursor
-from slurm_gpu_exporter.gpu.gaps import cover_limit_us
+from slurm_gpu_exporter.gpu.driver.clocks import HostClocks
+from slurm_gpu_exporter.gpu.driver.cursors import SampleCursor
+from slurm_gpu_exporter.gpu.driver.gaps import cover_limit_us
 
 # The span a buffer is taken to hold until it is seen full (the fake's 120 samples at
 # 1/6 s; measure a real GPU's with scripts/gpu-check --probe).
@@ -128,7 +128,7 @@ def host_seconds(at: HostClocks) -> float:
 
 
 class BufferReads:
-    """Every GPU's BufferStash, against the integrator's cursors (gpu/cursors.py)."""
+    """Every GPU's BufferStash, against the integrator's cursors (gpu/driver/cursors.py)."""
 
     def __init__(self) -> None:
         self.stashes: dict[str, BufferStash] = {}
