@@ -2,7 +2,8 @@
 
 This module names every metric family of the agent but one kind: the training
 relay's ``slurm_job_training_*`` families, which ``training_relay/store.py`` builds
-from what jobs send and the snapshot carries as they are. ``exposition/rendered.py``
+from what jobs send and the snapshot carries as they are (among them
+``JOB_MLFLOW_RUN_INFO``, named here, which the relay checks and renames). ``exposition/rendered.py``
 turns the families into the bodies a scrape is served.
 """
 
@@ -17,6 +18,9 @@ from prometheus_client.registry import Collector
 from slurm_gpu_exporter import __version__
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
 
+# The MLflow runs a job's script had active, as the training relay shows what the
+# client pushes as slurm_job_training_mlflow_run_info (training_relay/payload.py).
+JOB_MLFLOW_RUN_INFO = "slurm_job_mlflow_run_info"
 JOB_LABELS = ["jobid", "user"]
 JOB_GPU_LABELS = ["jobid", "user", "gpu", "uuid"]
 GPU_LABELS = ["gpu", "uuid"]

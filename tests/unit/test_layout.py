@@ -70,7 +70,8 @@ MAY_IMPORT: dict[str, set[str]] = {
               "munge_audience"},
     # MailProg: runs slurm-gpu-report as a command, imports none of it
     "mail": {"model"},
-    "training": set(),  # the client library jobs import: stdlib and prometheus-client
+    "training": {"training_mlflow"},  # the client jobs import: stdlib, prometheus-client
+    "training_mlflow": set(),  # its MLflow side, loaded where the script uses mlflow
     # what a munge credential for the proxy names: made by report.cli, checked by proxy
     "munge_audience": set(),
 }
