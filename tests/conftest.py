@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 # Markers that name a real component: each means the test starts that component.
-COMPONENT_MARKERS = ("slurm", "prometheus", "fakenvml")
+COMPONENT_MARKERS = ("slurm", "prometheus", "fakenvml", "mlflow")
 # Fixtures that start processes or daemons for the tests that use them.
 PROCESS_FIXTURES = frozenset({"slurm_cluster", "stack", "senders"})
 

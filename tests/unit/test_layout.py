@@ -61,9 +61,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     "report.remediate": {"model", "report", "report.prometheus", "report.slurm", "web"},
     # top: one running job now (its queries) and its frame (text, no I/O)
     "report.top": {"model", "report", "report.figures", "report.prometheus", "report.render"},
+    # mlflow: ended jobs' figures into the MLflow runs that name them (its REST API)
+    "report.mlflow": {"model", "report", "report.figures", "report.prometheus"},
     "report.cli": {TOP, "model", "web", "munge_audience", "report", "report.figures",
                    "report.prometheus", "report.slurm", "report.render", "report.notify",
-                   "report.archive", "report.enforce", "report.remediate", "report.top"},
+                   "report.archive", "report.enforce", "report.remediate", "report.top",
+                   "report.mlflow"},
     # only web.config, and the job archive (with the figures it returns and its one
     # exception) inside functions, for --archive.url: tests/proxy/test_boundary.py
     "proxy": {TOP, "model", "web", "report", "report.figures", "report.archive",
