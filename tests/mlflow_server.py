@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import subprocess
+import tempfile
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ START_TIMEOUT_S = 120
 def mlflow_python() -> Path:
     """The venv's python, the venv made first where it is missing (one maker at a time)."""
     python = VENV / "bin" / "python"
-    with open(f"{VENV}.lock", "w") as lock:
+    with open(os.path.join(tempfile.gettempdir(), "sge-mlflow-venv.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (VENV / ".installed").exists():
             made = subprocess.run([str(SETUP)], capture_output=True, text=True, timeout=900,
