@@ -28,14 +28,19 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from slurm_gpu_exporter.training_mlflow import RunWatch
 
 __all__ = ["close", "gauge", "relay", "socket_path", "stats", "step"]
 
@@ -140,6 +145,7 @@ class _Sender:
         self.path = path
         self.interval = interval
         self.sources: list[CollectorRegistry] = []
+        self.before_push: Callable[[], None] | None = None  # tagging MLflow runs
         self.stats = Stats()
         self._sock: socket.socket | None = None
         self._warned_size = False
@@ -172,6 +178,8 @@ class _Sender:
             self._wake.wait(self.interval)
             self._wake.clear()
             try:
+                if self.before_push is not None:
+                    self.before_push()
                 self.push_all()
             except Exception:  # never let the thread die: the next push may work
                 self.stats.errors += 1
@@ -236,6 +244,8 @@ _lock = threading.Lock()
 _sender: _Sender | None = None
 _progress: _Progress | None = None
 _progress_registry: CollectorRegistry | None = None
+_mlflow_runs: RunWatch | None = None
+_mlflow_registry: CollectorRegistry | None = None
 _exiting = False  # after the exit hook, nothing starts a thread again
 
 
@@ -263,8 +273,34 @@ def relay(registry: CollectorRegistry = REGISTRY, interval: float = DEFAULT_INTE
     try:
         with _lock:
             _ensure_sender(interval, path).add(registry)
+        _watch_mlflow()
     except Exception:
         pass
+
+
+def _watch_mlflow() -> None:
+    """Tie an active MLflow run to the job (training_mlflow.py); a dict look-up where
+    the script does not use mlflow."""
+    global _mlflow_runs, _mlflow_registry
+    if "mlflow" not in sys.modules:
+        return
+    with _lock:
+        if _mlflow_runs is None:
+            from slurm_gpu_exporter.training_mlflow import RunWatch
+
+            _mlflow_runs = RunWatch()
+            _mlflow_registry = CollectorRegistry(auto_describe=False)
+            _mlflow_registry.register(_mlflow_runs)
+        runs, registry = _mlflow_runs, _mlflow_registry
+    assert registry is not None
+    new = runs.observe()
+    sender = _sender
+    # (Again) after close(): a new sender thread shows the runs seen before too.
+    if new or (runs.seen and sender is not None and sender.before_push is None):
+        with _lock:
+            sender = _ensure_sender(None, None)
+            sender.before_push = runs.tag_new_runs
+            sender.add(registry)
 
 
 def _ensure_progress() -> _Progress:
@@ -292,6 +328,7 @@ def step(n: float = 1, *, samples: float | None = None, loss: float | None = Non
     """
     try:
         _ensure_progress().step(float(n), _number(samples), _number(loss), _number(lr))
+        _watch_mlflow()
     except Exception:
         pass
 
@@ -329,13 +366,15 @@ def close(timeout: float = EXIT_FLUSH_SECONDS) -> None:
 def _after_fork_in_child() -> None:
     # A forked child (a DataLoader worker) has no sender thread; it starts its own if
     # it publishes, never reusing the parent's connection.
-    global _lock, _sender, _progress, _progress_registry
+    global _lock, _sender, _progress, _progress_registry, _mlflow_runs, _mlflow_registry
     if _sender is not None:
         _sender.close_socket()
     _lock = threading.Lock()
     _sender = None
     _progress = None
     _progress_registry = None
+    _mlflow_runs = None
+    _mlflow_registry = None
 
 
 def _at_exit() -> None:

@@ -20,7 +20,7 @@ from tests.support import require
 from tests.support.slurmcluster import SlurmCluster, unavailable_reason
 
 # Markers that name a real component: each means the test starts that component.
-COMPONENT_MARKERS = ("slurm", "prometheus", "fakenvml")
+COMPONENT_MARKERS = ("slurm", "prometheus", "fakenvml", "mlflow")
 # Fixtures that start processes or daemons for the tests that use them.
 PROCESS_FIXTURES = frozenset({"slurm_cluster", "stack", "senders"})
 

@@ -67,15 +67,19 @@ MAY_IMPORT: dict[str, set[str]] = {
     "report.remediate": {"model", "report", "report.prometheus", "report.slurm", "web"},
     # top: one running job now (its queries) and its frame (text, no I/O)
     "report.top": {"model", "report", "report.figures", "report.prometheus", "report.render"},
+    # mlflow: ended jobs' figures into the MLflow runs that name them (its REST API)
+    "report.mlflow": {"model", "report", "report.figures", "report.prometheus"},
     "report.cli": {TOP, "model", "web", "report", "report.figures",
                    "report.prometheus", "report.slurm", "report.render", "report.notify",
-                   "report.archive", "report.enforce", "report.remediate", "report.top"},
+                   "report.archive", "report.enforce", "report.remediate", "report.top",
+                   "report.mlflow"},
     # only web.config, and the job archive (with the figures it returns and its one
     # exception) inside functions, for --archive.url: tests/proxy/test_boundary.py
     "proxy": {TOP, "model", "web", "report", "report.figures", "report.archive"},
     # MailProg: runs slurm-gpu-report as a command, imports none of it
     "mail": {"model"},
-    "training": set(),  # the client library jobs import: stdlib and prometheus-client
+    "training": {"training_mlflow"},  # the client jobs import: stdlib, prometheus-client
+    "training_mlflow": set(),  # its MLflow side, loaded where the script uses mlflow
 }
 # Modules a layer may not import though their layer is allowed: the sampler publishes
 # snapshots through a callback and renders nothing (the web holder does); check takes

@@ -210,7 +210,10 @@ def job_dashboard() -> dict:
         "GPUs and the errors they reported, its CPU and memory against what it asked for, "
         "and the training progress its scripts publish.",
         [cluster_var(), var_query("jobid", "Job",
-                                  'label_values(slurm_job_info{cluster=~"$cluster"}, jobid)')],
+                                  'label_values(slurm_job_info{cluster=~"$cluster"}, jobid)'),
+         {"name": "mlflow", "label": "MLflow", "type": "textbox", "query": "", "hide": 0,
+          "current": {"text": "", "value": ""},
+          "description": "The MLflow tracking server's URL: the MLflow runs table links there"}],
         panels, time_from="now-3h", annotations=[xid_annotation()])
 
 
@@ -294,7 +297,28 @@ def training_row() -> list[Panel]:
         panel("timeseries", "Learning rate", [target(
             f"max by (instance) (slurm_job_training_learning_rate{{{JOB}}})",
             "{{instance}}")], 6, 8, "short"),
+        mlflow_runs(),
     ]
+
+
+def mlflow_runs() -> Panel:
+    """The MLflow runs the job's scripts had active (docs/training.md), each linked to
+    the run on the tracking server the dashboard's MLflow variable names."""
+    return panel("table", "MLflow runs", [target(
+        f"max by (run_id, experiment_id) "
+        f"(last_over_time(slurm_job_mlflow_run_info{{{JOB}}}[$__range]))", instant=True)],
+        24, 4, description="Runs of the job's scripts that logged to MLflow; the run is "
+        "tagged slurm.job_id, and slurm-gpu-report mlflow writes the job's figures into it "
+        "after the job ends. Set the MLflow variable to the tracking server's URL to link "
+        "each run.",
+        transformations=[{"id": "organize", "options": {
+            "excludeByName": {"Time": True, "Value": True}}}],
+        fieldConfig={"defaults": {}, "overrides": [
+            {"matcher": {"id": "byName", "options": "run_id"}, "properties": [
+                {"id": "links", "value": [{
+                    "title": "MLflow run ${__data.fields.run_id}",
+                    "url": "${mlflow}/#/experiments/${__data.fields.experiment_id}"
+                           "/runs/${__data.fields.run_id}", "targetBlank": True}]}]}]})
 
 
 def user_dashboard() -> dict:

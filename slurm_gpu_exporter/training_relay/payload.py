@@ -7,9 +7,17 @@ import re
 
 from prometheus_client.metrics_core import Metric
 
+from slurm_gpu_exporter.exposition.metrics import JOB_MLFLOW_RUN_INFO
 from slurm_gpu_exporter.training_relay.limits import RelayLimits
 
 PREFIX = "slurm_job_training_"
+# What the client pushes for its MLflow runs; shown as JOB_MLFLOW_RUN_INFO, its labels
+# held to MLflow's own id shapes (run ids are uuid4 hex, experiment ids are numbers).
+MLFLOW_RUN_PUSHED = PREFIX + "mlflow_run_info"
+MLFLOW_RUN_LABELS = frozenset({"run_id", "experiment_id"})
+MAX_MLFLOW_RUNS = 16
+_RUN_ID_RE = re.compile(r"[0-9a-f]{32}")
+_EXPERIMENT_ID_RE = re.compile(r"0|[1-9][0-9]{0,18}")
 # Labels the agent sets; a payload's own values for them are replaced, never trusted.
 IDENTITY_LABELS = ("jobid", "user")
 
@@ -55,6 +63,8 @@ def check_family(family: Metric, limits: RelayLimits, reasons: set[str]
     if len(name) > limits.max_name_length or not _METRIC_NAME_RE.fullmatch(name):
         reasons.add("labels")
         return None
+    if name == MLFLOW_RUN_PUSHED:
+        return _mlflow_runs(family, type_, reasons)
     samples: list[tuple[SeriesKey, float]] = []
     for sample in family.samples:
         suffix = sample.name[len(base):] if sample.name.startswith(base) else None
@@ -83,3 +93,27 @@ def _labels_ok(labels: dict[str, str], limits: RelayLimits, type_: str, suffix: 
     if type_ == "summary" and suffix == "":
         return "quantile" in labels
     return True
+
+
+def _mlflow_runs(family: Metric, type_: str, reasons: set[str]) -> CheckedFamily | None:
+    """The pushed MLflow runs as ``JOB_MLFLOW_RUN_INFO``: a gauge of value 1 whose
+    labels are exactly a run id and an experiment id of MLflow's shapes."""
+    if type_ not in ("gauge", "unknown"):
+        reasons.add("type")
+        return None
+    samples: list[tuple[SeriesKey, float]] = []
+    for sample in family.samples:
+        if sample.name != family.name:
+            continue
+        labels = {k: v for k, v in sample.labels.items() if k not in IDENTITY_LABELS}
+        if (labels.keys() != MLFLOW_RUN_LABELS or sample.value != 1
+                or not _RUN_ID_RE.fullmatch(labels["run_id"])
+                or not _EXPERIMENT_ID_RE.fullmatch(labels["experiment_id"])):
+            reasons.add("labels")
+            continue
+        if len(samples) >= MAX_MLFLOW_RUNS:
+            reasons.add("series")
+            break
+        samples.append(((JOB_MLFLOW_RUN_INFO, tuple(sorted(labels.items()))), 1.0))
+    return (JOB_MLFLOW_RUN_INFO, "gauge", "MLflow runs the job's script had active; value "
+            "is always 1.", samples)

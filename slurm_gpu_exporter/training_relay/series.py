@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric
 
+from slurm_gpu_exporter.exposition.metrics import JOB_MLFLOW_RUN_INFO
 from slurm_gpu_exporter.training_relay.limits import RelayLimits
 from slurm_gpu_exporter.training_relay.payload import PREFIX, CheckedFamily, SeriesKey
 
@@ -18,6 +19,7 @@ WELL_KNOWN_TYPES = {
     PREFIX + "loss": "gauge",
     PREFIX + "learning_rate": "gauge",
     PREFIX + "last_step_timestamp_seconds": "gauge",
+    JOB_MLFLOW_RUN_INFO: "gauge",
 }
 # A rough per-series overhead in bytes, so the byte budget counts small series too.
 _SERIES_OVERHEAD = 64

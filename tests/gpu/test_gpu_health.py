@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.exposition.metrics import health_families
+from slurm_gpu_exporter.exposition.gpu_metrics import health_families
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.gpu.attribution.cumulative import CumulativeReadings
 from slurm_gpu_exporter.gpu.attribution.throttle import ThrottleBook

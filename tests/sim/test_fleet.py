@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_gpu_exporter.exposition.metrics import GPU_LABELS, JOB_GPU_LABELS
+from slurm_gpu_exporter.exposition.families import GPU_LABELS, JOB_GPU_LABELS
 from slurm_gpu_exporter.exposition.rendered import Exposition
 from slurm_gpu_exporter.sim.fleet import FleetMix, slot_jobs, snapshot
 from slurm_gpu_exporter.sim.fleet_server import Fleet

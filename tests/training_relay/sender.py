@@ -14,6 +14,8 @@ Modes:
   raw KIND RATE SECONDS  send raw messages of KIND (small, big, series, badlabels,
                          garbage) at RATE per second for SECONDS, dropping what
                          would block
+  mlflow RUN_ID SECONDS  step() for SECONDS with a stand-in mlflow module whose run
+                         RUN_ID is active; reports the tags its client was given
 """
 
 from __future__ import annotations
@@ -154,6 +156,33 @@ def raw(path: str, kind: str, rate: float, seconds: float) -> None:
     sock.close()
 
 
+def with_mlflow_run(run_id: str, seconds: float) -> None:
+    """A stand-in for mlflow (what the client reads of it) with one active run."""
+    import types
+
+    tagged: list[dict[str, str]] = []
+    fake = types.ModuleType("mlflow")
+    run = types.SimpleNamespace(info=types.SimpleNamespace(run_id=run_id, experiment_id="7"))
+    fake.active_run = lambda: run  # type: ignore[attr-defined]
+    fake.entities = types.SimpleNamespace(  # type: ignore[attr-defined]
+        RunTag=lambda key, value: (key, value))
+
+    class Client:
+        def log_batch(self, run_id: str, tags: list[tuple[str, str]]) -> None:
+            tagged.append({"run_id": run_id, **dict(tags)})
+
+    fake.MlflowClient = Client  # type: ignore[attr-defined]
+    sys.modules["mlflow"] = fake
+    from slurm_gpu_exporter import training
+
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        training.step(1)
+        time.sleep(0.01)
+    training.close(2.0)
+    report.update(tagged=tagged)
+
+
 def main() -> None:
     sys.stdin.readline()
     mode = sys.argv[1]
@@ -169,6 +198,8 @@ def main() -> None:
         from slurm_gpu_exporter.training import socket_path
 
         raw(socket_path(), sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))
+    elif mode == "mlflow":
+        with_mlflow_run(sys.argv[2], float(sys.argv[3]))
     else:
         raise SystemExit(f"unknown mode {mode}")
 

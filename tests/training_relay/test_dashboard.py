@@ -43,11 +43,13 @@ def test_every_training_panel_of_the_job_dashboard_shows_the_jobs_progress(
         node: SynthNode, tmp_path: Path) -> None:
     tool("prometheus", package="prometheus")
     board = grafana.load(JOB_DASHBOARD)
-    training = [t for t in grafana.targets(board) if grafana.TRAINING in t.expr]
+    training = [t for t in grafana.targets(board) if grafana.relayed(t.expr)]
     assert {t.panel for t in training} == {
-        "Since the last step", "Loss", "Throughput", "Learning rate"}
+        "Since the last step", "Loss", "Throughput", "Learning rate", "MLflow runs"}
     sender = Sender(str(node.spool_dir), "client", "0.75", "60")
-    node.add_job(4242, [sender.pid], user="alice")
+    run = "0123456789abcdef0123456789abcdef"
+    mlflow = Sender(str(node.spool_dir), "mlflow", run, "60")  # a script with a run
+    node.add_job(4242, [sender.pid, mlflow.pid], user="alice")
     agent = Agent(node.agent_args(0.5), log_path=tmp_path / "agent.log")
     started = [agent]
     try:
@@ -57,7 +59,9 @@ def test_every_training_panel_of_the_job_dashboard_shows_the_jobs_progress(
         agent.wait_ready()
         prometheus.wait_ready()
         sender.go()
+        mlflow.go()
         first = prometheus.wait_for('slurm_job_training_steps_total{jobid="4242"}')
+        prometheus.wait_for(f'slurm_job_mlflow_run_info{{jobid="4242",run_id="{run}"}}')
         assert first[0]["metric"]["user"] == "alice"
         assert first[0]["metric"]["cluster"] == cluster
         # Rates over $__rate_interval (4 s) need a few scrapes.
@@ -69,5 +73,6 @@ def test_every_training_panel_of_the_job_dashboard_shows_the_jobs_progress(
         assert not empty, "\n".join(empty)
     finally:
         sender.kill()
+        mlflow.kill()
         for daemon in reversed(started):
             daemon.stop()

@@ -212,3 +212,19 @@ def test_too_long_socket_path_is_a_clear_error(tmp_path, jobs):
 def test_limits_are_a_frozen_value():
     with pytest.raises(dataclasses.FrozenInstanceError):
         RelayLimits().max_labels = 1  # type: ignore[misc]
+
+
+def test_a_scripts_mlflow_run_is_tagged_once_and_shown_with_the_jobs_identity(
+        relay, jobs, senders, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "101")
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "alpha")
+    run_id = "0123456789abcdef0123456789abcdef"
+    sender = senders("mlflow", run_id, "1.0")
+    jobs.by_pid[sender.pid] = ("101", "alice")
+    sender.go()
+    wait_until(lambda: series_of(relay, "slurm_job_mlflow_run_info"))
+    assert series_of(relay, "slurm_job_mlflow_run_info") == {
+        (("experiment_id", "7"), ("jobid", "101"), ("run_id", run_id), ("user", "alice")): 1}
+    report = sender.finish()
+    assert report["tagged"] == [{"run_id": run_id, "slurm.job_id": "101",
+                                 "slurm.cluster": "alpha", "slurm.figures": "pending"}]

@@ -203,8 +203,28 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--verbose", "-v", action="store_true",
                      help="log each query on stderr")
     sub.add_parser("default-config", help="print the default configuration (TOML)")
+    _add_mlflow_command(sub)
     _add_enforce_commands(sub)
     return parser
+
+
+def _add_mlflow_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``mlflow``: the ended jobs' figures into the MLflow runs that name them."""
+    mlflow = sub.add_parser(
+        "mlflow", help="write the figures of the jobs that ended in a window into the MLflow "
+                       "runs tagged with them (default --since 2h; once per run)")
+    mlflow.add_argument("--tracking-uri", metavar="URL",
+                        default=os.environ.get("MLFLOW_TRACKING_URI"),
+                        help="the MLflow tracking server (env MLFLOW_TRACKING_URI; "
+                             "credentials from MLFLOW_TRACKING_TOKEN or "
+                             "MLFLOW_TRACKING_USERNAME/PASSWORD)")
+    mlflow.add_argument("--mlflow-timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="seconds per request to the tracking server (default 30)")
+    mlflow.add_argument("--no-sacct", action="store_true",
+                        help="do not ask Slurm accounting for the jobs' state")
+    mlflow.add_argument("--dry-run", action="store_true",
+                        help="say what would be written, write nothing")
+    _common(mlflow, outputs=False)
 
 
 def _add_enforce_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -1,5 +1,6 @@
 """``slurm-gpu-report``: ``job JOBID…``, ``low-util`` and ``top JOBID`` from Prometheus;
-``archive`` into the job archive, and ``usage`` from it; ``enforce`` (warn, then cancel,
+``archive`` into the job archive, and ``usage`` from it; ``mlflow`` (ended jobs' figures
+into their MLflow runs); ``enforce`` (warn, then cancel,
 idle GPU jobs) and ``remediate`` (drain nodes on GPU faults).
 
 Every failure is one line on stderr and a non-zero exit status; an empty result
@@ -24,6 +25,7 @@ from slurm_gpu_exporter.report.cli.commands import (
     run_usage,
 )
 from slurm_gpu_exporter.report.cli.flags import build_parser, prometheus
+from slurm_gpu_exporter.report.cli.mlflow import run_mlflow
 from slurm_gpu_exporter.report.cli.remediate import run_remediate
 from slurm_gpu_exporter.report.cli.top import top_command
 from slurm_gpu_exporter.report.enforce.policy import DEFAULT_POLICY
@@ -79,7 +81,8 @@ def _report_command(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.command == "top":
         return top_command(args, config)
-    runners = {"job": run_job, "low-util": run_low_util, "archive": run_archive}
+    runners = {"job": run_job, "low-util": run_low_util, "archive": run_archive,
+               "mlflow": run_mlflow}
     return asyncio.run(runners[args.command](args, config, time.time()))
 
 

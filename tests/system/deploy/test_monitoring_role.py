@@ -292,6 +292,56 @@ def test_no_recipients_and_no_directory_switch_the_review_off(host: MonitoringHo
     assert (host.base / "srv" / "reviews").is_dir()  # the reviews written are the site's
 
 
+ARCHIVE_UNITS = ("slurm-gpu-report-archive.service", "slurm-gpu-report-archive.timer")
+
+
+def test_a_tracking_server_adds_the_mlflow_step_to_the_archive_run(host: MonitoringHost) -> None:
+    rc, out, recap = host.play(
+        slurm_gpu_monitoring_archive_mlflow_uri="https://mlflow.example.org:5000",
+        slurm_gpu_monitoring_archive_mlflow_args=["--cluster", "west"])
+    assert rc == 0 and recap["changed"] > 0, out[-4000:]
+    drop_in = host.systemd / "slurm-gpu-report-archive.service.d" / "mlflow.conf"
+    (line,) = [x for x in drop_in.read_text().splitlines() if x.startswith("ExecStart=")]
+    command, *words, site_args = line.removeprefix("ExecStart=").split()
+    assert command == "/opt/slurm-gpu-exporter/bin/slurm-gpu-report"
+    assert site_args == "$SLURM_GPU_REPORT_MLFLOW_ARGS"
+    from slurm_gpu_exporter.report.cli.flags import build_parser
+
+    args = build_parser().parse_args(words)
+    assert (args.command, args.since, args.tracking_uri, args.cluster) == (
+        "mlflow", "2h", "https://mlflow.example.org:5000", "west")
+    require(shutil.which("systemd-analyze") is not None, "systemd-analyze (Debian's systemd)")
+    verify = subprocess.run(["systemd-analyze", "verify",
+                             *(str(host.systemd / u) for u in ARCHIVE_UNITS)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    problems = [line for line in verify.stderr.splitlines()
+                if "slurm-gpu-" in line and "Command /opt/" not in line]
+    assert not problems, verify.stderr
+    rc, out, recap = host.play(
+        slurm_gpu_monitoring_archive_mlflow_uri="https://mlflow.example.org:5000",
+        slurm_gpu_monitoring_archive_mlflow_args=["--cluster", "west"])
+    assert rc == 0 and recap["changed"] == 0, out[-4000:]
+
+
+@pytest.mark.parametrize(("uri", "args"), [
+    ("mlflow.example.org", []),
+    ("https://mlflow.example.org/%h", []),
+    ("https://mlflow.example.org", ["--cluster", "west east"]),
+])
+def test_an_mlflow_setting_systemd_cannot_carry_is_refused(
+        host: MonitoringHost, uri: str, args: list[str]) -> None:
+    rc, out, _ = host.play(slurm_gpu_monitoring_archive_mlflow_uri=uri,
+                           slurm_gpu_monitoring_archive_mlflow_args=args)
+    assert rc != 0 and "cannot be passed through systemd" in out, out[-4000:]
+
+
+def test_no_tracking_server_removes_the_mlflow_step(host: MonitoringHost) -> None:
+    rc, out, _ = host.play()
+    assert rc == 0, out[-4000:]
+    assert not (host.systemd / "slurm-gpu-report-archive.service.d" / "mlflow.conf").exists()
+    assert (host.systemd / "slurm-gpu-report-archive.service").exists()
+
+
 def test_state_absent_removes_everything_it_wrote(host: MonitoringHost) -> None:
     rc, out, _ = host.play(slurm_gpu_monitoring_state="absent")
     assert rc == 0, out[-4000:]

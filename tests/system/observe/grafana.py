@@ -14,9 +14,16 @@ from pathlib import Path
 from tests.support.daemons import Prometheus
 
 LABEL_VALUES = re.compile(r"label_values\((?P<match>.+),\s*(?P<label>\w+)\)")
-# Series only a job's training script makes; tests/training_relay/test_dashboard.py checks the
-# panels that show them, against an agent whose job publishes.
+# Series only a job's training script makes (its progress, its MLflow runs);
+# tests/training_relay/test_dashboard.py checks the panels that show them, against an agent
+# whose job publishes.
 TRAINING = "slurm_job_training_"
+MLFLOW_RUNS = "slurm_job_mlflow_run_info"
+
+
+def relayed(expr: str) -> bool:
+    """Whether ``expr`` reads series only a job's training script makes."""
+    return TRAINING in expr or MLFLOW_RUNS in expr
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,61 @@
+"""A job's figures as MLflow metrics (``slurm.<figure>``) and tags. Pure: no I/O.
+
+The numbers are those of ``slurm-gpu-report job JOBID --format json`` (the same
+``JobDetail``), in base units: bytes, joules, grams, seconds. A figure the job does
+not have (SM activity without GPM, emissions without a factor) is left out, never 0.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+
+from slurm_gpu_exporter.report.figures.shapes import JobDetail
+
+PREFIX = "slurm."
+# A throttle reason as part of a metric's name: what MLflow keys allow, bounded.
+_REASON_RE = re.compile(r"[A-Za-z0-9_]{1,40}")
+
+
+def run_metrics(detail: JobDetail, throttled_s: Mapping[str, float] | None = None
+                ) -> dict[str, float]:
+    """The job's figures by metric name; ``throttled_s`` is the GPU-seconds the job's
+    GPUs were throttled, by reason, where the agent measures it."""
+    usage = detail.usage
+    figures: dict[str, float | None] = {
+        "gpus": usage.gpus,
+        "gpu_hours": usage.gpu_hours,
+        "gpu_busy_ratio": usage.busy_ratio,
+        "wasted_gpu_hours": usage.wasted_gpu_hours,
+        "idle_gpus": usage.idle_gpus,
+        "sm_active_ratio": usage.sm_active_ratio,
+        "tensor_active_ratio": usage.tensor_active_ratio,
+        "dram_active_ratio": usage.dram_active_ratio,
+        "gpu_memory_peak_bytes": usage.gpu_memory_peak,
+        "gpu_energy_joules": detail.energy_j,
+        "cpu_energy_joules": detail.cpu_energy_j,
+        "emissions_grams": detail.emissions_gco2e,
+        "run_time_seconds": detail.elapsed_s,
+        "cpu_efficiency_ratio": detail.cpu_efficiency,
+        "memory_peak_bytes": detail.memory_peak,
+        "unmeasured_gpu_hours": usage.unknown_s / 3600,
+    }
+    if throttled_s and usage.allocated_s > 0:
+        for reason, seconds in sorted(throttled_s.items()):
+            if _REASON_RE.fullmatch(reason):
+                figures[f"gpu_throttled_ratio.{reason}"] = min(1.0, seconds / usage.allocated_s)
+    return {PREFIX + name: float(value) for name, value in figures.items()
+            if value is not None and math.isfinite(value)}
+
+
+def run_tags(detail: JobDetail) -> dict[str, str]:
+    """What the job was, as tags beside its figures (the job's own words stay plain)."""
+    usage = detail.usage
+    tags = {"slurm.job": usage.shown, "slurm.user": usage.user, "slurm.account": usage.account,
+            "slurm.partition": usage.partition}
+    if detail.accounting and detail.accounting.state:
+        tags["slurm.state"] = detail.accounting.state
+    if detail.accounting and detail.accounting.exit_code:
+        tags["slurm.exit_code"] = detail.accounting.exit_code
+    return {k: v for k, v in tags.items() if v}

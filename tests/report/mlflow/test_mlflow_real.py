@@ -1,0 +1,237 @@
+"""``slurm-gpu-report mlflow`` for real: a real MLflow tracking server (SQLite store,
+from .venv-mlflow) and a real Prometheus holding known jobs (backfilled with promtool).
+The run of an ended job gets the figures ``job --format json`` shows, once; a run that
+claims another user's job gets nothing; runs of running, unknown or earlier jobs stay
+pending. The first run is made by the training client inside a script under the
+MLflow venv, as a training job makes it."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemons import REPO, Prometheus, tool
+from tests.support.mlflow_server import MlflowServer
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.mlflow]
+
+REPORT = str(Path(sys.executable).parent / "slurm-gpu-report")
+HOUR = 3600
+ME = getpass.getuser()  # the runs' MLflow user: the login name of who makes them
+FACTOR = 300.0  # gCO2e/kWh
+# jobid -> (user, GPUs, busy share, ended: hours before now, or None while running)
+JOBS = {
+    "8880001": (ME, 2, 0.6, 2),
+    "8880002": ("bob", 1, 0.9, 2),
+    "8880003": (ME, 1, 0.5, None),
+    "8880004": (ME, 1, 0.5, 10),
+}
+UNKNOWN_JOB = "8889999"
+
+TRAIN = """
+import json, sys, mlflow
+from slurm_gpu_exporter import training
+mlflow.set_tracking_uri(sys.argv[1])
+with mlflow.start_run() as run:
+    training.step(1, samples=32, loss=0.5)
+    training.close(5.0)
+print(json.dumps({"run_id": run.info.run_id}))
+"""
+
+
+def _openmetrics(start: int, now: int) -> str:
+    """Two hours of each job's series every 15 s, from ``start``."""
+    rows: dict[str, list[str]] = {}
+    for jobid, (user, gpus, busy, ended) in JOBS.items():
+        job = f'jobid="{jobid}",user="{user}",instance="gpu01:9817",job="slurm-gpu"'
+        for t in range(start, start + 2 * HOUR + 1, 15):
+            held = t - start
+            rows.setdefault("info", []).append(
+                f'slurm_job_info{{{job},account="ml",partition="gpu",name="train"}} 1 {t}')
+            rows.setdefault("start", []).append(
+                f"slurm_job_start_time_seconds{{{job}}} {start} {t}")
+            if ended is not None:
+                rows.setdefault("end", []).append(
+                    f"slurm_job_end_time_seconds{{{job}}} {now - ended * HOUR} {t}")
+            for gpu in range(gpus):
+                labels = f'{job},gpu="{gpu}",uuid="GPU-{jobid}-{gpu}"'
+                for key, value in (("alloc", held), ("busy", busy * held),
+                                   ("sm", 0.4 * held), ("tensor", 0.2 * held),
+                                   ("energy", 250.0 * held)):
+                    rows.setdefault(key, []).append(f"{_NAMES[key][0]}{{{labels}}} {value} {t}")
+                rows.setdefault("mem", []).append(
+                    f"slurm_job_gpu_memory_peak_bytes{{{labels}}} {(gpu + 1) * 2**30} {t}")
+                rows.setdefault("throttled", []).append(
+                    f'slurm_job_gpu_throttled_seconds_total{{{labels},reason="power"}} '
+                    f"{0.1 * held} {t}")
+    lines = []
+    for key, (name, kind) in _NAMES.items():
+        family = name.removesuffix("_total") if kind == "counter" else name
+        lines.append(f"# TYPE {family} {kind}")
+        lines.extend(rows[key])
+    return "\n".join(lines) + "\n# EOF\n"
+
+
+_NAMES = {
+    "info": ("slurm_job_info", "gauge"),
+    "start": ("slurm_job_start_time_seconds", "gauge"),
+    "end": ("slurm_job_end_time_seconds", "gauge"),
+    "alloc": ("slurm_job_gpu_allocated_seconds_total", "counter"),
+    "busy": ("slurm_job_gpu_busy_seconds_total", "counter"),
+    "sm": ("slurm_job_gpu_sm_active_seconds_total", "counter"),
+    "tensor": ("slurm_job_gpu_tensor_active_seconds_total", "counter"),
+    "energy": ("slurm_job_gpu_energy_joules_total", "counter"),
+    "mem": ("slurm_job_gpu_memory_peak_bytes", "gauge"),
+    "throttled": ("slurm_job_gpu_throttled_seconds_total", "counter"),
+}
+
+
+@dataclass
+class Rig:
+    prom: Prometheus
+    mlflow: MlflowServer
+    runs: dict[str, str]  # what each run claims -> its run id
+    config: Path
+
+
+def _create_run(mlflow: MlflowServer, user: str, tags: dict[str, str]) -> str:
+    """A run made through the REST API as ``user`` (MLflow believes what a client says)."""
+    run = mlflow.api("runs/create", {"experiment_id": "0", "user_id": user,
+                                     "start_time": int(time.time() * 1000),
+                                     "tags": [{"key": k, "value": v} for k, v in tags.items()]})
+    return str(run["run"]["info"]["run_id"])
+
+
+def _pending(jobid: str) -> dict[str, str]:
+    return {"slurm.job_id": jobid, "slurm.figures": "pending"}
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    work = tmp_path_factory.mktemp("mlflow-real")
+    now = int(time.time())
+    start = (now - 4 * HOUR) // 60 * 60
+    source = work / "backfill.om"
+    source.write_text(_openmetrics(start, now))
+    subprocess.run([tool("promtool", package="prometheus"), "tsdb", "create-blocks-from",
+                    "openmetrics", str(source), str(work / "prom" / "data")],
+                   check=True, capture_output=True, timeout=120)
+    mlflow = MlflowServer(work / "mlflow")  # starts while Prometheus loads the blocks
+    prom = Prometheus("prometheus", {"global": {"scrape_interval": "15s"},
+                                     "scrape_configs": []}, work / "prom")
+    try:
+        prom.wait_ready()
+        prom.wait_for('slurm_job_info{jobid="8880004"}[6h]', timeout=60)
+        mlflow.wait_ready()
+        trained = subprocess.run(
+            [str(mlflow.python), "-c", TRAIN, mlflow.url], capture_output=True, text=True,
+            timeout=120, check=True, cwd=work,
+            env={**os.environ, "PYTHONPATH": str(REPO), "SLURM_JOB_ID": "8880001",
+                 "SLURM_CLUSTER_NAME": "alpha", "SLURM_GPU_EXPORTER_SPOOL_DIR": str(work),
+                 "SLURM_GPU_DASHBOARD_URL": "https://grafana.example.org/d/job?orgId=1"})
+        runs = {"8880001": json.loads(trained.stdout.strip().splitlines()[-1])["run_id"]}
+        runs["bob's job"] = _create_run(mlflow, ME, _pending("8880002"))
+        for jobid in ("8880003", "8880004", UNKNOWN_JOB):
+            runs[jobid] = _create_run(mlflow, ME, _pending(jobid))
+        runs["untagged"] = _create_run(mlflow, ME, {})
+        config = work / "report.toml"
+        config.write_text(f"[energy]\nemissions_gco2e_per_kwh = {FACTOR}\n")
+        yield Rig(prom, mlflow, runs, config)
+    finally:
+        prom.stop()
+        mlflow.stop()
+
+
+def _report(rig: Rig, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([REPORT, *args, "--prometheus-url", rig.prom.url, "--no-sacct",
+                           "--config", str(rig.config)],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def _write(rig: Rig, *args: str) -> subprocess.CompletedProcess[str]:
+    done = _report(rig, "mlflow", "--tracking-uri", rig.mlflow.url, "--since", "6h", *args)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_the_training_client_tags_its_run_with_the_job(rig: Rig) -> None:
+    tags = rig.mlflow.run(rig.runs["8880001"])["tags"]
+    assert {k: v for k, v in tags.items() if k.startswith("slurm.")} == {
+        "slurm.job_id": "8880001", "slurm.cluster": "alpha", "slurm.figures": "pending",
+        "slurm.dashboard": "https://grafana.example.org/d/job?orgId=1&var-jobid=8880001"}
+
+
+def test_a_dry_run_says_what_it_would_write_and_writes_nothing(rig: Rig) -> None:
+    done = _write(rig, "--dry-run")
+    assert f"would wrote the job's figures into run {rig.runs['8880001']}" not in done.stdout
+    assert f"would write the job's figures into run {rig.runs['8880001']}" in done.stdout
+    assert "dry run: 1 runs given their job's figures, 1 refused" in done.stdout
+    for run_id in rig.runs.values():
+        assert rig.mlflow.run(run_id)["history"] == {}
+
+
+def test_the_ended_jobs_run_gets_the_job_reports_figures_once(rig: Rig) -> None:
+    done = _write(rig)
+    assert ("1 runs given their job's figures, 1 refused (another user's job), 3 left "
+            "pending; 5 pending runs looked at") in done.stdout, done.stdout
+    job = _report(rig, "job", "8880001", "--format", "json")
+    assert job.returncode == 0, job.stderr
+    [shown] = json.loads(job.stdout)["jobs"]
+    run = rig.mlflow.run(rig.runs["8880001"])
+    got = {k: v[-1]["value"] for k, v in run["history"].items()}
+    want = {
+        "slurm.gpu_hours": shown["gpu_hours"],
+        "slurm.gpu_busy_ratio": shown["busy_ratio"],
+        "slurm.sm_active_ratio": shown["sm_active_ratio"],
+        "slurm.tensor_active_ratio": shown["tensor_active_ratio"],
+        "slurm.gpu_memory_peak_bytes": shown["gpu_memory_peak_gib"] * 2**30,
+        "slurm.gpu_energy_joules": shown["energy_kwh"] * 3.6e6,
+        "slurm.emissions_grams": shown["emissions_gco2e"],
+        "slurm.gpus": shown["gpus"],
+        "slurm.idle_gpus": shown["idle_gpus"],
+        "slurm.run_time_seconds": shown["run_time_s"],
+    }
+    assert shown["busy_ratio"] == pytest.approx(0.6, rel=1e-3)  # the backfilled truth
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-9), key
+    assert got["slurm.gpu_throttled_ratio.power"] == pytest.approx(0.1, rel=1e-3)
+    assert run["tags"]["slurm.figures"] == "written"
+    assert run["tags"]["slurm.user"] == ME and run["tags"]["slurm.job"] == "8880001"
+
+    again = _write(rig)
+    assert "0 runs given their job's figures, 0 refused (another user's job), 3 left " \
+           "pending; 3 pending runs looked at" in again.stdout, again.stdout
+    history = rig.mlflow.run(rig.runs["8880001"])["history"]
+    assert {k: len(v) for k, v in history.items()} == dict.fromkeys(history, 1)
+
+
+def test_a_run_claiming_another_users_job_gets_nothing(rig: Rig) -> None:
+    _write(rig)
+    run = rig.mlflow.run(rig.runs["bob's job"])
+    assert run["history"] == {}
+    assert run["tags"]["slurm.figures"] == "refused"
+    assert run["tags"]["slurm.figures_refused"] == (
+        f"the run's user {ME} is not job 8880002's user bob")
+
+
+@pytest.mark.parametrize("jobid", ["8880003", "8880004", UNKNOWN_JOB])
+def test_runs_of_running_earlier_or_unknown_jobs_stay_pending(rig: Rig, jobid: str) -> None:
+    _write(rig)
+    run = rig.mlflow.run(rig.runs[jobid])
+    assert run["history"] == {} and run["tags"]["slurm.figures"] == "pending"
+
+
+def test_an_unreachable_tracking_server_is_one_line_and_exit_3(rig: Rig) -> None:
+    done = _report(rig, "mlflow", "--tracking-uri", "http://127.0.0.1:9", "--since", "6h")
+    assert done.returncode == 3
+    assert done.stderr.startswith("slurm-gpu-report: cannot reach MLflow at "
+                                  "http://127.0.0.1:9") and done.stderr.count("\n") == 1
