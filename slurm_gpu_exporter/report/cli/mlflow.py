@@ -30,7 +30,6 @@ from slurm_gpu_exporter.report.mlflow.runs import (
     pending_run,
     verdict,
 )
-from slurm_gpu_exporter.report.mlflow.throttled import fetch_throttled
 from slurm_gpu_exporter.report.mlflow.tracking import TrackingServer
 from slurm_gpu_exporter.report.prometheus.queries import Filters
 from slurm_gpu_exporter.report.slurm.accounting import sacct_accounting
@@ -57,14 +56,12 @@ async def run_mlflow(args: argparse.Namespace, config: Config, now: float) -> in
         runs = [r for r in map(pending_run, found) if r and for_cluster(r, args.cluster)]
         jobids = sorted({r.job_id for r in runs})
         details: dict[str, JobDetail] = {}
-        throttled: dict[str, dict[str, float]] = {}
         async with prometheus(args) as prom:
             for at in range(0, len(jobids), JOBS_PER_BATCH):
                 batch = jobids[at:at + JOBS_PER_BATCH]
                 got, _ = await job_report(prom, figures_window, batch, filters, config,
                                           accounting, now)
                 details.update((d.usage.jobid, d) for d in got)
-                throttled.update(await fetch_throttled(prom, figures_window, batch, filters))
             queries = prom.queries
         for run in runs:
             detail = details.get(run.job_id)
@@ -82,7 +79,7 @@ async def run_mlflow(args: argparse.Namespace, config: Config, now: float) -> in
                                                           TAG_REFUSED_WHY: said.why}, 0)
             else:
                 assert detail is not None
-                await _write(tracking, run, detail, throttled.get(run.job_id))
+                await _write(tracking, run, detail)
     print(f"{'dry run: ' if args.dry_run else ''}{done['write']} runs given their job's "
           f"figures, {done['refuse']} refused (another user's job), {done['wait']} left "
           f"pending; {len(runs)} pending runs looked at, {queries} PromQL queries, "
@@ -96,9 +93,8 @@ def _what(action: str, dry_run: bool) -> str:
     return {"write": "wrote the job's figures into", "refuse": "refused"}[action]
 
 
-async def _write(tracking: TrackingServer, run: PendingRun, detail: JobDetail,
-                 throttled: dict[str, float] | None) -> None:
+async def _write(tracking: TrackingServer, run: PendingRun, detail: JobDetail) -> None:
     """The figures and the marker in one request: a run has both or neither."""
     stamp_ms = int((detail.end or detail.now) * 1000)
-    await tracking.log_batch(run.run_id, run_metrics(detail, throttled),
+    await tracking.log_batch(run.run_id, run_metrics(detail),
                              {**run_tags(detail), TAG_FIGURES: WRITTEN}, stamp_ms)

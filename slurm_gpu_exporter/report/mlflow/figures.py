@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
 
 from slurm_gpu_exporter.report.figures.shapes import JobDetail
 
@@ -18,11 +17,22 @@ PREFIX = "slurm."
 _REASON_RE = re.compile(r"[A-Za-z0-9_]{1,40}")
 
 
-def run_metrics(detail: JobDetail, throttled_s: Mapping[str, float] | None = None
-                ) -> dict[str, float]:
-    """The job's figures by metric name; ``throttled_s`` is the GPU-seconds the job's
-    GPUs were throttled, by reason, where the agent measures it."""
+def throttled_seconds(detail: JobDetail) -> dict[str, float]:
+    """GPU-seconds the job's GPUs were throttled, by reason, summed over its GPUs (the
+    report's own per-GPU figures; empty where the agent does not measure it)."""
+    total: dict[str, float] = {}
+    for node in detail.nodes:
+        for gpu in node.gpus:
+            for t in gpu.throttled:
+                total[t.reason] = total.get(t.reason, 0.0) + t.seconds
+    return total
+
+
+def run_metrics(detail: JobDetail) -> dict[str, float]:
+    """The job's figures by metric name, with the throttled share of the GPU-hours by
+    reason where the agent measures it."""
     usage = detail.usage
+    throttled_s = throttled_seconds(detail)
     figures: dict[str, float | None] = {
         "gpus": usage.gpus,
         "gpu_hours": usage.gpu_hours,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from slurm_gpu_exporter.report.figures.gpu_events import Throttle
 from slurm_gpu_exporter.report.figures.shapes import GpuDetail, JobDetail, JobUsage, NodeDetail
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.mlflow.figures import run_metrics
@@ -76,7 +77,11 @@ def test_with_cluster_only_the_runs_naming_it_are_taken():
 
 
 def test_metrics_are_the_job_figures_in_base_units_and_unknown_ones_left_out():
-    metrics = run_metrics(_detail(), {"power": 720.0, "bad reason!": 1.0})
+    detail = _detail()
+    # The report's own per-GPU throttle figures, summed over the GPUs: 720 of 7200 s.
+    detail.nodes[0].gpus[0].throttled = [Throttle("power", 500.0), Throttle("bad reason!", 1.0)]
+    detail.nodes[0].gpus[1].throttled = [Throttle("power", 220.0)]
+    metrics = run_metrics(detail)
     assert metrics["slurm.gpu_hours"] == 2.0
     assert metrics["slurm.gpu_busy_ratio"] == 0.5
     assert metrics["slurm.gpu_memory_peak_bytes"] == 2.0**30
