@@ -27,6 +27,6 @@ def test_training_rules_are_valid():
 
 
 def test_training_alerts_fire_on_one_side_of_each_threshold_only():
-    result = _promtool("test", "rules", "rule-tests/training_relay.test.yml")
+    result = _promtool("test", "rules", "rule-tests/training.test.yml")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout

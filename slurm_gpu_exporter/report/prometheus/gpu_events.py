@@ -71,9 +71,11 @@ def gpu_events(now: list[Sample], before: list[Sample]
         if event == "throttled":
             throttled.append(Throttle(detail, amount))
         elif amount > 0:
+            last = got.get((gkey, "xid_last", detail)) if event == "xid" else None
+            # To the millisecond: a long-term store keeps fewer bits of a Unix time than
+            # Prometheus, and the archive must hold the same row from either.
             faults.append(GpuFault(event, detail, amount,
-                                   got.get((gkey, "xid_last", detail)) if event == "xid"
-                                   else None))
+                                   None if last is None else round(last, 3)))
     for _, faults in out.values():  # Xids first, as the reports list them
         faults.sort(key=lambda f: (FAULT_KINDS.index(f.kind), f.detail))
     return out

@@ -51,6 +51,14 @@ def test_the_events_answer_is_read_per_gpu_with_the_baseline_subtracted() -> Non
     assert faults == [GpuFault("xid", "79", 2.0, XID_AT), GpuFault("ecc", "uncorrected", 2.0)]
 
 
+def test_an_xids_time_is_kept_to_the_millisecond_whichever_store_answered() -> None:
+    # Prometheus and VictoriaMetrics answer the same stamp in their last bits apart.
+    for answered in (1_796_454_626.7314324, 1_796_454_626.7314322):
+        now = [_s("xid", 1.0, xid="79"), _s("xid_last", answered, xid="79")]
+        ((_, (_, faults)),) = gpu_events(now, []).items()
+        assert faults == [GpuFault("xid", "79", 1.0, 1_796_454_626.731)]
+
+
 def test_the_events_are_one_query_of_each_report_whatever_the_jobs() -> None:
     window = Window(XID_AT - 86400, XID_AT)
     one, many = job_queries(window, ["7"], Filters()), job_queries(window, ["7", "8", "9"],
