@@ -154,7 +154,9 @@ def chain(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                              f"job {jobid}'s sleep")
             devices[gpu].processes = [Process(pid, 2 << 30, sm=Pattern.constant(100))]
         fake.write(state)
-        prom.wait_for(f'{THROTTLED}{{jobid="{capped}",reason="power"}} > 1', timeout=30)
+        # Mid-job: both jobs counted for a while (not waiting on what the tests check).
+        prom.wait_for(f'{ALLOCATED}{{jobid=~"{capped}|{plain}"}} > 5', timeout=30,
+                      min_results=2)
         # Injected well inside a minute, so that the minute the agent stamps it with (a
         # moment later) is the one written here.
         wait_until(lambda: time.gmtime().tm_sec <= 50, 15, "a time well inside a minute")
