@@ -54,6 +54,7 @@ class Chain:
     prom: Prometheus
     capped: int  # job 1, on GPU 0
     plain: int  # job 2, on GPU 1
+    busy_from: float  # wall time the fake was told both jobs' processes run at 100 %
     xid_at: float  # wall time just before the Xid was written into the fake's state
     accounted: dict[str, dict[str, str]]  # sacct's rows of both jobs
     inbox: Path
@@ -154,6 +155,7 @@ def chain(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
                              f"job {jobid}'s sleep")
             devices[gpu].processes = [Process(pid, 2 << 30, sm=Pattern.constant(100))]
         fake.write(state)
+        busy_from = time.time()
         # Mid-job: both jobs counted for a while (not waiting on what the tests check).
         prom.wait_for(f'{ALLOCATED}{{jobid=~"{capped}|{plain}"}} > 5', timeout=30,
                       min_results=2)
@@ -173,7 +175,8 @@ def chain(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
             final = _agent_value(agent, ALLOCATED, jobid=str(jobid))
             wait_until(lambda j=jobid, f=final: _prom_value(
                 prom, f'{ALLOCATED}{{jobid="{j}"}}') == f, 15, f"job {jobid}'s last count")
-        yield Chain(slurm_cluster, prom, capped, plain, xid_at, accounted, inbox, mail_log)
+        yield Chain(slurm_cluster, prom, capped, plain, busy_from, xid_at, accounted, inbox,
+                    mail_log)
     finally:
         slurm_cluster.mail_hook.unlink(missing_ok=True)
         for jobid in jobs:
@@ -265,8 +268,12 @@ def test_the_job_dashboards_throttle_and_xid_panels_show_the_capped_job(
 
     capped = shown(throttle, chain.capped, "reason")
     assert capped.keys() == {"0:power", "0:thermal"}, capped
-    # The share of its busy time: GPU 0 was busy from a moment after the start.
-    assert capped["0:power"] == pytest.approx(SHARE, abs=0.05) and capped["0:thermal"] == 0
+    # The share of its busy time: GPU 0 was busy from busy_from to the job's end (sacct's
+    # whole seconds: a few points of slack on 40 s).
+    end_s = _slurm_time(chain.accounted[str(chain.capped)]["End"])
+    truth = SHARE * chain.held_s(chain.capped) / (end_s - chain.busy_from)
+    print(f"\nthe throttle panel: power {capped['0:power']:.4f} of busy time, truth {truth:.4f}")
+    assert capped["0:power"] == pytest.approx(truth, abs=0.04) and capped["0:thermal"] == 0
     assert shown(throttle, chain.plain, "reason") == {"1:power": 0.0, "1:thermal": 0.0}
     (at,) = shown(xid_last, chain.capped, "xid").items()
     assert at[0] == f"0:{XID}" and chain.xid_at * 1000 <= at[1] <= (chain.xid_at + 5) * 1000
