@@ -222,3 +222,30 @@ def test_throttle_and_error_families_only_where_a_gpu_has_them(
                      "slurm_gpu_pcie_replays", "slurm_gpu_sm_clock_hertz",
                      "slurm_gpu_sm_clock_max_hertz"}
     assert list(health_families(Snapshot(0.0))) == []
+
+
+def test_the_reasons_and_counters_are_nvmls_own_numbers() -> None:
+    """Each reason and counter read by the number nvidia-ml-py gives it (a swapped pair
+    would count thermal time as power time, and only a real-process test would see it)."""
+    import pynvml
+
+    from slurm_gpu_exporter.gpu.nvml import health
+
+    assert health.POLICIES == {
+        "power": pynvml.NVML_PERF_POLICY_POWER, "thermal": pynvml.NVML_PERF_POLICY_THERMAL,
+        "sync_boost": pynvml.NVML_PERF_POLICY_SYNC_BOOST,
+        "board_limit": pynvml.NVML_PERF_POLICY_BOARD_LIMIT,
+        "low_utilization": pynvml.NVML_PERF_POLICY_LOW_UTILIZATION,
+        "reliability": pynvml.NVML_PERF_POLICY_RELIABILITY,
+        "app_clocks": pynvml.NVML_PERF_POLICY_TOTAL_APP_CLOCKS,
+        "base_clocks": pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS}
+    assert health.NVLINK_COUNTERS == {
+        "replay": pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+        "recovery": pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+        "crc_flit": pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+        "crc_data": pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA}
+    assert health.NVLINK_TOTAL_FIELDS == {
+        "replay": pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+        "recovery": pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+        "crc_flit": pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+        "crc_data": pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL}

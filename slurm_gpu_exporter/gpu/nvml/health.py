@@ -18,7 +18,7 @@ import pynvml
 from slurm_gpu_exporter.gpu.backend import HealthReading
 from slurm_gpu_exporter.gpu.nvml.fields import Device, FieldReader
 
-# gpu/throttle.REASONS in NVML's NVML_PERF_POLICY_* numbers (nvml.h).
+# gpu/attribution/throttle.REASONS in NVML's NVML_PERF_POLICY_* numbers (nvml.h).
 POLICIES = {"power": 0, "thermal": 1, "sync_boost": 2, "board_limit": 3,
             "low_utilization": 4, "reliability": 5, "app_clocks": 10, "base_clocks": 11}
 # NVML_NVLINK_ERROR_DL_*: the counters exported, by the `kind` label; and the
