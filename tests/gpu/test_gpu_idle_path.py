@@ -30,7 +30,7 @@ def pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
          ) -> Iterator[tuple[tuple[FakeBackend, GpuSampler], tuple[FakeBackend, GpuSampler]]]:
     fast, full = make(tmp_path), make(tmp_path)
     # The reference takes the full path for every GPU.
-    monkeypatch.setattr(full[1].attribution, "is_idle", lambda *a: False)
+    monkeypatch.setattr(full[1].attribution, "idle_check", lambda *a: False)
     yield fast, full
     fast[1].close()
     full[1].close()

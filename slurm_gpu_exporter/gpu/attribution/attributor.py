@@ -65,8 +65,25 @@ def _to_users(target: GpuTarget, usage: Usage, poll: Poll,
             target.gpu, target.uuid, user, n, mem, (user_busy or {}).get(user)))
 
 
+def is_idle(reading: DeviceReading, holders: list[str], process_samples: object) -> bool:
+    """No job holds the GPU and no process uses it (nor has samples on it)."""
+    return not (reading.mig or holders or reading.processes or process_samples)
+
+
+def _idle_gpu(a: GpuAttributor, reading: DeviceReading) -> None:
+    """A GPU no job holds and no process uses: its own totals only. What the full path
+    would give its jobs and users is nothing, so none of that work is done (an idle
+    node's sample: the device series alone)."""
+    a.energy.hold(reading.uuid, False)
+    a.health.hold(reading.uuid, False)
+    a.activity.add(reading.uuid, reading.gpm)
+    a.idle_polls += 1
+
+
 class GpuAttributor:
     """The per-GPU half of the GPU sampler: what each reading adds to which job."""
+
+    idle_check = staticmethod(is_idle)  # tests replace it: the full path for every GPU
 
     def __init__(self, proc_root: Path, xids: XidCounts) -> None:
         self.users = UsageReader(proc_root)
@@ -89,8 +106,8 @@ class GpuAttributor:
         energy = self.energy.delta(reading, poll.now)
         health = self.health.interval(reading, poll.now)
         holders = [] if reading.mig else self.users.holders(parent, poll.running)
-        if self.is_idle(reading, holders, figures.process_samples):
-            self._idle_gpu(reading)
+        if self.idle_check(reading, holders, figures.process_samples):
+            _idle_gpu(self, reading)
             poll.devices.append(self.device_sample(
                 reading, busy, (busy / window) if busy is not None and window else None))
             return
@@ -142,20 +159,6 @@ class GpuAttributor:
         poll.devices.append(self.device_sample(
             reading, busy, (busy / window) if busy is not None and window else None,
             usage.unattributed))
-
-    @staticmethod
-    def is_idle(reading: DeviceReading, holders: list[str], process_samples: object) -> bool:
-        """No job holds the GPU and no process uses it (nor has samples on it)."""
-        return not (reading.mig or holders or reading.processes or process_samples)
-
-    def _idle_gpu(self, reading: DeviceReading) -> None:
-        """A GPU no job holds and no process uses: its own totals only. What the full path
-        would give its jobs and users is nothing, so none of that work is done (an idle
-        node's sample: the device series alone)."""
-        self.energy.hold(reading.uuid, False)
-        self.health.hold(reading.uuid, False)
-        self.activity.add(reading.uuid, reading.gpm)
-        self.idle_polls += 1
 
     def _count_activity(self, target: GpuTarget, figures: GpmFigures | None, jobids: set[str],
                         outside: bool, poll: Poll) -> None:
