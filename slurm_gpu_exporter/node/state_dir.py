@@ -63,7 +63,9 @@ class StateStore:
         self._saved_steady: str | None = None
         # The last save's document as read back from its JSON: an unchanged state is
         # found by comparing objects, without serializing it (an idle node's sample).
+        # Not read back while every sample writes (jobs running): it would not be used.
         self._saved_doc: dict[str, Any] | None = None
+        self._wrote_last = False  # whether the last call wrote
         self._written_at: float | None = None
 
     def _open_dir(self, create: bool = False) -> int:
@@ -152,12 +154,16 @@ class StateStore:
         wait = may_wait if hold_s > 0 else None
         now = self._clock()
         if self._unchanged(doc, wait, hold_s, now) and self.path.exists():
+            self._wrote_last = False
             return False
         payload, still = _serialized(doc, wait)
-        if payload == self._saved and self.path.exists():
-            return False
-        if (still is not None and still == self._saved_steady and self._written_at is not None
-                and now - self._written_at < hold_s and self.path.exists()):
+        if ((payload == self._saved or (
+                still is not None and still == self._saved_steady
+                and self._written_at is not None and now - self._written_at < hold_s))
+                and self.path.exists()):
+            if self._saved_doc is None and self._saved is not None:
+                self._saved_doc = json.loads(self._saved)  # unchanged now: compare objects
+            self._wrote_last = False
             return False
         self._saved = self._saved_steady = self._saved_doc = None
         sync = self._synced_at is None or now - self._synced_at >= self.sync_interval
@@ -167,7 +173,8 @@ class StateStore:
         finally:
             os.close(dir_fd)
         self._saved, self._saved_steady, self._written_at = payload, still, now
-        self._saved_doc = json.loads(payload)
+        self._saved_doc = None if self._wrote_last else json.loads(payload)
+        self._wrote_last = True
         if sync:
             self._synced_at = now
         return True

@@ -196,3 +196,21 @@ def test_a_state_json_reads_back_otherwise_is_still_compared_by_its_json(
     assert not store.save({"gpu": {"t": (1, 2)}})
     assert store.path.stat().st_ino == inode
     assert store.save({"gpu": {"t": (1, 3)}})
+
+
+def test_while_every_save_writes_the_state_is_not_read_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Jobs running: the state changes every sample and is written every sample; reading
+    # each save back for the comparison would only add to that sample's cost.
+    loads: list[int] = []
+    real = json.loads
+    monkeypatch.setattr(json, "loads", lambda *a, **k: (loads.append(1), real(*a, **k))[1])
+    store = StateStore(tmp_path)
+    for n in range(5):
+        assert store.save({"jobs": {"1": {"n": n}}})
+    assert len(loads) == 1  # the first save: it may be followed by unchanged ones
+    assert not store.save({"jobs": {"1": {"n": 4}}})  # unchanged: now read back, once
+    assert not store.save({"jobs": {"1": {"n": 4}}})
+    assert len(loads) == 2
+    assert store.save({"jobs": {"1": {"n": 5}}})
+    assert len(loads) == 3
