@@ -12,7 +12,6 @@ import gzip
 import threading
 from collections.abc import Iterable
 
-from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
@@ -20,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from slurm_gpu_exporter.exposition.labels import bound_label_values
 from slurm_gpu_exporter.exposition.metrics import SnapshotCollector
+from slurm_gpu_exporter.exposition.own_process import OwnProcess, ProcessReading
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
 
 
@@ -98,7 +98,17 @@ class Exposition:
 
 # The agent's own RSS, CPU and open files, read from the real /proc/self (not
 # --proc-root) by render(), in the sampler's thread: a scrape reads nothing.
-_PROCESS_COLLECTOR = ProcessCollector(registry=None)
+_PROCESS_COLLECTOR = OwnProcess()
+
+
+class _OwnFigures:
+    """One read of the process figures, made into families when first collected."""
+
+    def __init__(self, reading: ProcessReading | None) -> None:
+        self.reading = reading
+
+    def collect(self) -> list[Metric]:
+        return _PROCESS_COLLECTOR.families(self.reading)
 
 
 class _Collected:
@@ -117,4 +127,4 @@ def render(snapshot: Snapshot) -> Exposition:
     Called by the sampler: the agent's own process figures are read now, with the
     sample, so that serving the exposition later touches no file.
     """
-    return Exposition(snapshot, (_Collected(list(_PROCESS_COLLECTOR.collect())),))
+    return Exposition(snapshot, (_OwnFigures(_PROCESS_COLLECTOR.read()),))

@@ -1,8 +1,12 @@
 """The agent's side of the spool: read the records every sample, remove expired ones.
 
 A file is parsed again only when its version (inode, mtime, size) changed, so a
-sample costs one directory listing and one stat per record. A refused file is
-counted under the ``spool`` source once per version, not once per sample.
+sample costs one directory listing and one stat per record. A directory that did not
+change since it was last listed (inode, mtime, ctime: the prolog and epilog write and
+remove records by rename and unlink, which change them) is not listed again: a sample
+then costs one stat. It is listed again at least every RELIST_S seconds all the same
+(a record changed in place by hand). A refused file is counted under the ``spool``
+source once per version, not once per sample.
 
 Thread-confined to the sampler.
 """
@@ -12,13 +16,21 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from slurm_gpu_exporter.hooks import spool
 from slurm_gpu_exporter.node.source_health import SourceErrors
 
 log = logging.getLogger(__name__)
+
+# The longest an unchanged directory goes without being listed (a record edited in
+# place changes the file, not the directory).
+RELIST_S = 60.0
+# A directory changed this close to its last listing (wall clock) is listed again: a
+# change in the same clock tick as the listing would leave its mtime as it was.
+SAME_TICK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -34,10 +46,16 @@ class SpoolReader:
     """Reads the job records of one spool directory."""
 
     def __init__(self, spool_dir: str, errors: SourceErrors,
-                 trusted_uids: frozenset[int] = frozenset({0})) -> None:
+                 trusted_uids: frozenset[int] = frozenset({0}),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.spool_dir = spool_dir
         self.errors = errors
         self.trusted_uids = trusted_uids
+        self._clock = clock
+        # The last listing: (directory version, monotonic time of it, its records).
+        self._listed: tuple[tuple[int, ...], float,
+                            dict[str, tuple[FileKey, spool.JobRecord]]] | None = None
+        self.listings = 0  # directory listings done (tests, benchmarks)
         # spool file name -> (file version, parsed record or None when refused)
         self._files: dict[str, tuple[FileKey, spool.JobRecord | None]] = {}
         self._missing_logged = False
@@ -60,6 +78,12 @@ class SpoolReader:
         records: dict[str, tuple[FileKey, spool.JobRecord]] = {}
         seen: set[str] = set()
         try:
+            version = self._unchanged(dir_fd)
+            if version is None:
+                assert self._listed is not None
+                return dict(self._listed[2])
+            listed_at = self._clock()
+            self.listings += 1
             with os.scandir(dir_fd) as entries:
                 for entry in entries:
                     if entry.name.startswith(".") or entry.name == spool.TRAINING_SOCKET:
@@ -73,7 +97,20 @@ class SpoolReader:
             os.close(dir_fd)
         for name in [n for n in self._files if n not in seen]:
             del self._files[name]
-        return records
+        self._listed = (version, listed_at, records) if version else None
+        return dict(records)
+
+    def _unchanged(self, dir_fd: int) -> tuple[int, ...] | None:
+        """None when the directory is as last listed (no listing needed); else its
+        version to remember with the listing about to be made (() when it must not be
+        trusted: changed within SAME_TICK_S of now)."""
+        st = os.fstat(dir_fd)
+        version = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        if (self._listed is not None and self._listed[0] == version
+                and self._clock() - self._listed[1] < RELIST_S):
+            return None
+        changed = max(st.st_mtime_ns, st.st_ctime_ns) / 1e9
+        return version if time.time() - changed >= SAME_TICK_S else ()
 
     def _read_entry(
         self, dir_fd: int, entry: os.DirEntry[str]

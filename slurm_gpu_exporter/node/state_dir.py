@@ -61,6 +61,11 @@ class StateStore:
         self._synced_at: float | None = None  # when a save was last fsynced
         # What the last save wrote less what may wait (save's ``steady``), and when.
         self._saved_steady: str | None = None
+        # The last save's document as read back from its JSON: an unchanged state is
+        # found by comparing objects, without serializing it (an idle node's sample).
+        # Not read back while every sample writes (jobs running): it would not be used.
+        self._saved_doc: dict[str, Any] | None = None
+        self._wrote_last = False  # whether the last call wrote
         self._written_at: float | None = None
 
     def _open_dir(self, create: bool = False) -> int:
@@ -145,15 +150,22 @@ class StateStore:
         ``hold_s`` seconds (the GPUs' sample cursors, which move with every sample on
         idle GPUs that keep sampling): while the rest is what the last save wrote, the
         file is not rewritten more often than that."""
-        payload, still = _serialized({**data, "version": STATE_VERSION},
-                                     may_wait if hold_s > 0 else None)
-        if payload == self._saved and self.path.exists():
-            return False
+        doc = {**data, "version": STATE_VERSION}
+        wait = may_wait if hold_s > 0 else None
         now = self._clock()
-        if (still is not None and still == self._saved_steady and self._written_at is not None
-                and now - self._written_at < hold_s and self.path.exists()):
+        if self._unchanged(doc, wait, hold_s, now) and self.path.exists():
+            self._wrote_last = False
             return False
-        self._saved = self._saved_steady = None
+        payload, still = _serialized(doc, wait)
+        if ((payload == self._saved or (
+                still is not None and still == self._saved_steady
+                and self._written_at is not None and now - self._written_at < hold_s))
+                and self.path.exists()):
+            if self._saved_doc is None and self._saved is not None:
+                self._saved_doc = json.loads(self._saved)  # unchanged now: compare objects
+            self._wrote_last = False
+            return False
+        self._saved = self._saved_steady = self._saved_doc = None
         sync = self._synced_at is None or now - self._synced_at >= self.sync_interval
         dir_fd = self._open_dir(create=True)
         try:
@@ -161,9 +173,34 @@ class StateStore:
         finally:
             os.close(dir_fd)
         self._saved, self._saved_steady, self._written_at = payload, still, now
+        self._saved_doc = None if self._wrote_last else json.loads(payload)
+        self._wrote_last = True
         if sync:
             self._synced_at = now
         return True
+
+    def _unchanged(self, doc: dict[str, Any], wait: tuple[str, str] | None, hold_s: float,
+                   now: float) -> bool:
+        """``doc`` equals what the last save wrote, or does but for the entry ``wait``
+        names while the hold lasts. A value JSON writes otherwise than it reads back (a
+        tuple, a number as a key) compares unequal: the serialized check decides then."""
+        saved = self._saved_doc
+        if saved is None:
+            return False
+        if doc == saved:
+            return True
+        return (wait is not None and self._written_at is not None
+                and now - self._written_at < hold_s
+                and _less(doc, wait) == _less(saved, wait))
+
+
+def _less(doc: dict[str, Any], wait: tuple[str, str]) -> dict[str, Any]:
+    """``doc`` without the entry ``wait`` names (part, key)."""
+    part, key = wait
+    inner = doc.get(part)
+    if not isinstance(inner, dict) or key not in inner:
+        return doc
+    return {**doc, part: {k: v for k, v in inner.items() if k != key}}
 
 
 def _dumps(value: object) -> str:

@@ -144,7 +144,7 @@ def test_serving_an_exposition_reads_no_file(monkeypatch) -> None:  # type: igno
     def no_reads():  # type: ignore[no-untyped-def]
         raise AssertionError("a scrape read /proc")
 
-    monkeypatch.setattr(metrics._PROCESS_COLLECTOR, "collect", no_reads)
+    monkeypatch.setattr(metrics._PROCESS_COLLECTOR, "read", no_reads)
     for openmetrics in (False, True):
         for gzipped in (False, True):
             body = exposition.body(openmetrics, gzipped)

@@ -154,3 +154,63 @@ def test_a_change_of_the_cursors_alone_waits_the_hold_anything_else_is_written_a
     now[0] += 1
     assert store.save(*state(7, 2.5), hold_s=10.0)  # a file gone is written at once
     assert on_disk()["sample_cursors"] == {"g": 7}
+
+
+def test_an_unchanged_state_is_compared_not_serialized(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An idle node's sample: the same state (or one whose held cursors alone moved)
+    # costs a comparison of objects, no JSON; any change is still written.
+    from slurm_gpu_exporter.node import state_dir
+
+    calls: list[int] = []
+    real = state_dir._serialized
+    monkeypatch.setattr(state_dir, "_serialized",
+                        lambda *a: (calls.append(1), real(*a))[1])
+    now = [100.0]
+    store = StateStore(tmp_path, clock=lambda: now[0])
+    lazy = ("gpu", "sample_cursors")
+
+    def state(cursor: int, busy: float) -> dict:  # type: ignore[type-arg]
+        return {"jobs": {"9": [1, "x"]}, "gpu": {"sample_cursors": {"g": cursor}, "busy": busy}}
+
+    assert store.save(state(1, 0.0), lazy, 10.0)
+    assert len(calls) == 1
+    now[0] += 5
+    assert not store.save(state(1, 0.0))  # the same, no hold given
+    assert not store.save(state(2, 0.0), lazy, 10.0)  # the cursors alone, within the hold
+    assert len(calls) == 1
+    assert store.save(state(2, 1.0), lazy, 10.0)  # a counter moved
+    assert len(calls) == 2
+    assert json.loads(store.path.read_text())["gpu"] == {"sample_cursors": {"g": 2}, "busy": 1.0}
+    now[0] += 11
+    assert store.save(state(3, 1.0), lazy, 10.0)  # the hold is over
+    assert json.loads(store.path.read_text())["gpu"]["sample_cursors"] == {"g": 3}
+
+
+def test_a_state_json_reads_back_otherwise_is_still_compared_by_its_json(
+        tmp_path: Path) -> None:
+    # A tuple reads back as a list: the objects differ, the JSON is the same, nothing written.
+    store = StateStore(tmp_path)
+    assert store.save({"gpu": {"t": (1, 2)}})
+    inode = store.path.stat().st_ino
+    assert not store.save({"gpu": {"t": (1, 2)}})
+    assert store.path.stat().st_ino == inode
+    assert store.save({"gpu": {"t": (1, 3)}})
+
+
+def test_while_every_save_writes_the_state_is_not_read_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Jobs running: the state changes every sample and is written every sample; reading
+    # each save back for the comparison would only add to that sample's cost.
+    loads: list[int] = []
+    real = json.loads
+    monkeypatch.setattr(json, "loads", lambda *a, **k: (loads.append(1), real(*a, **k))[1])
+    store = StateStore(tmp_path)
+    for n in range(5):
+        assert store.save({"jobs": {"1": {"n": n}}})
+    assert len(loads) == 1  # the first save: it may be followed by unchanged ones
+    assert not store.save({"jobs": {"1": {"n": 4}}})  # unchanged: now read back, once
+    assert not store.save({"jobs": {"1": {"n": 4}}})
+    assert len(loads) == 2
+    assert store.save({"jobs": {"1": {"n": 5}}})
+    assert len(loads) == 3

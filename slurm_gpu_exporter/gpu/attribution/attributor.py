@@ -65,8 +65,25 @@ def _to_users(target: GpuTarget, usage: Usage, poll: Poll,
             target.gpu, target.uuid, user, n, mem, (user_busy or {}).get(user)))
 
 
+def is_idle(reading: DeviceReading, holders: list[str], process_samples: object) -> bool:
+    """No job holds the GPU and no process uses it (nor has samples on it)."""
+    return not (reading.mig or holders or reading.processes or process_samples)
+
+
+def _idle_gpu(a: GpuAttributor, reading: DeviceReading) -> None:
+    """A GPU no job holds and no process uses: its own totals only. What the full path
+    would give its jobs and users is nothing, so none of that work is done (an idle
+    node's sample: the device series alone)."""
+    a.energy.hold(reading.uuid, False)
+    a.health.hold(reading.uuid, False)
+    a.activity.add(reading.uuid, reading.gpm)
+    a.idle_polls += 1
+
+
 class GpuAttributor:
     """The per-GPU half of the GPU sampler: what each reading adds to which job."""
+
+    idle_check = staticmethod(is_idle)  # tests replace it: the full path for every GPU
 
     def __init__(self, proc_root: Path, xids: XidCounts) -> None:
         self.users = UsageReader(proc_root)
@@ -77,6 +94,7 @@ class GpuAttributor:
         self.xids = xids
         self.health = HealthBook(xids)
         self.first_poll: float | None = None  # wall time of the first sample
+        self.idle_polls = 0  # readings that took the idle path (tests, benchmarks)
 
     def attribute_gpu(self, reading: DeviceReading, poll: Poll) -> None:
         """A whole GPU: busy time, energy, memory and processes to the jobs using or
@@ -85,10 +103,16 @@ class GpuAttributor:
         at = reading.clocks or HostClocks(realtime=poll.now)
         figures = self.devices.integrate(reading, at)
         window, busy = figures.window, figures.busy
-        usage = self.users.usage(reading.processes, figures.process_samples,
-                                 poll.key_to_job, poll.seen_pids)
         energy = self.energy.delta(reading, poll.now)
         health = self.health.interval(reading, poll.now)
+        holders = [] if reading.mig else self.users.holders(parent, poll.running)
+        if self.idle_check(reading, holders, figures.process_samples):
+            _idle_gpu(self, reading)
+            poll.devices.append(self.device_sample(
+                reading, busy, (busy / window) if busy is not None and window else None))
+            return
+        usage = self.users.usage(reading.processes, figures.process_samples,
+                                 poll.key_to_job, poll.seen_pids)
         if reading.mig:
             self._attribute_mig(reading, poll, energy, health)
             # The parent keeps its device series (power, energy, temperature, ECC, Xid);
@@ -97,7 +121,6 @@ class GpuAttributor:
                 reading, busy, (busy / window) if busy is not None and window else None))
             return
         trim = figures.clock if window and figures.before is not None else None
-        holders = self.users.holders(parent, poll.running)
         busy_shares = shares(usage.weight, holders) if busy else {}
         self.energy.hold(parent.uuid, bool(holders))
         # The first reading after a restart covers the time the agent was down: only the

@@ -72,14 +72,17 @@ def jobs_under_v1(top: str) -> Iterator[tuple[str, int | None, bool, str]]:
     """(job id, uid, False, job dir) for every ``uid_<uid>/job_<id>`` under a Slurm root.
 
     By name alone (this runs every sample): such a name has no dot, so in a cgroup
-    tree it is a directory, never an interface file."""
+    tree it is a directory, never an interface file. The listings run every sample:
+    cgroupfs (v1 and v2, kernel 6.18) does not change a directory's mtime when a child
+    cgroup is made or removed, so there is no cheaper "unchanged" check. Most names
+    are interface files: a prefix test skips them before the pattern."""
     for uid_name in names(top):
-        uid_m = UID_RE.fullmatch(uid_name)
+        uid_m = UID_RE.fullmatch(uid_name) if uid_name.startswith("uid_") else None
         if uid_m is None:
             continue
         uid_dir = f"{top}/{uid_name}"
         for job_name in names(uid_dir):
-            job_m = JOB_RE.fullmatch(job_name)
+            job_m = JOB_RE.fullmatch(job_name) if job_name.startswith("job_") else None
             if job_m is not None:
                 yield job_m.group(1), int(uid_m.group(1)), False, f"{uid_dir}/{job_name}"
 
