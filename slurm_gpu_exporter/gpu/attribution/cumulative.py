@@ -41,7 +41,31 @@ class Delta:
     gap_from: float | None = None
 
 
-class CumulativeReadings:
+class HeldReadings:
+    """The last and restored readings of each GPU's driver counter, and which GPUs a job
+    held (only their readings are saved): what energy and the other cumulative counters
+    keep alike."""
+
+    last: dict[str, Any]
+    restored: dict[str, Any]
+    held: set[str]
+
+    def hold(self, uuid: str, held: bool) -> None:
+        """Whether a job held the GPU at its last reading (its reading is then saved)."""
+        if held:
+            self.held.add(uuid)
+        else:
+            self.held.discard(uuid)
+
+    def prune(self, present: set[str]) -> None:
+        """Forget GPUs no longer present."""
+        for cache in (self.last, self.restored):
+            for uuid in [u for u in cache if u not in present]:
+                del cache[uuid]
+        self.held &= present
+
+
+class CumulativeReadings(HeldReadings):
     """Per GPU (by UUID): the last reading of a set of cumulative counters; the ones the
     agent saved before a restart until each GPU's first reading has used its own."""
 
@@ -81,20 +105,6 @@ class CumulativeReadings:
             out[name] = value - before if before is not None and value >= before else 0
         self.last[uuid] = Reading({**base, **values}, now)
         return Delta(out, gap_from)
-
-    def hold(self, uuid: str, held: bool) -> None:
-        """Whether a job held the GPU at its last reading (its reading is then saved)."""
-        if held:
-            self.held.add(uuid)
-        else:
-            self.held.discard(uuid)
-
-    def prune(self, present: set[str]) -> None:
-        """Forget GPUs no longer present."""
-        for cache in (self.last, self.restored):
-            for uuid in [u for u in cache if u not in present]:
-                del cache[uuid]
-        self.held &= present
 
     def export_state(self, boot_id: str | None) -> dict[str, Any]:
         """Per GPU ``[{name: value}, wall time]``, stamped with the boot and driver: the

@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from slurm_gpu_exporter.gpu.attribution.cumulative import HeldReadings
 from slurm_gpu_exporter.gpu.backend import DeviceReading
 from slurm_gpu_exporter.node.state_dir import of_this_boot, stamp_boot
 
@@ -57,7 +58,7 @@ def energy_delta_j(previous_mj: int | None, current_mj: int) -> float:
     return (current_mj - previous_mj) / 1000.0
 
 
-class EnergyCounters:
+class EnergyCounters(HeldReadings):
     """Per GPU (by UUID): the last energy reading, and the ones saved by the agent
     before a restart until each GPU's first reading has used its own."""
 
@@ -109,20 +110,6 @@ class EnergyCounters:
             last = self.last.get(reading.uuid)
             return last.mj if last is not None else None
         return reading.energy_mj
-
-    def hold(self, uuid: str, held: bool) -> None:
-        """Whether a job held the GPU at its last reading (its reading is then saved)."""
-        if held:
-            self.held.add(uuid)
-        else:
-            self.held.discard(uuid)
-
-    def prune(self, present: set[str]) -> None:
-        """Forget GPUs no longer present."""
-        for cache in (self.last, self.restored):
-            for uuid in [u for u in cache if u not in present]:
-                del cache[uuid]
-        self.held &= present
 
     def export_state(self, boot_id: str | None) -> dict[str, Any]:
         """The state-dir form, a key of its own (an agent that does not know it reads the
