@@ -142,6 +142,8 @@ class CgroupFS:
         self._v1_leaves = StepLeaves(clock)
         self._v2 = V2Reader(self._steady, self._read)
         self._live: set[str] = set()  # the job directories found by the last scan
+        # proc_roots() of the roots list it was made from (a new list on every change).
+        self._proc_roots: tuple[object, tuple[SlurmRoot, ...]] = (None, ())
 
     def version(self) -> int:
         """2 on a pure cgroup v2 mount, else 1 (``roots.cgroup_version``)."""
@@ -158,13 +160,19 @@ class CgroupFS:
         """Slurm's tree roots as /proc/<pid>/cgroup names them, per hierarchy: the only
         places where a process's cgroup path may name its job (``job_under_roots``)."""
         roots = self._roots.current(self._clock())
+        made_from, made = self._proc_roots
+        if made_from is roots:  # asked twice a sample (GPU and relay sources): no change
+            return made
         if self._roots.version == 2:
             base = os.fspath(self.root).rstrip("/")
-            return tuple(SlurmRoot(frozenset(), "/" + os.path.relpath(path, base))
+            made = tuple(SlurmRoot(frozenset(), "/" + os.path.relpath(path, base))
                          for _, path in roots)
-        # A v1 root sits right under its hierarchy's mount: "/<ctrl>/slurm_<node>".
-        return tuple(SlurmRoot(controllers, "/" + os.path.basename(path))
-                     for controllers, path in roots)
+        else:
+            # A v1 root sits right under its hierarchy's mount: "/<ctrl>/slurm_<node>".
+            made = tuple(SlurmRoot(controllers, "/" + os.path.basename(path))
+                         for controllers, path in roots)
+        self._proc_roots = (roots, made)
+        return made
 
     def find_jobs(self, expected: Iterable[str] = ()) -> dict[str, JobCgroup]:
         """Every job with a cgroup on this node, keyed by job key (job id or SLUID).
