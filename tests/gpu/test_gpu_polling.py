@@ -67,7 +67,8 @@ def noting() -> ThreadNotingBackend:
 
 @pytest.fixture
 def noting_link(noting: ThreadNotingBackend, clock: Clock) -> Iterator[BackendLink]:
-    link = BackendLink(noting, SourceErrors(), poll_timeout=0.05, reinit_after=60.0,
+    # A read that is not hung answers within 0.5 s even on a loaded machine.
+    link = BackendLink(noting, SourceErrors(), poll_timeout=0.5, reinit_after=60.0,
                        clock=clock)
     yield link
     if noting.hold is not None:
