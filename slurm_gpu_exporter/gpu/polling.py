@@ -24,6 +24,26 @@ log = logging.getLogger(__name__)
 Cursors = dict[str, tuple[int, int]]
 T = TypeVar("T")
 
+# An Xid event ends the wait at once; the timeout only says how often the Xid thread
+# wakes for nothing, and each wake is a driver call and a thread switch (0.1-0.2 ms of
+# CPU on a small VM): once per default sample, not every second (issue 49).
+XID_WAIT_MS = 5000
+# close() waits this long for the Xid thread; a thread still in the driver's wait then
+# shuts NVML down itself when the wait returns (never under a call in flight).
+XID_JOIN_S = 0.2
+
+
+class XidWatch:
+    """One backend generation's Xid thread: its stop flag, and whether it must shut the
+    backend down when its wait returns (close() found it still waiting)."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.ended = False
+        self.shutdown_at_end = False
+        self.thread: threading.Thread | None = None
+
 
 class ReadWorker:
     """One long-lived daemon thread that runs NVML reads one after another, each
@@ -180,8 +200,8 @@ class BackendLink:
         self._initialised = False
         self._next_init = 0.0
         self._init_error_logged = False
-        self._stop = threading.Event()
-        self._xid_thread: threading.Thread | None = None
+        self._xid: XidWatch | None = None  # this generation's Xid thread
+        self._xid_before: XidWatch | None = None  # the last one, while it may still wait
         self.driver: str | None = None  # the driver version of the last init
         self.generation = 0  # successful inits so far: a new one may be a reloaded driver
 
@@ -227,6 +247,10 @@ class BackendLink:
         now = self._clock()
         if now < self._next_init:
             return False
+        before = self._xid_before
+        if before is not None and before.thread is not None and before.thread.is_alive():
+            return False  # its wait has yet to return and shut the last generation down
+        self._xid_before = None
         self._next_init = now + self.reinit_after
         try:
             driver = self.backend.init()
@@ -245,10 +269,10 @@ class BackendLink:
         self._init_error_logged = False
         self._worker = ReadWorker()
         self._poller = Poller(self.backend, self._worker, self._clock)
-        self._stop = threading.Event()
-        self._xid_thread = threading.Thread(target=self._watch_xid, args=(self._stop,),
+        self._xid = XidWatch()
+        self._xid.thread = threading.Thread(target=self._watch_xid, args=(self._xid,),
                                             name="xid-events", daemon=True)
-        self._xid_thread.start()
+        self._xid.thread.start()
         return True
 
     def close(self) -> None:
@@ -257,29 +281,52 @@ class BackendLink:
         A read still hung inside NVML is left alone (its thread is a daemon): shutting
         NVML down under a call in flight is not safe on a real driver.
         """
-        self._stop.set()
+        xid, self._xid = self._xid, None
+        if xid is not None:
+            xid.stop.set()
         in_flight = self._worker is not None and self._worker.busy
         if self._worker is not None:
             self._worker.stop()
         self._poller = self._worker = None
-        if self._xid_thread is not None:
-            self._xid_thread.join(3)
-            self._xid_thread = None
-        if self._initialised:
-            self._initialised = False
-            if in_flight:
-                log.warning("an NVML call is still hung; exiting without NVML shutdown")
-                return
-            try:
-                self.backend.shutdown()
-            except Exception as exc:  # already broken: nothing more to release
-                log.debug("GPU backend shutdown: %s", exc)
+        if xid is not None and xid.thread is not None:
+            xid.thread.join(XID_JOIN_S)
+        if not self._initialised:
+            return
+        self._initialised = False
+        if in_flight:
+            log.warning("an NVML call is still hung; exiting without NVML shutdown")
+            return
+        if xid is not None:
+            with xid.lock:
+                if not xid.ended:  # still in the driver's wait: it shuts down when back
+                    log.debug("the Xid wait is in the driver: NVML is shut down when it "
+                              "returns (at most %d ms)", XID_WAIT_MS)
+                    xid.shutdown_at_end = True
+                    self._xid_before = xid
+                    return
+        self._shutdown()
 
-    def _watch_xid(self, stop: threading.Event) -> None:
+    def _shutdown(self) -> None:
+        try:
+            self.backend.shutdown()
+        except Exception as exc:  # already broken: nothing more to release
+            log.debug("GPU backend shutdown: %s", exc)
+
+    def _watch_xid(self, watch: XidWatch) -> None:
+        try:
+            self._wait_for_xids(watch.stop)
+        finally:
+            with watch.lock:
+                watch.ended = True
+                shutdown = watch.shutdown_at_end
+            if shutdown:
+                self._shutdown()
+
+    def _wait_for_xids(self, stop: threading.Event) -> None:
         backoff = 1.0
         while not stop.is_set():
             try:
-                events = self.backend.wait_xid(1000)
+                events = self.backend.wait_xid(XID_WAIT_MS)
                 backoff = 1.0
             except Exception as exc:  # a lost GPU makes the wait fail at once: back off
                 log.debug("Xid event wait failed: %s", exc)

@@ -215,3 +215,71 @@ def test_xid_counts_of_gpus_no_longer_present_are_dropped() -> None:
     xids.add("GPU-b", 31)
     xids.prune({"GPU-b"})
     assert xids.of("GPU-a") == () and xids.of("GPU-b") == ((31, 1),)
+
+
+class DriverLikeXidWait(FakeBackend):
+    """An Xid wait as a real driver's: it returns on an event or at its timeout, not
+    when NVML is shut down from another thread. Here it returns when ``release`` is set,
+    and notes the timeouts it was asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.waiting = threading.Event()
+        self.timeouts: list[int] = []
+
+    def wait_xid(self, timeout_ms: int) -> list[XidEvent]:
+        self.timeouts.append(timeout_ms)
+        self.waiting.set()
+        self.release.wait()
+        return []
+
+
+@pytest.fixture
+def driver_like(clock: Clock) -> Iterator[tuple[BackendLink, DriverLikeXidWait]]:
+    backend = DriverLikeXidWait()
+    link = BackendLink(backend, SourceErrors(), poll_timeout=0.5, reinit_after=60.0,
+                       clock=clock)
+    yield link, backend
+    backend.release.set()
+    link.close()
+
+
+def test_the_xid_thread_wakes_once_a_sample_not_every_second(
+    driver_like: tuple[BackendLink, DriverLikeXidWait],
+) -> None:
+    # Each wake is a driver call and a thread switch; an event ends the wait at once.
+    link, backend = driver_like
+    assert link.read({}) is not None
+    wait_until(backend.waiting.is_set, 5, "the Xid wait", poll=0.01)
+    assert backend.timeouts and min(backend.timeouts) >= 5000
+
+
+def test_close_during_the_xid_wait_returns_and_the_wait_shuts_nvml_down_when_it_ends(
+    driver_like: tuple[BackendLink, DriverLikeXidWait],
+) -> None:
+    link, backend = driver_like
+    assert link.read({}) is not None
+    wait_until(backend.waiting.is_set, 5, "the Xid wait", poll=0.01)
+    started = time.monotonic()
+    link.close()
+    assert time.monotonic() - started < 1.0  # not the wait's 5 s
+    assert backend.shutdowns == 0  # never under the driver's wait
+    backend.release.set()
+    wait_until(lambda: backend.shutdowns == 1, 5, "the shutdown after the wait", poll=0.01)
+
+
+def test_no_new_init_while_the_last_xid_wait_still_owes_its_shutdown(
+    driver_like: tuple[BackendLink, DriverLikeXidWait], clock: Clock,
+) -> None:
+    link, backend = driver_like
+    assert link.read({}) is not None
+    wait_until(backend.waiting.is_set, 5, "the Xid wait", poll=0.01)
+    link.close()
+    clock.now += 60.0
+    assert link.read({}) is None and backend.inits == 1  # that shutdown would end this one
+    backend.release.set()
+    wait_until(lambda: backend.shutdowns == 1, 5, "the shutdown after the wait", poll=0.01)
+    assert link.read({}) is not None and backend.inits == 2
+    time.sleep(0.05)
+    assert backend.shutdowns == 1  # the new generation's NVML is left up
