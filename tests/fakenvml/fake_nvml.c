@@ -2996,10 +2996,11 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         double left = deadline - elapsed_s();
         if (left <= 0)
             return NVML_ERROR_TIMEOUT;
-        /* A driver blocks here: wake when the state file is replaced (where inotify
-           works), else poll; look again at least every second for a shutdown or a
-           freed set. */
-        wait_state_change(fmin(left, 1.0));
+        /* A driver blocks here for the whole timeout, costing no CPU until an event
+           or the timeout: wake only when the state file is replaced (where inotify
+           works; else poll). A shutdown or a freed set is seen at the next wake, as a
+           driver gives no promise for a wait under nvmlShutdown either. */
+        wait_state_change(left);
     }
 }
 
