@@ -198,13 +198,13 @@ class CgroupFS:
     ) -> tuple[_Found, bool]:
         """(job key -> (uid, is_sluid, instance -> controller -> dir), a root vanished).
 
-        The last listing is reused while the roots are the same and still there, and
-        inotify told of no change in the directories it read (``DirWatch``)."""
+        The last listing is reused while the roots are the same and inotify told of
+        no change in the directories it read (``DirWatch``). A root's own removal or
+        move is an event; its parent cannot be renamed on cgroupfs (v2 refuses any
+        rename with EPERM, a v1 root's parent is its hierarchy's mount point)."""
         version = self._roots.version
         watch = self._dir_watch
-        # A root whose parent was renamed keeps its watch and sends no event.
-        moved = not all(os.path.isdir(top) for _, top in roots)
-        if watch.unchanged((version, tuple(roots)), now, moved) and self._listed is not None:
+        if watch.unchanged((version, tuple(roots)), now) and self._listed is not None:
             return self._listed, False
         # A job has one set of directories per slurmd instance: per v1 "slurm*" name
         # (shared by all controllers) or per v2 scope.

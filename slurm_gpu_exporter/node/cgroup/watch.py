@@ -78,14 +78,13 @@ class DirWatch:
         self._key: Hashable = None  # what the last listing listed (the roots)
         self._listed_at = 0.0
 
-    def unchanged(self, key: Hashable, now: float, moved: bool = False) -> bool:
+    def unchanged(self, key: Hashable, now: float) -> bool:
         """True when the last listing of ``key`` still holds; else drains the events
-        and starts a new listing (call ``watch`` then ``listed``). ``moved``: the
-        caller saw a listed directory gone from its path (a parent renamed: no event)."""
+        and starts a new listing (call ``watch`` then ``listed``)."""
         if self._fd is None:
             self._start()
         quiet = self._drain()
-        if (quiet and not moved and self._complete and key == self._key
+        if (quiet and self._complete and key == self._key
                 and now - self._listed_at < self._full_listing_s):
             return True
         self._key, self._listed_at = key, now
