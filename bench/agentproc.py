@@ -3,11 +3,11 @@
 The figures come from the agent process itself (/proc/<pid>/stat and status), so a
 benchmark's own work (writing a synthetic node, a load tool) is not counted. CPU is
 also split by thread (/proc/<pid>/task/<tid>/stat, names from ``py-spy dump``):
-``sampler`` is the sample cycle; NVML reads run in short-lived ``nvml-read``
-threads; ``xid-events`` waits for Xid events (the fake NVML polls its state file
-every 10 ms there, which a real driver does not); ``MainThread`` serves HTTP. The
-machine's load average goes with every figure: on a shared machine it says how far
-to trust it.
+``sampler`` is the sample cycle; NVML reads run in one long-lived ``nvml-read``
+thread (a short-lived one per read in code before issue 49's reader thread);
+``xid-events`` waits for Xid events (the fake NVML polls its state file every 10 ms
+there, which a real driver does not); ``MainThread`` serves HTTP. The machine's load
+average goes with every figure: on a shared machine it says how far to trust it.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def thread_names(pid: int) -> dict[int, str]:
 def by_thread(pid: int, before: dict[int, float], after: dict[int, float], total: float,
               samples: int) -> dict[str, float]:
     """CPU ms per sample by Python thread name. What is not in a live thread was spent
-    by threads that ended in between: the agent's per-read NVML threads."""
+    by threads that ended in between: per-read NVML threads, in code that has them."""
     names = thread_names(pid)
     shares: dict[str, float] = {}
     for tid, cpu in after.items():

@@ -1,18 +1,20 @@
 """The backend's life cycle: start-up and retries, reads in a worker thread, Xid events.
 
-NVML runs in a worker thread: a call that hangs freezes the GPU figures (and
-shows as ``slurm_gpu_exporter_nvml_up 0``) but never the job metrics or a scrape.
+NVML is read in one long-lived worker thread per backend generation: a call that hangs
+freezes the GPU figures (and shows as ``slurm_gpu_exporter_nvml_up 0``) but never the
+job metrics or a scrape.
 Xid events are read in a thread of their own.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from slurm_gpu_exporter.gpu.backend import BufferRead, DeviceReading, GpuBackend, GpuUnavailable
 from slurm_gpu_exporter.node.source_health import SourceErrors
@@ -22,38 +24,92 @@ log = logging.getLogger(__name__)
 Cursors = dict[str, tuple[int, int]]
 T = TypeVar("T")
 
+# An Xid event ends the wait at once; the timeout only says how often the Xid thread
+# wakes for nothing, and each wake is a driver call and a thread switch (0.1-0.2 ms of
+# CPU on a small VM): once per default sample, not every second (issue 49).
+XID_WAIT_MS = 5000
+# close() waits this long for the Xid thread; a thread still in the driver's wait then
+# shuts NVML down itself when the wait returns (never under a call in flight).
+XID_JOIN_S = 0.2
 
-def in_thread(fn: Callable[[], T]) -> Future[T]:
-    """``fn`` run in a daemon thread of its own: a call that never returns must not
-    keep the agent from exiting (a thread pool's workers are joined at exit)."""
-    future: Future[T] = Future()
 
-    def run() -> None:
-        try:
-            future.set_result(fn())
-        except BaseException as exc:
-            future.set_exception(exc)
+class XidWatch:
+    """One backend generation's Xid thread: its stop flag, and whether it must shut the
+    backend down when its wait returns (close() found it still waiting)."""
 
-    threading.Thread(target=run, name="nvml-read", daemon=True).start()
-    return future
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.ended = False
+        self.shutdown_at_end = False
+        self.thread: threading.Thread | None = None
+
+
+class ReadWorker:
+    """One long-lived daemon thread that runs NVML reads one after another, each
+    answered through a Future (its result, or the exception it raised).
+
+    One per backend generation: a daemon, so that a call that never returns does not
+    keep the agent from exiting (a thread pool's workers are joined at exit); starting
+    a thread per read cost more than an idle GPU's read itself (issue 49).
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue())
+        self._stopped = threading.Event()
+        self._last: Future[Any] | None = None  # reads run in order: the last ends last
+        self.thread = threading.Thread(target=self._serve, name="nvml-read", daemon=True)
+        self.thread.start()
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._last = future
+        self._queue.put((fn, future))
+        return future
+
+    @property
+    def busy(self) -> bool:
+        """True while a read runs or waits to run (NVML must not be shut down under it)."""
+        last = self._last
+        return last is not None and not last.done()
+
+    def stop(self, wait: float = 1.0) -> None:
+        """End the thread: at once when idle (joined for up to ``wait``); a read hung in
+        NVML is left alone, and when it returns the thread ends without running more:
+        what was queued behind it belongs to a backend that is gone."""
+        self._stopped.set()
+        self._queue.put(None)
+        if not self.busy:
+            self.thread.join(wait)
+
+    def _serve(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None or self._stopped.is_set():
+                if item is not None:
+                    item[1].cancel()
+                return
+            fn, future = item
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
 
 
 class Poller:
-    """Runs backend reads in a worker thread so that a hung call cannot stall sampling.
+    """Runs backend reads on the reader thread so that a hung call cannot stall sampling."""
 
-    Each read gets a daemon thread of its own: a call that never returns must not keep
-    the agent from exiting (a thread pool's workers are joined at exit).
-    """
-
-    def __init__(self, backend: GpuBackend, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
+    def __init__(self, backend: GpuBackend, worker: ReadWorker,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._backend = backend
+        self._worker = worker
         self._clock = clock
         self._pending: Future[list[DeviceReading]] | None = None
         self._since = 0.0
 
     def _start(self, cursors: Cursors) -> Future[list[DeviceReading]]:
-        return in_thread(lambda: self._backend.read(cursors))
+        return self._worker.submit(lambda: self._backend.read(cursors))
 
     def poll(self, cursors: Cursors, timeout: float) -> list[DeviceReading] | None:
         """The readings, or None while a read is still running (stuck).
@@ -140,12 +196,12 @@ class BackendLink:
         self.xids = XidCounts()
         self._clock = clock
         self._poller: Poller | None = None
+        self._worker: ReadWorker | None = None  # this backend generation's reader thread
         self._initialised = False
         self._next_init = 0.0
         self._init_error_logged = False
-        self._stop = threading.Event()
-        self._xid_thread: threading.Thread | None = None
-        self._buffer_read: Future[list[BufferRead]] | None = None  # one still in flight
+        self._xid: XidWatch | None = None  # this generation's Xid thread
+        self._xid_before: XidWatch | None = None  # the last one, while it may still wait
         self.driver: str | None = None  # the driver version of the last init
         self.generation = 0  # successful inits so far: a new one may be a reloaded driver
 
@@ -174,11 +230,11 @@ class BackendLink:
         poll reads on from where the last good read got to, and counts its errors."""
         read = getattr(self.backend, "read_buffers", None)
         if (read is None or not self._initialised or self._poller is None
-                or self._poller.busy or (self._buffer_read and not self._buffer_read.done())):
+                or self._worker is None or self._poller.busy or self._worker.busy):
             return None
-        self._buffer_read = in_thread(lambda: read(cursors))
+        future = self._worker.submit(lambda: read(cursors))
         try:
-            return self._buffer_read.result(self.poll_timeout)
+            return future.result(self.poll_timeout)
         except TimeoutError:
             return None
         except Exception as exc:
@@ -191,6 +247,10 @@ class BackendLink:
         now = self._clock()
         if now < self._next_init:
             return False
+        before = self._xid_before
+        if before is not None and before.thread is not None and before.thread.is_alive():
+            return False  # its wait has yet to return and shut the last generation down
+        self._xid_before = None
         self._next_init = now + self.reinit_after
         try:
             driver = self.backend.init()
@@ -207,11 +267,12 @@ class BackendLink:
         self.generation += 1
         self._initialised = True
         self._init_error_logged = False
-        self._poller = Poller(self.backend, self._clock)
-        self._stop = threading.Event()
-        self._xid_thread = threading.Thread(target=self._watch_xid, args=(self._stop,),
+        self._worker = ReadWorker()
+        self._poller = Poller(self.backend, self._worker, self._clock)
+        self._xid = XidWatch()
+        self._xid.thread = threading.Thread(target=self._watch_xid, args=(self._xid,),
                                             name="xid-events", daemon=True)
-        self._xid_thread.start()
+        self._xid.thread.start()
         return True
 
     def close(self) -> None:
@@ -220,27 +281,52 @@ class BackendLink:
         A read still hung inside NVML is left alone (its thread is a daemon): shutting
         NVML down under a call in flight is not safe on a real driver.
         """
-        self._stop.set()
-        in_flight = self._poller is not None and self._poller.busy
-        self._poller = None
-        if self._xid_thread is not None:
-            self._xid_thread.join(3)
-            self._xid_thread = None
-        if self._initialised:
-            self._initialised = False
-            if in_flight:
-                log.warning("an NVML call is still hung; exiting without NVML shutdown")
-                return
-            try:
-                self.backend.shutdown()
-            except Exception as exc:  # already broken: nothing more to release
-                log.debug("GPU backend shutdown: %s", exc)
+        xid, self._xid = self._xid, None
+        if xid is not None:
+            xid.stop.set()
+        in_flight = self._worker is not None and self._worker.busy
+        if self._worker is not None:
+            self._worker.stop()
+        self._poller = self._worker = None
+        if xid is not None and xid.thread is not None:
+            xid.thread.join(XID_JOIN_S)
+        if not self._initialised:
+            return
+        self._initialised = False
+        if in_flight:
+            log.warning("an NVML call is still hung; exiting without NVML shutdown")
+            return
+        if xid is not None:
+            with xid.lock:
+                if not xid.ended:  # still in the driver's wait: it shuts down when back
+                    log.debug("the Xid wait is in the driver: NVML is shut down when it "
+                              "returns (at most %d ms)", XID_WAIT_MS)
+                    xid.shutdown_at_end = True
+                    self._xid_before = xid
+                    return
+        self._shutdown()
 
-    def _watch_xid(self, stop: threading.Event) -> None:
+    def _shutdown(self) -> None:
+        try:
+            self.backend.shutdown()
+        except Exception as exc:  # already broken: nothing more to release
+            log.debug("GPU backend shutdown: %s", exc)
+
+    def _watch_xid(self, watch: XidWatch) -> None:
+        try:
+            self._wait_for_xids(watch.stop)
+        finally:
+            with watch.lock:
+                watch.ended = True
+                shutdown = watch.shutdown_at_end
+            if shutdown:
+                self._shutdown()
+
+    def _wait_for_xids(self, stop: threading.Event) -> None:
         backoff = 1.0
         while not stop.is_set():
             try:
-                events = self.backend.wait_xid(1000)
+                events = self.backend.wait_xid(XID_WAIT_MS)
                 backoff = 1.0
             except Exception as exc:  # a lost GPU makes the wait fail at once: back off
                 log.debug("Xid event wait failed: %s", exc)

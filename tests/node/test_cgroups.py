@@ -294,10 +294,13 @@ def test_scope_that_appears_with_a_new_job_is_read_from_the_next_call_on(
     root = layout_copy(tmp_path, "v2-system-slice")
     fs = CgroupFS(root, rescan_interval=60.0, clock=lambda: now[0])
     assert set(fs.find_jobs()) == {"401", "402"}
+    assert "/other.slice/slurmstepd.scope" not in {r.path for r in fs.proc_roots()}
     now[0] = 30.0  # the jobs above are no longer new
     (root / "other.slice/slurmstepd.scope/job_900").mkdir(parents=True)
     assert set(fs.find_jobs(expected=["900"])) == {"401", "402", "900"}
     assert Path(root / "other.slice/slurmstepd.scope") in fs.slurm_roots()
+    # Where a process's cgroup names its job follows the new root at once.
+    assert "/other.slice/slurmstepd.scope" in {r.path for r in fs.proc_roots()}
 
 
 def test_v1_root_made_at_the_first_job_is_read_from_the_next_call_on(tmp_path: Path) -> None:
@@ -311,11 +314,13 @@ def test_v1_root_made_at_the_first_job_is_read_from_the_next_call_on(tmp_path: P
     fs = CgroupFS(root, rescan_interval=60.0, clock=lambda: now[0])
     job = fs.find_jobs()["101"]
     assert "cpuset" not in job.dirs and fs.read_stats(job).cpus is None
+    assert not any("cpuset" in r.controllers for r in fs.proc_roots())
     now[0] = 1.0
     moved.rename(late)
     job = fs.find_jobs()["101"]
     assert job.dirs["cpuset"] == late / "uid_1000" / "job_101"
     assert fs.read_stats(job).cpus == 5  # 0-3,8
+    assert any("cpuset" in r.controllers and r.path == "/slurm" for r in fs.proc_roots())
 
 
 def test_roots_are_not_searched_again_while_no_job_is_new(tmp_path: Path) -> None:

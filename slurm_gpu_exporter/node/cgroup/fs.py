@@ -138,8 +138,8 @@ class CgroupFS:
         read again (they do not change while a job runs, short of an admin's hand);
         ``held_files``: how many of the jobs' accounting files may be kept open
         between samples (HeldFiles; 0: every file opened on each read);
-        ``dir_watch``: what tells whether Slurm's directories changed since they
-        were listed (default: inotify; its fd is opened at the first listing)."""
+        ``dir_watch``: tells whether Slurm's directories changed since listed
+        (default: inotify, opened at the first listing)."""
         self.root = Path(root)
         self._clock = clock
         self._roots = RootTracker(self.root, rescan_interval)
@@ -153,6 +153,8 @@ class CgroupFS:
         self._live: set[str] = set()  # the job directories found by the last scan
         self._dir_watch = dir_watch if dir_watch is not None else DirWatch()
         self._listed: _Found | None = None  # what the last listing found
+        # proc_roots() of the roots list it was made from (a new list on every change).
+        self._proc_roots: tuple[object, tuple[SlurmRoot, ...]] = (None, ())
 
     def version(self) -> int:
         """2 on a pure cgroup v2 mount, else 1 (``roots.cgroup_version``)."""
@@ -169,13 +171,19 @@ class CgroupFS:
         """Slurm's tree roots as /proc/<pid>/cgroup names them, per hierarchy: the only
         places where a process's cgroup path may name its job (``job_under_roots``)."""
         roots = self._roots.current(self._clock())
+        made_from, made = self._proc_roots
+        if made_from is roots:  # asked twice a sample (GPU and relay sources): no change
+            return made
         if self._roots.version == 2:
             base = os.fspath(self.root).rstrip("/")
-            return tuple(SlurmRoot(frozenset(), "/" + os.path.relpath(path, base))
+            made = tuple(SlurmRoot(frozenset(), "/" + os.path.relpath(path, base))
                          for _, path in roots)
-        # A v1 root sits right under its hierarchy's mount: "/<ctrl>/slurm_<node>".
-        return tuple(SlurmRoot(controllers, "/" + os.path.basename(path))
-                     for controllers, path in roots)
+        else:
+            # A v1 root sits right under its hierarchy's mount: "/<ctrl>/slurm_<node>".
+            made = tuple(SlurmRoot(controllers, "/" + os.path.basename(path))
+                         for controllers, path in roots)
+        self._proc_roots = (roots, made)
+        return made
 
     def find_jobs(self, expected: Iterable[str] = ()) -> dict[str, JobCgroup]:
         """Every job with a cgroup on this node, keyed by job key (job id or SLUID).
@@ -196,14 +204,12 @@ class CgroupFS:
     def _list_jobs(
         self, roots: list[tuple[frozenset[str], str]], now: float
     ) -> tuple[_Found, bool]:
-        """(job key -> (uid, is_sluid, instance -> controller -> dir), a root vanished).
-
-        The last listing is reused while the roots are the same and inotify told of
-        no change in the directories it read (``DirWatch``). A root's own removal or
-        move is an event; its parent cannot be renamed on cgroupfs (v2 refuses any
-        rename with EPERM, a v1 root's parent is its hierarchy's mount point)."""
+        """(job key -> (uid, is_sluid, instance -> controller -> dir), a root vanished);
+        the last listing while the roots are the same and inotify told of no change."""
         version = self._roots.version
         watch = self._dir_watch
+        # A root's removal or move is an event; cgroupfs cannot rename its parent (v2
+        # refuses any rename, a v1 root's parent is its hierarchy's mount point).
         if watch.unchanged((version, tuple(roots)), now) and self._listed is not None:
             return self._listed, False
         # A job has one set of directories per slurmd instance: per v1 "slurm*" name
