@@ -12,6 +12,7 @@ import errno
 import os
 import struct
 import weakref
+from collections.abc import Callable
 
 __all__ = ["IN_CREATE", "IN_DELETE", "IN_DELETE_SELF", "IN_IGNORED", "IN_MOVED_FROM",
            "IN_MOVED_TO", "IN_MOVE_SELF", "IN_ONLYDIR", "IN_Q_OVERFLOW", "Inotify"]
@@ -33,7 +34,7 @@ _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (of the name that follow
 _READ_SIZE = 64 * 1024  # room for many events; one needs at most 16 + NAME_MAX + 1
 
 
-def _libc_function(name: str, argtypes: list[type]) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+def _libc_function(name: str, argtypes: list[type]) -> Callable[..., int]:
     try:
         function = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (AttributeError, OSError) as exc:
