@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
             log.error("refusing to start: %s", exc)
             return 2
         errors = SourceErrors()
-        node = Node(args, CgroupFS(args.cgroup_root, held_files=held_files_budget(cap)),
-                    errors, trusted_uids, stack, simulation)
+        cgroups = CgroupFS(args.cgroup_root, held_files=held_files_budget(cap))
+        stack.callback(cgroups.close)  # its held files and inotify fd, after the sampler
+        node = Node(args, cgroups, errors, trusted_uids, stack, simulation)
         sources = build_sources(node)
         holder = ExpositionHolder(stale_after=max(120.0, 10 * args.sample_interval))
         sampler = Sampler(sources, errors, args.sample_interval,

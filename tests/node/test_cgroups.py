@@ -341,8 +341,11 @@ def test_vanished_root_triggers_a_new_search(tmp_path: Path) -> None:
     root = layout_copy(tmp_path, "v2-custom-slice")
     fs = CgroupFS(root, rescan_interval=3600.0, clock=lambda: 0.0)
     assert set(fs.find_jobs()) == {"601"}
-    # slurmd restarted with another CgroupSlice: the old scope is gone.
-    (root / "slurm.slice").rename(root / "compute.slice")
+    # slurmd restarted with another CgroupSlice: the old scope is gone. (Made anew and
+    # removed, not renamed: cgroup v2 refuses a rename, and a watch on the scope
+    # would follow a renamed parent without an event.)
+    shutil.copytree(root / "slurm.slice", root / "compute.slice")
+    shutil.rmtree(root / "slurm.slice")
     assert fs.find_jobs() == {}
     assert set(fs.find_jobs()) == {"601"}
 

@@ -28,8 +28,9 @@ JobID,Sluid`` (or ``%s``), ``scontrol -d show job`` (``SLUID=``),
 ``.jobs[].step_id.sluid`` of ``squeue --json`` and ``.jobs[].sluid`` of ``sacct --json``.
 
 Cost: finding jobs lists only Slurm's own levels (the ``slurm*`` / scope
-directories, their ``uid_*`` and job children); when the roots are looked for again
-is roots.py's business.
+directories, their ``uid_*`` and job children), and only when inotify told of a
+change there since the last listing (watch.py), or a minute passed; when the roots
+are looked for again is roots.py's business.
 """
 
 from __future__ import annotations
@@ -46,9 +47,14 @@ from slurm_gpu_exporter.node.cgroup.paths import SlurmRoot
 from slurm_gpu_exporter.node.cgroup.roots import RootTracker, cgroup_version
 from slurm_gpu_exporter.node.cgroup.v1 import jobs_under_v1, read_v1
 from slurm_gpu_exporter.node.cgroup.v2 import V2Reader, jobs_under_v2
+from slurm_gpu_exporter.node.cgroup.watch import DirWatch
 from slurm_gpu_exporter.node.kernelfile import HeldFiles, read_kernel_file
 
 __all__ = ["CgroupFS", "CgroupGone", "JobCgroup", "JobCgroupStats"]
+
+# job key -> (uid, is_sluid, slurmd instance -> controller -> job dir), as listed.
+_Found = dict[str, tuple[int | None, bool, dict[str, dict[str, str]]]]
+
 
 class CgroupGone(Exception):
     """The job's cgroup vanished while it was being read: the job ended, a normal outcome."""
@@ -125,12 +131,15 @@ class CgroupFS:
         steady_ttl: float = 60.0,
         held_files: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        dir_watch: DirWatch | None = None,
     ) -> None:
         """``rescan_interval``: seconds between searches for Slurm's tree roots;
         ``steady_ttl``: seconds a job's cpuset and memory limit are kept before being
         read again (they do not change while a job runs, short of an admin's hand);
         ``held_files``: how many of the jobs' accounting files may be kept open
-        between samples (HeldFiles; 0: every file opened on each read)."""
+        between samples (HeldFiles; 0: every file opened on each read);
+        ``dir_watch``: tells whether Slurm's directories changed since listed
+        (default: inotify, opened at the first listing)."""
         self.root = Path(root)
         self._clock = clock
         self._roots = RootTracker(self.root, rescan_interval)
@@ -142,6 +151,8 @@ class CgroupFS:
         self._v1_leaves = StepLeaves(clock)
         self._v2 = V2Reader(self._steady, self._read)
         self._live: set[str] = set()  # the job directories found by the last scan
+        self._dir_watch = dir_watch if dir_watch is not None else DirWatch()
+        self._listed: _Found | None = None  # what the last listing found
         # proc_roots() of the roots list it was made from (a new list on every change).
         self._proc_roots: tuple[object, tuple[SlurmRoot, ...]] = (None, ())
 
@@ -182,22 +193,28 @@ class CgroupFS:
         """
         now = self._clock()
         roots = self._roots.current(now)
-        found, stale = self._list_jobs(roots)
+        found, stale = self._list_jobs(roots, now)
         new_jobs = self._roots.track_new(now, found, expected)
         if new_jobs and not stale and self._roots.rescan_late():
-            found, stale = self._list_jobs(self._roots.roots)
+            found, stale = self._list_jobs(self._roots.roots, now)
         if stale:
             self._roots.forget()
         return self._job_cgroups(found)
 
     def _list_jobs(
-        self, roots: list[tuple[frozenset[str], str]]
-    ) -> tuple[dict[str, tuple[int | None, bool, dict[str, dict[str, str]]]], bool]:
-        """(job key -> (uid, is_sluid, instance -> controller -> dir), a root vanished)."""
+        self, roots: list[tuple[frozenset[str], str]], now: float
+    ) -> tuple[_Found, bool]:
+        """(job key -> (uid, is_sluid, instance -> controller -> dir), a root vanished);
+        the last listing while the roots are the same and inotify told of no change."""
         version = self._roots.version
+        watch = self._dir_watch
+        # A root's removal or move is an event; cgroupfs cannot rename its parent (v2
+        # refuses any rename, a v1 root's parent is its hierarchy's mount point).
+        if watch.unchanged((version, tuple(roots)), now) and self._listed is not None:
+            return self._listed, False
         # A job has one set of directories per slurmd instance: per v1 "slurm*" name
         # (shared by all controllers) or per v2 scope.
-        found: dict[str, tuple[int | None, bool, dict[str, dict[str, str]]]] = {}
+        found: _Found = {}
         stale = False
         for controllers, top in roots:
             if not os.path.isdir(top):
@@ -205,16 +222,16 @@ class CgroupFS:
                 continue
             instance = top if version == 2 else os.path.basename(top)
             jobs_under = jobs_under_v2 if version == 2 else jobs_under_v1
-            for job_key, uid, is_sluid, job_dir in jobs_under(top):
+            for job_key, uid, is_sluid, job_dir in jobs_under(top, watch.watch):
                 _, _, instances = found.setdefault(job_key, (uid, is_sluid, {}))
                 dirs = instances.setdefault(instance, {})
                 for ctrl in controllers:
                     dirs[ctrl] = job_dir
+        watch.listed(complete=not stale)
+        self._listed = found
         return found, stale
 
-    def _job_cgroups(
-        self, found: dict[str, tuple[int | None, bool, dict[str, dict[str, str]]]]
-    ) -> dict[str, JobCgroup]:
+    def _job_cgroups(self, found: _Found) -> dict[str, JobCgroup]:
         version = self._roots.version
         jobs: dict[str, JobCgroup] = {}
         for job_key, (uid, is_sluid, instances) in found.items():
@@ -262,9 +279,10 @@ class CgroupFS:
         return list(self._held)
 
     def close(self) -> None:
-        """Close the files held open, for a caller done with this CgroupFS (the agent
-        leaves them to its exit)."""
+        """Close the files held open and the inotify fd, for a caller done with this
+        CgroupFS (the agent's exit stack calls it)."""
         self._held.close()
+        self._dir_watch.close()
 
     def read_stats(self, job: JobCgroup) -> JobCgroupStats:
         """Read one job's accounting; raises CgroupGone when its directory vanished.

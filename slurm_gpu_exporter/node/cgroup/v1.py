@@ -7,7 +7,7 @@ and reads one job's accounting from its controller directories.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from slurm_gpu_exporter.node.cgroup.files import (
@@ -68,19 +68,25 @@ def scan_v1_roots(root: Path) -> tuple[Roots, dict[str, frozenset[str]]]:
     return roots, bare
 
 
-def jobs_under_v1(top: str) -> Iterator[tuple[str, int | None, bool, str]]:
+def jobs_under_v1(top: str, watch: Callable[[str], None] | None = None
+                  ) -> Iterator[tuple[str, int | None, bool, str]]:
     """(job id, uid, False, job dir) for every ``uid_<uid>/job_<id>`` under a Slurm root.
 
-    By name alone (this runs every sample): such a name has no dot, so in a cgroup
-    tree it is a directory, never an interface file. The listings run every sample:
-    cgroupfs (v1 and v2, kernel 6.18) does not change a directory's mtime when a child
-    cgroup is made or removed, so there is no cheaper "unchanged" check. Most names
-    are interface files: a prefix test skips them before the pattern."""
+    By name alone: such a name has no dot, so in a cgroup tree it is a directory,
+    never an interface file. Most names are interface files: a prefix test skips them
+    before the pattern. cgroupfs (v1 and v2, kernel 6.18) does not change a
+    directory's mtime when a child cgroup is made or removed; ``watch`` is called on
+    the root and each ``uid_<n>`` dir before it is listed (watch.DirWatch: inotify
+    tells of a change, and the caller lists again only then)."""
+    if watch is not None:
+        watch(top)
     for uid_name in names(top):
         uid_m = UID_RE.fullmatch(uid_name) if uid_name.startswith("uid_") else None
         if uid_m is None:
             continue
         uid_dir = f"{top}/{uid_name}"
+        if watch is not None:
+            watch(uid_dir)
         for job_name in names(uid_dir):
             job_m = JOB_RE.fullmatch(job_name) if job_name.startswith("job_") else None
             if job_m is not None:

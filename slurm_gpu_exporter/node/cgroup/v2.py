@@ -7,7 +7,7 @@ them, and reads one job's accounting from its directory.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from slurm_gpu_exporter.node.cgroup.files import (
@@ -43,8 +43,14 @@ def scan_v2_roots(root: Path) -> list[str]:
     return sorted(roots)
 
 
-def jobs_under_v2(top: str) -> Iterator[tuple[str, int | None, bool, str]]:
-    """(job key, None, is_sluid, job dir) for every job directory in a scope."""
+def jobs_under_v2(top: str, watch: Callable[[str], None] | None = None
+                  ) -> Iterator[tuple[str, int | None, bool, str]]:
+    """(job key, None, is_sluid, job dir) for every job directory in a scope.
+
+    ``watch`` is called on the scope before it is listed (watch.DirWatch); the jobs'
+    own directories are never watched."""
+    if watch is not None:
+        watch(top)
     for entry in subdirs(top):
         key = job_dir_key(entry.name)
         if key is not None:
