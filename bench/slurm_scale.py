@@ -24,6 +24,7 @@ import fcntl
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -143,6 +144,9 @@ def main() -> None:
     parser.add_argument("--share-seconds", type=float, default=300.0,
                         help="how long (0: not at all)")
     parser.add_argument("--scrape-every", type=float, default=30.0)
+    parser.add_argument("--profile-at", type=int, default=-1,
+                        help="job count at which to run cycle_profile.py over the same jobs "
+                             "(results/cycle_profile_slurm<N>[_<tag>].json); -1: none")
     parser.add_argument("--idle-samples", action="store_true",
                         help="idle GPUs keep taking a sample every period (the fake's "
                              "idle_samples; default: an idle GPU's buffer answers NOT_FOUND)")
@@ -155,7 +159,9 @@ def main() -> None:
         print(f"waiting for {LOCK} ...", flush=True)
         fcntl.flock(lock, fcntl.LOCK_EX)
         results = run(levels, args.window, (args.share_at, args.share_seconds, args.scrape_every),
-                      idle_samples=args.idle_samples)
+                      idle_samples=args.idle_samples,
+                      profile=(args.profile_at, f"slurm{args.profile_at}"
+                               + (f"_{args.tag}" if args.tag else "")))
     figures: dict[str, object] = {
         "command": "python bench/slurm_scale.py " + " ".join(sys.argv[1:]),
         "cpus": os.cpu_count(),
@@ -173,7 +179,8 @@ def main() -> None:
 
 
 def run(levels: list[int], window: float, share: tuple[int, float, float],
-        idle_samples: bool = False) -> dict[str, dict[str, object]]:
+        idle_samples: bool = False, profile: tuple[int, str] = (-1, "")
+        ) -> dict[str, dict[str, object]]:
     cluster = SlurmCluster()
     started_here = not cluster.is_up()
     cluster.up()
@@ -220,6 +227,12 @@ def run(levels: list[int], window: float, share: tuple[int, float, float],
                                     f"{share[2]:g}s"] = cpu_share(pid, agent.url, share[1],
                                                                   share[2])
                 print(n, results[str(n)], flush=True)
+                if n == profile[0]:  # in process, over the same jobs; after the figures
+                    subprocess.run([sys.executable, str(Path(__file__).parent / "cycle_profile.py"),
+                                    "--spool-dir", str(cluster.spool_dir),
+                                    "--node-name", cluster.node_name, "--tag", profile[1]]
+                                   + (["--idle-samples"] if idle_samples else []),
+                                   env={**os.environ, **cluster.env}, check=False)
         finally:
             agent.stop()
             for jobid in jobs:
