@@ -145,8 +145,9 @@ def main() -> None:
                         help="how long (0: not at all)")
     parser.add_argument("--scrape-every", type=float, default=30.0)
     parser.add_argument("--profile-at", type=int, default=-1,
-                        help="job count at which to run cycle_profile.py over the same jobs "
-                             "(results/cycle_profile_slurm<N>[_<tag>].json); -1: none")
+                        help="job count at which to run cycle_profile.py over the same jobs, "
+                             "profiled and not (results/cycle_profile_slurm<N>[_<tag>][_timed]"
+                             ".json); -1: none")
     parser.add_argument("--idle-samples", action="store_true",
                         help="idle GPUs keep taking a sample every period (the fake's "
                              "idle_samples; default: an idle GPU's buffer answers NOT_FOUND)")
@@ -228,11 +229,14 @@ def run(levels: list[int], window: float, share: tuple[int, float, float],
                                                                   share[2])
                 print(n, results[str(n)], flush=True)
                 if n == profile[0]:  # in process, over the same jobs; after the figures
-                    subprocess.run([sys.executable, str(Path(__file__).parent / "cycle_profile.py"),
-                                    "--spool-dir", str(cluster.spool_dir),
-                                    "--node-name", cluster.node_name, "--tag", profile[1]]
-                                   + (["--idle-samples"] if idle_samples else []),
-                                   env={**os.environ, **cluster.env}, check=False)
+                    for how in (["--tag", profile[1]], ["--no-profile", "--tag",
+                                                        profile[1] + "_timed"]):
+                        subprocess.run([sys.executable,
+                                        str(Path(__file__).parent / "cycle_profile.py"),
+                                        "--spool-dir", str(cluster.spool_dir),
+                                        "--node-name", cluster.node_name, *how]
+                                       + (["--idle-samples"] if idle_samples else []),
+                                       env={**os.environ, **cluster.env}, check=False)
         finally:
             agent.stop()
             for jobid in jobs:

@@ -73,7 +73,9 @@ class UsageReader:
 
     def holders(self, target: GpuTarget, running: list[Job]) -> list[str]:
         """Ids of the running jobs whose allocation covers the target."""
-        return [j.jobid for j in running if held_targets(j.allocation, [target])]
+        # Most jobs on a node hold no GPU: skip them before building sets (per GPU).
+        return [j.jobid for j in running
+                if j.allocation.count and held_targets(j.allocation, [target])]
 
     def forget(self, seen_pids: set[int]) -> None:
         """Drop the users of processes no longer seen."""
