@@ -633,6 +633,30 @@ def test_a_jobs_cpuset_and_memory_limit_are_read_again_only_after_the_steady_ttl
     assert steady & set(opened)
 
 
+@pytest.mark.parametrize(("layout", "job_key", "limit_file", "unlimited"), [
+    ("v1-slurm", "101", "memory.limit_in_bytes", "9223372036854771712"),
+    ("v2-system-slice", "401", "memory.max", "max"),
+])
+def test_no_memory_limit_is_steady_too_and_read_again_only_after_the_ttl(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, job_key: str,
+        limit_file: str, unlimited: str) -> None:
+    # A job without a memory limit (no ConstrainRAMSpace) is as steady as one with.
+    clock = Clock()
+    fs = CgroupFS(layout_copy(tmp_path, layout), steady_ttl=60.0, clock=clock)
+    job = fs.find_jobs()[job_key]
+    memory_dir = job.dirs["memory" if "memory" in job.dirs else UNIFIED]
+    (memory_dir / limit_file).write_text(unlimited + "\n")
+    assert fs.read_stats(job).memory_limit_bytes is None
+    opened = _opened_files(monkeypatch)
+    clock.now += 30
+    assert fs.read_stats(job).memory_limit_bytes is None
+    assert limit_file not in opened
+    clock.now += 31
+    (memory_dir / limit_file).write_text(f"{2 * GIB}\n")  # an admin set one meanwhile
+    assert fs.read_stats(job).memory_limit_bytes == 2 * GIB
+    assert limit_file in opened
+
+
 def test_a_changed_memory_limit_shows_once_the_steady_ttl_has_passed(tmp_path: Path) -> None:
     clock = Clock()
     root = layout_copy(tmp_path, "v2-system-slice")

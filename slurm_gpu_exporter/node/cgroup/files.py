@@ -123,6 +123,16 @@ def read_cpus(path: str) -> frozenset[int] | None:
     return cpus or None
 
 
+# What a limit file's reader gives for "no limit": a value SteadyFiles keeps, as it
+# keeps a number (None, "could not read", is read again at the next sample).
+NO_LIMIT = -1
+
+
+def limit_or_none(value: object) -> int | None:
+    """A steady limit as the stats give it: None for NO_LIMIT (and for no value)."""
+    return None if value is None or value == NO_LIMIT else value  # type: ignore[return-value]
+
+
 class SteadyFiles:
     """Values of files that hardly ever change while a job runs (its cpuset, its memory
     limit), read again every ``ttl`` seconds instead of on every sample.

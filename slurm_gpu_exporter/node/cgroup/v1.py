@@ -11,10 +11,12 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from slurm_gpu_exporter.node.cgroup.files import (
+    NO_LIMIT,
     PartialStats,
     Reader,
     SteadyFiles,
     StepLeaves,
+    limit_or_none,
     names,
     read_cpus,
     read_int,
@@ -98,8 +100,9 @@ def _read_job_cpus(cpuset: str) -> frozenset[int] | None:
 
 
 def _read_limit(path: str) -> int | None:
+    """memory.limit_in_bytes: bytes, NO_LIMIT where unlimited, None where unreadable."""
     limit = read_int(path)
-    return limit if limit is not None and limit < V1_UNLIMITED else None
+    return NO_LIMIT if limit is not None and limit >= V1_UNLIMITED else limit
 
 
 def read_v1(dirs: Mapping[str, Path], steady: SteadyFiles, leaves: StepLeaves,
@@ -124,7 +127,8 @@ def read_v1(dirs: Mapping[str, Path], steady: SteadyFiles, leaves: StepLeaves,
         inactive = read_keyed(f"{memory}/memory.stat", "total_inactive_file", read)
         if usage is not None:
             out.memory_used = max(0, usage - (inactive or 0))
-        out.memory_limit = steady.get(f"{memory}/memory.limit_in_bytes", _read_limit)  # type: ignore[assignment]
+        out.memory_limit = limit_or_none(steady.get(f"{memory}/memory.limit_in_bytes",
+                                                    _read_limit))
         out.memory_peak = read_int(f"{memory}/memory.max_usage_in_bytes", read)
         out.oom_kills = read_keyed(f"{memory}/memory.oom_control", "oom_kill", read)
         out.missing = out.missing or usage is None or out.memory_peak is None

@@ -11,10 +11,12 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from slurm_gpu_exporter.node.cgroup.files import (
+    NO_LIMIT,
     UNIFIED,
     PartialStats,
     Reader,
     SteadyFiles,
+    limit_or_none,
     pids_of,
     read_cpus,
     read_int,
@@ -58,10 +60,12 @@ def jobs_under_v2(top: str, watch: Callable[[str], None] | None = None
 
 
 def _read_max(path: str) -> int | None:
-    """memory.max: bytes, or None for "max" (no limit) and anything odd."""
+    """memory.max: bytes, NO_LIMIT for "max", None for anything odd or unreadable."""
     text = read_text(path)
-    if text is None or text.strip() == "max":
+    if text is None:
         return None
+    if text.strip() == "max":
+        return NO_LIMIT
     try:
         return int(text.strip())
     except ValueError:
@@ -110,7 +114,7 @@ class V2Reader:
         inactive = read_keyed(f"{job_dir}/memory.stat", "inactive_file", read)
         if current is not None:
             out.memory_used = max(0, current - (inactive or 0))
-        out.memory_limit = self._steady.get(f"{job_dir}/memory.max", _read_max)  # type: ignore[assignment]
+        out.memory_limit = limit_or_none(self._steady.get(f"{job_dir}/memory.max", _read_max))
         out.memory_peak = read_int(f"{job_dir}/memory.peak", read)  # Linux 5.19 and later
         out.oom_kills = read_keyed(f"{job_dir}/memory.events", "oom_kill", read)
         out.pids = self._pids(job_dir)
