@@ -4,6 +4,7 @@ and the files the sampler keeps open to read them again cheaply."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 
 __all__ = ["HeldFiles", "read_kernel_file"]
@@ -52,14 +53,26 @@ class HeldFiles:
 
     Only for files that are never empty (a number, a table of them): the kernel starts
     a file again from its first line when a read at offset 0 follows a read that ended
-    elsewhere, and a file last read as empty ends at 0. Never for ``cgroup.procs``: v1
-    keeps the pid list of an open one while it is read again within a second.
+    elsewhere, and a file last read as empty ends at 0. ``cgroup.procs`` (which may be
+    empty) is the exception, with a rule of its own: v1 keeps the pid list an open one
+    loaded, for every reader of that cgroup, until no read has used it for a second
+    (CGROUP_PIDLIST_DESTROY_DELAY), and a read from an open file within that time gets
+    that list, while a fresh open loads a new one. A held ``cgroup.procs`` is therefore
+    read with ``pread`` only when its last read is ``PID_LIST_FRESH_S`` old (samples
+    seconds apart); one read sooner (short sample intervals, a step walked twice) is
+    opened afresh. tests/node/test_held_files.py checks both on a real cgroup.
     """
 
-    def __init__(self, limit: int, mountinfo: str = "/proc/self/mountinfo") -> None:
+    PID_LIST = "/cgroup.procs"
+    PID_LIST_FRESH_S = 3.0  # three times the kernel's delay: its work queue may lag
+
+    def __init__(self, limit: int, mountinfo: str = "/proc/self/mountinfo",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.limit = limit
         self._mountinfo = mountinfo
+        self._clock = clock  # real time: the kernel's delay is
         self._fds: dict[str, int] = {}
+        self._pid_lists_read: dict[str, float] = {}  # held cgroup.procs -> its last read
         self._kernel_dev: dict[int, bool] = {}  # st_dev -> on a kernel filesystem
 
     def __len__(self) -> int:
@@ -72,6 +85,24 @@ class HeldFiles:
     def read(self, path: str) -> bytes:
         """The file's current content; raises OSError as ``read_kernel_file`` does."""
         fd = self._fds.get(path)
+        if path.endswith(self.PID_LIST):
+            now = self._clock()
+            last = self._pid_lists_read.get(path)
+            if fd is not None and last is not None and now - last < self.PID_LIST_FRESH_S:
+                try:
+                    data = read_kernel_file(path)  # the held one would read the kept list
+                except OSError:
+                    self._close(path)  # the cgroup went: so does the held file
+                    raise
+                self._pid_lists_read[path] = now
+                return data
+            data = self._read(path, fd)
+            if path in self._fds:
+                self._pid_lists_read[path] = now
+            return data
+        return self._read(path, fd)
+
+    def _read(self, path: str, fd: int | None) -> bytes:
         if fd is not None:
             try:
                 data = os.pread(fd, _READ_CHUNK, 0)
@@ -107,6 +138,7 @@ class HeldFiles:
             self._close(path)
 
     def _close(self, path: str) -> None:
+        self._pid_lists_read.pop(path, None)
         fd = self._fds.pop(path, None)
         if fd is not None:
             os.close(fd)

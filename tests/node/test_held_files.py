@@ -1,7 +1,7 @@
 """Cgroup files the sampler keeps open (``HeldFiles``) read the kernel's current
 values, fail once their cgroup is removed, and find a cgroup made again at the same
-path; regular files (a synthetic tree, the simulated node) are never held, nor is
-``cgroup.procs``.
+path; regular files (a synthetic tree, the simulated node) are never held;
+``cgroup.procs`` is held under a rule of its own.
 
 On a real cgroup this node mounts (v1 cpuacct, else the v2 tree), with a real busy
 process moved in and out.
@@ -87,18 +87,48 @@ def test_a_held_cgroup_file_reads_current_values_and_follows_its_cgroup() -> Non
             path.rmdir()
 
 
-def test_cgroup_procs_is_never_held() -> None:
+def test_a_held_cgroup_procs_reads_the_pids_of_now_however_soon_it_is_read_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # v1 keeps the pid list an open cgroup.procs loaded while reads use it within a
+    # second: a held one is read only when its last read is old enough (real time, the
+    # kernel's), one read sooner is opened afresh. Both, and empty <-> not, checked.
     path, _ = accounting_file(f"sge-held-procs-{os.getpid()}")
+    held = HeldFiles(limit=16)
+    held.PID_LIST_FRESH_S = 1.5  # the rule, shortened from 3 s to keep the test short
+    procs = os.fspath(path)
+    opens: list[str] = []
+    real_open = os.open
+
+    def counting_open(file: str, *args: int, **kwargs: int) -> int:
+        opens.append(os.fspath(file))
+        return real_open(file, *args, **kwargs)
+
     path.mkdir()
     try:
         with busy_process() as busy:
-            assert read_procs(os.fspath(path)) == []
+            monkeypatch.setattr(os, "open", counting_open)
+            assert read_procs(procs, held.read) == [] and len(held) == 1
             move(busy.pid, path)
-            assert read_procs(os.fspath(path)) == [busy.pid]
+            assert read_procs(procs, held.read) == [busy.pid], "read again at once"
+            assert len(opens) == 2, "opened afresh: the held one would read the kept list"
+            time.sleep(1.6)
+            assert read_procs(procs, held.read) == [busy.pid] and len(opens) == 2
             move(busy.pid, path.parent)
-            assert read_procs(os.fspath(path)) == []
+            time.sleep(1.6)
+            assert read_procs(procs, held.read) == [] and len(opens) == 2
+            move(busy.pid, path)
+            time.sleep(1.6)
+            assert read_procs(procs, held.read) == [busy.pid], "empty, then not"
+            assert len(opens) == 2, "each read after the wait is the held file's"
+            move(busy.pid, path.parent)
+            assert read_procs(procs, held.read) == [] and len(opens) == 3
+            path.rmdir()
+            assert read_procs(procs, held.read) is None and len(held) == 0
     finally:
-        path.rmdir()
+        monkeypatch.undo()
+        held.close()
+        with contextlib.suppress(FileNotFoundError):
+            path.rmdir()
 
 
 def test_regular_files_are_never_held_and_a_replaced_one_reads_anew(tmp_path: Path) -> None:
@@ -149,8 +179,8 @@ def test_the_sampler_holds_a_jobs_accounting_files_and_closes_them_when_it_goes(
         assert stats.cpu_seconds == 0 and stats.memory_used_bytes is not None
         ours = [p for p in fs.held_files() if f"/{top}/" in p]
         assert sorted(os.path.basename(p) for p in ours) == [
-            "cpuacct.usage", "memory.max_usage_in_bytes", "memory.oom_control",
-            "memory.stat", "memory.usage_in_bytes"]
+            "cgroup.procs", "cpuacct.usage", "memory.max_usage_in_bytes",
+            "memory.oom_control", "memory.stat", "memory.usage_in_bytes"]
         for step in made:
             step.rmdir()
             step.parent.rmdir()

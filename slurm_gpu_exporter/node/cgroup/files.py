@@ -164,12 +164,12 @@ class SteadyFiles:
                         if os.path.dirname(p) in live_dirs}
 
 
-def read_procs(directory: str) -> list[int] | None:
+def read_procs(directory: str, read: Reader = read_kernel_file) -> list[int] | None:
     """Pids in one cgroup; None when the cgroup is gone.
 
-    Always opened afresh, never held (HeldFiles): v1 keeps the pid list of an open
-    ``cgroup.procs`` while it is read again within a second, so a held one reads stale."""
-    data = read_cgroup_file(directory + "/cgroup.procs")
+    ``read``: HeldFiles.read holds ``cgroup.procs`` open only under its own rule (v1
+    keeps the pid list of an open one while it is read again within a second)."""
+    data = read_cgroup_file(directory + "/cgroup.procs", read)
     if data is None:
         return None
     try:
@@ -262,8 +262,9 @@ class StepLeaves:
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, young: float = 10.0,
-                 rewalk: float = 60.0) -> None:
+                 rewalk: float = 60.0, read: Reader = read_kernel_file) -> None:
         self._clock = clock
+        self._read = read  # of the leaves' cgroup.procs
         self._young = young
         self._rewalk = rewalk
         # step dir -> (first seen, last walked, its leaves then)
@@ -309,10 +310,10 @@ class StepLeaves:
             first, walked, leaves = self._steps.get(step, (now, now, ()))
             known = step in self._steps and now - first >= self._young \
                 and now - walked < self._rewalk
-            got = pids_of(leaves) if known else None
+            got = pids_of(leaves, self._read) if known else None
             if got is None:  # new, young, due, or a leaf vanished: walk the step again
                 leaves, walked = tuple(leaves_of_step(step, False)), now
-                got = pids_of(leaves)
+                got = pids_of(leaves, self._read)
             self._steps[step] = (first, walked, leaves)
             if got is None:  # the step is gone (or its cgroup.procs unreadable)
                 complete = False
@@ -326,11 +327,11 @@ class StepLeaves:
         self._listed = {d: v for d, v in self._listed.items() if d in live_dirs}
 
 
-def pids_of(leaves: Iterable[str]) -> frozenset[int] | None:
+def pids_of(leaves: Iterable[str], read: Reader = read_kernel_file) -> frozenset[int] | None:
     """Pids of all the leaves; None as soon as one is gone (the list is stale)."""
     pids: set[int] = set()
     for leaf in leaves:
-        got = read_procs(leaf)
+        got = read_procs(leaf, read)
         if got is None:
             return None
         pids.update(got)

@@ -148,7 +148,7 @@ class CgroupFS:
         self._steady = SteadyFiles(steady_ttl, clock)
         self._held = HeldFiles(held_files)
         self._read: Reader = self._held.read if held_files > 0 else read_kernel_file
-        self._v1_leaves = StepLeaves(clock)
+        self._v1_leaves = StepLeaves(clock, read=self._read)
         self._v2 = V2Reader(self._steady, self._read)
         self._live: set[str] = set()  # the job directories found by the last scan
         self._dir_watch = dir_watch if dir_watch is not None else DirWatch()

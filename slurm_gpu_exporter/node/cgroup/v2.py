@@ -92,13 +92,13 @@ class V2Reader:
         count = read_keyed(f"{job_dir}/cgroup.stat", "nr_descendants", self._read)
         cached = self._leaves.get(job_dir)
         if count is not None and cached is not None and cached[0] == count:
-            pids = pids_of(cached[1])
+            pids = pids_of(cached[1], self._read)
             if pids is not None:
                 return pids
         leaves = tuple(step_leaves(job_dir, True))
         if count is not None:
             self._leaves[job_dir] = (count, leaves)
-        return pids_of(leaves) or frozenset()
+        return pids_of(leaves, self._read) or frozenset()
 
     def read(self, dirs: Mapping[str, Path]) -> PartialStats:
         """One job's accounting from its directory (one slurmd instance)."""
