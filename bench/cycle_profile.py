@@ -2,7 +2,7 @@
 over a real node's cgroups and spool (the test cluster's, or any), the fake NVML.
 
 Each ``Sampler.sample_once`` runs in this process's main thread, timed by step with
-``time.thread_time`` (the NVML reads run in their own short threads and are counted
+``time.thread_time`` (the NVML reads run on the reader thread and are counted
 apart, as the process CPU minus this thread's), and profiled with cProfile: the top
 functions by own time and by inclusive time go into the results file. Read-only: the
 spool and cgroups are only read, the state dir is a temporary one.
