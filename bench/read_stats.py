@@ -34,8 +34,9 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(args.code.resolve()))
     sys.path.insert(1, str(ROOT / "bench"))
-    import slurm_gpu_exporter
     from common import record
+
+    import slurm_gpu_exporter
     from slurm_gpu_exporter.node.cgroup import CgroupFS
     from slurm_gpu_exporter.node.cgroup.fs import JobCgroup
 
