@@ -176,7 +176,7 @@ def test_close_under_a_hung_read_returns_at_once_and_that_thread_serves_no_later
     assert noting_link.read({}) is None  # queued behind it
     started = time.monotonic()
     noting_link.close()
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 0.8  # a join of the hung reader would take 1 s
     assert noting.shutdowns == 0 and old.is_alive()
     clock.now += 60.0
     assert noting_link.read({}) is not None  # a new generation, a fresh reader thread
@@ -263,7 +263,7 @@ def test_close_during_the_xid_wait_returns_and_the_wait_shuts_nvml_down_when_it_
     wait_until(backend.waiting.is_set, 5, "the Xid wait", poll=0.01)
     started = time.monotonic()
     link.close()
-    assert time.monotonic() - started < 1.0  # not the wait's 5 s
+    assert time.monotonic() - started < 3.0  # not the wait's 5 s
     assert backend.shutdowns == 0  # never under the driver's wait
     backend.release.set()
     wait_until(lambda: backend.shutdowns == 1, 5, "the shutdown after the wait", poll=0.01)
