@@ -202,9 +202,8 @@ def test_owner_follows_their_running_job_in_a_terminal_to_its_summary(
     assert moved >= 4, (first, frames[-1])
 
     def ended() -> tuple[bool, str] | None:
-        # tmux can show the pane dead a moment before it has its exit status
         dead, status = tmux.dead()
-        return (dead, status) if dead and status else None
+        return (dead, status) if dead else None
 
     _, status = wait_until(ended, JOB_S + 90, "top to exit after the job's end", poll=1,
                            log=log)
