@@ -101,6 +101,9 @@ class Tmux:
         # read before the session's command runs: its last screen stays once it exits
         conf.write_text("set-option -g remain-on-exit on\n")
         self.conf = conf
+        # The exit status as the shell saw it: tmux 3.3 can mark a pane dead (its output
+        # closed) without ever recording its status.
+        self.status_file = where / "exit-status"
 
     def __call__(self, *args: str) -> str:
         return subprocess.run(["tmux", "-S", str(self.socket), "-f", str(self.conf), *args],
@@ -108,16 +111,19 @@ class Tmux:
                               check=True).stdout
 
     def start(self, argv: list[str]) -> None:
-        self("new-session", "-d", "-s", SESSION, "-x", "120", "-y", "40", shlex.join(argv))
+        command = f"{shlex.join(argv)}; echo $? > {shlex.quote(str(self.status_file))}"
+        self("new-session", "-d", "-s", SESSION, "-x", "120", "-y", "40", command)
 
     def screen(self) -> str:
         return self("capture-pane", "-p", "-t", SESSION)
 
     def dead(self) -> tuple[bool, str]:
         """Whether the command exited, and its exit status."""
-        dead, _, status = self("display-message", "-p", "-t", SESSION,
-                               "#{pane_dead} #{pane_dead_status}").strip().partition(" ")
-        return dead == "1", status
+        try:
+            status = self.status_file.read_text().strip()
+        except FileNotFoundError:
+            return False, ""
+        return bool(status), status  # made but not yet written: not yet
 
     def stop(self) -> None:
         # this server alone: it listens on the test's socket
