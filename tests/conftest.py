@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support import require
-from tests.support.slurmcluster import SlurmCluster, unavailable_reason
+from tests.support.slurmcluster import RELEASES, SlurmCluster, host_release, unavailable_reason
 
 # Markers that name a real component: each means the test starts that component.
 COMPONENT_MARKERS = ("slurm", "prometheus", "fakenvml", "mlflow")
@@ -143,16 +143,49 @@ def _processes_only_where_marked(request: pytest.FixtureRequest,
     monkeypatch.setattr(os, "fork", refuse)
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster(slurm_lock: None) -> Iterator[SlurmCluster]:
-    """The real one-node Slurm cluster, up for the whole session.
+def releases_to_run() -> tuple[str, ...]:
+    """The Slurm releases the tests marked ``every_release`` run on: $SGE_SLURM_RELEASES
+    (comma-separated), else all of them. The host's own comes first."""
+    wanted = os.environ.get("SGE_SLURM_RELEASES", "").replace(" ", "")
+    chosen = tuple(r for r in wanted.split(",") if r) if wanted else RELEASES
+    unknown = [r for r in chosen if r not in RELEASES]
+    if unknown:
+        raise pytest.UsageError(f"SGE_SLURM_RELEASES: unknown release {', '.join(unknown)} "
+                                f"(known: {', '.join(RELEASES)})")
+    host = _host_release()
+    return tuple(sorted(chosen, key=lambda r: r != host))
 
-    Started by this fixture when it is not running yet, and then stopped at the end;
-    a cluster someone started by hand (`scripts/slurm-testcluster up`) is left running.
+
+def _host_release() -> str:
+    """The host's own release, where the other tests of Slurm run (22.05 when the host
+    has no Slurm: those tests then skip, or fail under CI)."""
+    return host_release() or "22.05"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests of what Slurm says or does (module mark ``every_release``) run once per
+    release; the other tests that use the cluster run on the host's release only. Every
+    use is parametrized, so one release's cluster is one fixture instance."""
+    if "slurm_cluster" not in metafunc.fixturenames:
+        return
+    every = metafunc.definition.get_closest_marker("every_release") is not None
+    releases = releases_to_run() if every else (_host_release(),)
+    metafunc.parametrize("slurm_cluster", releases, indirect=True, scope="session",
+                         ids=[f"slurm{r}" for r in releases])
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(request: pytest.FixtureRequest, slurm_lock: None) -> Iterator[SlurmCluster]:
+    """The real one-node Slurm cluster of one release, up while its tests run.
+
+    Started by this fixture when it is not running yet, and then stopped when the tests
+    move on to another release or end; a cluster someone started by hand
+    (`scripts/slurm-testcluster up`) is left running.
     """
-    reason = unavailable_reason()
+    release = getattr(request, "param", None)
+    reason = unavailable_reason(release)
     require(reason is None, reason or "")
-    cluster = SlurmCluster()
+    cluster = SlurmCluster(release=release)
     started_here = not cluster.is_up()
     cluster.up()
     try:

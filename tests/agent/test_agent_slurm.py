@@ -32,7 +32,7 @@ import pytest
 
 from tests.support import wait_until
 from tests.support.agent import Agent, series
-from tests.support.slurmcluster import ACCOUNTS, SBIN_PATH, SlurmCluster, SlurmError
+from tests.support.slurmcluster import ACCOUNTS, SlurmCluster, SlurmError
 
 INTERVAL = 1.0  # --sample-interval
 LINGER = 3.0  # --job-linger
@@ -40,6 +40,8 @@ GRACE = 2.0  # --cgroup-grace where a test depends on it
 MiB = 1 << 20
 
 T = TypeVar("T")
+
+pytestmark = pytest.mark.every_release
 
 
 # -- jobs ---------------------------------------------------------------------------
@@ -159,7 +161,7 @@ def running_agent(
     path = os.environ.get("PATH", "")
     env = {
         "SLURM_CONF": str(cluster.slurm_conf),
-        "PATH": f"{path}:{SBIN_PATH}" if path else SBIN_PATH,
+        "PATH": f"{cluster.path}:{path}" if path else cluster.path,
     }
     agent = Agent(args, env, tmp_path / log_name)
     try:
@@ -318,7 +320,7 @@ def test_prolog_recorded_gpu_job_is_exported_with_its_usage_and_goes_after_epilo
             memory_dir = cluster.job_cgroup_dir(jobid, "memory")
             assert memory_dir is not None
             assert limit == int((memory_dir / "memory.limit_in_bytes").read_text())
-            assert limit == tres_memory_bytes(sjob["TRES"])
+            assert limit == tres_memory_bytes(sjob.get("TRES") or sjob["AllocTRES"])
             used = s1.job("slurm_job_memory_used_bytes", jobid)
             assert used is not None and limit is not None and used < limit
             peak = s1.job("slurm_job_memory_peak_bytes", jobid)
@@ -425,7 +427,7 @@ def test_job_without_spool_record_is_discovered_from_its_cgroup_with_metadata_fr
             start = first.job("slurm_job_start_time_seconds", jobid)
             assert start is not None and abs(start - scontrol_start) < 1.5
             assert first.job("slurm_job_memory_limit_bytes", jobid) == tres_memory_bytes(
-                sjob["TRES"]
+                sjob.get("TRES") or sjob["AllocTRES"]  # AllocTRES since 23.02
             )
             assert (first.job("slurm_job_processes", jobid) or 0) >= 1
             cpu1 = first.job("slurm_job_cpu_seconds_total", jobid)

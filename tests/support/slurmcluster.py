@@ -1,8 +1,12 @@
 """Drive the real one-node Slurm test cluster (scripts/slurm-testcluster) from tests.
 
-The cluster is Debian's Slurm 22.05 with cgroup v1: every job gets directories
-``/sys/fs/cgroup/<controller>/slurm_<node>/uid_<uid>/job_<id>/step_<s>[/task_<n>]`` in
-cpuset, memory, devices, freezer, and (only with ``jobacct_gather/cgroup``) cpuacct.
+The cluster runs one Slurm release at a time (``SlurmCluster(release=...)``): the host's
+own (Debian 12's 22.05) or 24.11, 25.11 or 26.05 from a Debian 13 root, whose client
+commands come first on ``env``'s PATH. Each uses cgroup v1: every job gets directories
+``/sys/fs/cgroup/<controller>/<slurm root>/uid_<uid>/job_<id>/step_<s>[/task_<n>]`` in
+cpuset, memory, devices, freezer, and (only with ``jobacct_gather/cgroup``) cpuacct; the
+slurm root is ``slurm_<node>`` for Debian's packages (built with multiple-slurmd) and
+``slurm`` for a release built from its source.
 freezer holds every process of a step directly in the step directory (no task
 directories), so it is the one place to list a job's processes. The extern step's
 ``sleep`` runs as root; the batch and srun steps run as the job's user.
@@ -53,16 +57,40 @@ class SlurmError(RuntimeError):
     """A Slurm command failed or the cluster did not do what was asked in time."""
 
 
-def _which(name: str) -> str | None:
-    return shutil.which(name, path=SBIN_PATH)
+# The releases the cluster can run; the host's own runs from its packages.
+RELEASES = ("22.05", "24.11", "25.11", "26.05")
+# What a release in a Debian 13 root needs of the host besides its own Slurm.
+ROOT_BINARIES = ("munged", "mariadbd", "mmdebstrap", "unshare", "chroot")
 
 
-def unavailable_reason() -> str | None:
-    """Why the real cluster cannot run here, or None when it can."""
-    missing = [b for b in REQUIRED_BINARIES if _which(b) is None]
-    if missing:
-        return (f"missing {', '.join(missing)}"
-                " (apt-get install slurm-wlm slurmdbd mariadb-server munge)")
+def _which(name: str, path: str = SBIN_PATH) -> str | None:
+    return shutil.which(name, path=path)
+
+
+def host_release() -> str | None:
+    """The host's own Slurm release (major.minor, as slurmctld -V says), or None."""
+    slurmctld = _which("slurmctld")
+    if slurmctld is None:
+        return None
+    out = subprocess.run([slurmctld, "-V"], capture_output=True, text=True, check=False).stdout
+    m = re.search(r"(\d+)\.(\d+)", out)
+    return f"{int(m.group(1))}.{int(m.group(2)):02d}" if m else None
+
+
+def unavailable_reason(release: str | None = None) -> str | None:
+    """Why the real cluster (of ``release``; the host's own by default) cannot run here,
+    or None when it can."""
+    native = host_release()
+    if release is None or release == native:
+        missing = [b for b in REQUIRED_BINARIES if _which(b) is None]
+        if missing:
+            return (f"missing {', '.join(missing)}"
+                    " (apt-get install slurm-wlm slurmdbd mariadb-server munge)")
+    else:
+        missing = [b for b in ROOT_BINARIES if _which(b) is None]
+        if missing:
+            return (f"Slurm {release} runs from a Debian 13 root: missing {', '.join(missing)}"
+                    " (apt-get install munge mariadb-server mmdebstrap)")
     if os.geteuid() != 0:
         return "the Slurm test cluster needs root (it starts slurmctld, slurmd and munged)"
     if not (CGROUP_ROOT / "freezer" / "cgroup.procs").exists():
@@ -73,17 +101,27 @@ def unavailable_reason() -> str | None:
 class SlurmCluster:
     """The one-node cluster ``sgetest``: start/stop it, submit jobs, look at their cgroups."""
 
-    def __init__(self, state_dir: Path | None = None, jobacct: str | None = None) -> None:
+    def __init__(self, state_dir: Path | None = None, jobacct: str | None = None,
+                 release: str | None = None) -> None:
         """Describe the cluster; nothing starts before :meth:`up`.
 
-        ``state_dir`` defaults to $SGE_TESTCLUSTER_DIR or /var/tmp/sge-testcluster;
-        ``jobacct`` ("cgroup" or "none") defaults to $SGE_JOBACCT or "cgroup".
+        ``state_dir`` defaults to $SGE_TESTCLUSTER_DIR or /var/tmp/sge-testcluster (with
+        ``-RELEASE`` for a release other than the host's); ``jobacct`` ("cgroup" or
+        "none") defaults to $SGE_JOBACCT or "cgroup"; ``release`` to $SGE_SLURM_RELEASE
+        or the host's own.
         """
         self._env_overrides: dict[str, str] = {}
         if state_dir is not None:
             self._env_overrides["SGE_TESTCLUSTER_DIR"] = str(state_dir)
+        release = release or os.environ.get("SGE_SLURM_RELEASE") or None
+        if release is not None:
+            self._env_overrides["SGE_SLURM_RELEASE"] = release
         self.jobacct = jobacct or os.environ.get("SGE_JOBACCT", "cgroup")
         exports = self._parse_exports(self._script("env").stdout)
+        self.release = exports["SGE_SLURM_RELEASE"]
+        # A root's client commands, first on PATH; "" for the host's own release.
+        self.bin_dir = exports.get("SGE_SLURM_BIN", "")
+        self.path = f"{self.bin_dir}:{SBIN_PATH}" if self.bin_dir else SBIN_PATH
         self.state_dir = Path(exports["SGE_TESTCLUSTER_DIR"])
         self.slurm_conf = Path(exports["SLURM_CONF"])
         self.node_name = exports["SGE_NODE_NAME"]
@@ -138,7 +176,18 @@ class SlurmCluster:
     @property
     def env(self) -> dict[str, str]:
         """A minimal environment for Slurm client commands."""
-        return {"PATH": SBIN_PATH, "SLURM_CONF": str(self.slurm_conf), "LANG": "C.UTF-8"}
+        return {"PATH": self.path, "SLURM_CONF": str(self.slurm_conf), "LANG": "C.UTF-8"}
+
+    @property
+    def in_root(self) -> bool:
+        """Whether this release runs from a Debian 13 root (not the host's packages)."""
+        return bool(self.bin_dir)
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """(major, minor) of the release."""
+        major, minor = self.release.split(".")
+        return int(major), int(minor)
 
     def run(self, argv: Sequence[str], check: bool = True, input: str | None = None) -> str:
         """Run a Slurm client command as root; return its stdout."""
@@ -192,7 +241,7 @@ class SlurmCluster:
             "-u",
             user,
             "--",
-            _which("sbatch") or "sbatch",
+            _which("sbatch", self.path) or "sbatch",
             "--parsable",
             f"--chdir={self.jobs_dir}",
             f"--output={self.jobs_dir}/%j.out",
@@ -201,7 +250,8 @@ class SlurmCluster:
             argv.append(f"--gres={gres}")
         argv.extend(extra_args)
         env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin" if self.bin_dir
+            else "/usr/local/bin:/usr/bin:/bin",
             "SLURM_CONF": str(self.slurm_conf),
             "HOME": home,
             "USER": user,
@@ -358,9 +408,15 @@ class SlurmCluster:
         matches = sorted((self.cgroup_root / controller).glob(f"slurm*/uid_*/job_{jobid}"))
         return matches[0] if matches else None
 
+    @property
+    def cgroup_prefix(self) -> str:
+        """The Slurm root under each controller: ``slurm_<node>`` from Debian's packages
+        (built with multiple-slurmd), ``slurm`` from a release built from its source."""
+        return "slurm" if self.version >= (25, 11) else f"slurm_{self.node_name}"
+
     def expected_job_cgroup_dir(self, jobid: int, uid: int, controller: str) -> Path:
-        """Where Debian's Slurm 22.05 puts the job's cgroup for this node."""
-        node_dir = self.cgroup_root / controller / f"slurm_{self.node_name}"
+        """Where this release puts the job's cgroup for this node."""
+        node_dir = self.cgroup_root / controller / self.cgroup_prefix
         return node_dir / f"uid_{uid}" / f"job_{jobid}"
 
     def job_controllers(self, jobid: int) -> set[str]:

@@ -10,7 +10,9 @@ import pytest
 
 from tests.support.slurmcluster import SlurmCluster
 
-# Controllers in which Debian's Slurm 22.05 (cgroup/v1, proctrack+task cgroup) makes
+pytestmark = pytest.mark.every_release
+
+# Controllers in which Slurm (cgroup/v1, proctrack+task cgroup) makes
 # job directories; cpuacct only with JobAcctGatherType=jobacct_gather/cgroup.
 JOB_CONTROLLERS = {"cpuset", "memory", "devices", "freezer"}
 
@@ -73,7 +75,7 @@ def test_gpu_job_of_normal_user_runs_in_its_job_cgroup_with_two_visible_gpus(
 
         assert os.stat(f"/proc/{pid}").st_uid == uid
         cgroups = cluster.process_cgroups(pid)
-        prefix = f"/slurm_{cluster.node_name}/uid_{uid}/job_{jobid}/step_batch"
+        prefix = f"/{cluster.cgroup_prefix}/uid_{uid}/job_{jobid}/step_batch"
         assert cgroups["freezer"] == prefix
         assert cgroups["memory"] == f"{prefix}/task_0"
 
