@@ -24,7 +24,8 @@ from tests.support.agent import Agent
 from tests.support.daemons import Prometheus
 from tests.support.slurmcluster import SlurmCluster
 
-pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
+pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.every_release,
+              pytest.mark.fakenvml,
               pytest.mark.prometheus]
 
 BIN = Path(sys.executable).parent

@@ -27,7 +27,8 @@ from tests.support.user_jobs import (
     write_client_config,
 )
 
-pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
+pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.every_release,
+              pytest.mark.fakenvml,
               pytest.mark.prometheus]
 
 

@@ -117,7 +117,8 @@ class SlurmCli:
             log.warning("job %s: scontrol's line cannot be trusted (%s) and squeue is not "
                         "on PATH for its JSON; the job gets no Slurm metadata", jobid, why)
             return None
-        out = self._run([self._squeue, "--json", "-j", jobid])
+        # --states=all: since 24.05 --json hides a job that has just ended.
+        out = self._run([self._squeue, "--json", "--states=all", "-j", jobid])
         try:
             return parse_squeue_json(out, jobid, self.node)
         except ValueError:

@@ -27,7 +27,13 @@ from slurm_gpu_exporter.model.ids import is_job_target
 from slurm_gpu_exporter.model.slurm_id import SlurmJobId
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.inert_text import plain, slurm_value
-from slurm_gpu_exporter.report.slurm.squeue import EXIT_SLURM, NODE_RE, SlurmJob, parse_squeue_json
+from slurm_gpu_exporter.report.slurm.squeue import (
+    EXIT_SLURM,
+    NODE_RE,
+    SQUEUE_JSON,
+    SlurmJob,
+    parse_squeue_json,
+)
 
 COMMAND_TIMEOUT_S = 30.0
 SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -82,8 +88,9 @@ def _run(argv: list[str]) -> str:
 
 
 def listed_jobs() -> dict[str, SlurmJob]:
-    """Every job squeue lists, from one call; ReportError (exit 8) when it fails."""
-    return parse_squeue_json(_run([_command("squeue"), "--json"]))
+    """Every job squeue lists, ended ones it still holds included, from one call;
+    ReportError (exit 8) when it fails."""
+    return parse_squeue_json(_run([_command("squeue"), *SQUEUE_JSON]))
 
 
 def _checked_target(ident: SlurmJobId) -> str:
@@ -117,7 +124,7 @@ def still_as_listed(jobs: Sequence[SlurmJob]) -> bool:
         return False
     target = _checked_target(jobs[0].ident)  # type: ignore[arg-type]
     return same_as_listed(jobs, parse_squeue_json(
-        _run([_command("squeue"), "--json", "--jobs", target])))
+        _run([_command("squeue"), *SQUEUE_JSON, "--jobs", target])))
 
 
 def same_as_listed(jobs: Sequence[SlurmJob], now: dict[str, SlurmJob]) -> bool:

@@ -19,6 +19,10 @@ from slurm_gpu_exporter.model.slurm_id import SlurmJobId
 from slurm_gpu_exporter.report.errors import ReportError
 
 EXIT_SLURM = 8
+# squeue's JSON of every job it holds. Since 24.05 its default state filter applies to
+# --json too and hides a job that ended a moment ago (22.05 listed every job whatever the
+# filter): a job that checkpointed and exited would read as gone.
+SQUEUE_JSON = ("--json", "--states=all")
 NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _GPU_TRES = re.compile(r"(?:^|,)gres/gpu=(\d+)(?:,|$)")
 

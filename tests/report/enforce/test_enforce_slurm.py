@@ -32,7 +32,8 @@ from tests.support.agent import Agent
 from tests.support.daemons import Prometheus, WebhookReceiver
 from tests.support.slurmcluster import SlurmCluster
 
-pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
+pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.every_release,
+              pytest.mark.fakenvml,
               pytest.mark.prometheus]
 
 REPORT = Path(sys.executable).parent / "slurm-gpu-report"

@@ -43,7 +43,7 @@ def _squeue_answer(monkeypatch: pytest.MonkeyPatch, *jobs: dict) -> list[list[st
 def test_the_recheck_asks_squeue_for_exactly_that_job(monkeypatch: pytest.MonkeyPatch) -> None:
     asked = _squeue_answer(monkeypatch, RECORD, {**RECORD, "job_id": 43})
     assert actions.still_as_listed([LISTED])
-    assert asked == [["/usr/bin/squeue", "--json", "--jobs", "42"]]
+    assert asked == [["/usr/bin/squeue", "--json", "--states=all", "--jobs", "42"]]
 
 
 @pytest.mark.parametrize("now_listed, why", [

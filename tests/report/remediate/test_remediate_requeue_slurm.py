@@ -37,7 +37,8 @@ from tests.support.daemons import Alertmanager, Daemon, Prometheus
 from tests.support.slurmcluster import SlurmCluster
 from tests.system.observe.conftest import generate_alerts
 
-pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
+pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.every_release,
+              pytest.mark.fakenvml,
               pytest.mark.prometheus]
 
 GRACE_S = 5

@@ -33,7 +33,8 @@ from tests.support.daemons import Alertmanager, Daemon, Prometheus, WebhookRecei
 from tests.support.slurmcluster import SlurmCluster
 from tests.system.observe.conftest import alertmanager_config, generate_alerts
 
-pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
+pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.every_release,
+              pytest.mark.fakenvml,
               pytest.mark.prometheus]
 
 REPORT = Path(sys.executable).parent / "slurm-gpu-report"

@@ -33,7 +33,8 @@ from tests.support.user_jobs import (
     write_client_config,
 )
 
-pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
+pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.every_release,
+              pytest.mark.fakenvml,
               pytest.mark.prometheus]
 
 JOB_S = 50  # OWNER's job: long enough for frames while busy, short for the suite
