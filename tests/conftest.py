@@ -163,13 +163,16 @@ def _host_release() -> str:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Tests of what Slurm says or does (module mark ``every_release``) run once per
-    release; the other tests that use the cluster run on the host's release only. Every
-    use is parametrized, so one release's cluster is one fixture instance."""
+    """Tests of what Slurm says or does (mark ``every_release``) run once per release
+    (``every_release("25.11")``: on those named only); the other tests that use the
+    cluster run on the host's release only. Every use is parametrized, so one release's
+    cluster is one fixture instance."""
     if "slurm_cluster" not in metafunc.fixturenames:
         return
-    every = metafunc.definition.get_closest_marker("every_release") is not None
+    every = metafunc.definition.get_closest_marker("every_release")
     releases = releases_to_run() if every else (_host_release(),)
+    if every is not None and every.args:  # every_release("25.11"): those releases only
+        releases = tuple(r for r in releases if r in every.args)
     metafunc.parametrize("slurm_cluster", releases, indirect=True, scope="session",
                          ids=[f"slurm{r}" for r in releases])
 

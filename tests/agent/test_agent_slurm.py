@@ -163,7 +163,8 @@ def running_agent(
         "SLURM_CONF": str(cluster.slurm_conf),
         "PATH": f"{cluster.path}:{path}" if path else cluster.path,
     }
-    agent = Agent(args, env, tmp_path / log_name)
+    agent = Agent(args, env, tmp_path / log_name,
+                  command=cluster.site_command("slurm-gpu-exporter"))
     try:
         agent.wait_ready()
         yield agent

@@ -433,7 +433,10 @@ def _find_compiler() -> str:
 
 
 def _cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    # As root, under /var/tmp: a Slurm release's root (slurm-testcluster) has /var/tmp at
+    # the same path, so an agent that runs there loads the same library.
+    base = "/var/tmp" if os.geteuid() == 0 else (
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"))
     root = Path(base) / "slurm-gpu-exporter" / "fakenvml"
     try:
         root.mkdir(parents=True, exist_ok=True)

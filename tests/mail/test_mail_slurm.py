@@ -79,7 +79,8 @@ def mails(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir),
                    "--state-dir", str(work / "state"), "--sample-interval", "1",
                    "--slurm-lookup", "cli", "--node-name", slurm_cluster.node_name],
-                  env={**fake.env(), **slurm_cluster.env}, log_path=work / "agent.log")
+                  env={**fake.env(), **slurm_cluster.env}, log_path=work / "agent.log",
+                  command=slurm_cluster.site_command("slurm-gpu-exporter"))
     prom = Prometheus("prometheus", {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [{"job_name": "slurm-gpu", "static_configs": [
@@ -92,8 +93,8 @@ def mails(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     # and the test cluster's slurm.conf, as /etc would on a real controller.
     slurm_cluster.mail_hook.write_text(
         f"#!/bin/sh\nexport SLURM_GPU_MAIL_CONFIG={config} "
-        f"SLURM_CONF={slurm_cluster.slurm_conf} PATH=/usr/bin:/bin\n"
-        f'exec {BIN / "slurm-gpu-mail"} "$@"\n')
+        f"SLURM_CONF={slurm_cluster.slurm_conf} PATH={slurm_cluster.node_path}\n"
+        f'exec {slurm_cluster.site_bin / "slurm-gpu-mail"} "$@"\n')
     slurm_cluster.mail_hook.chmod(0o755)
     try:
         agent.wait_ready()

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tests.support import free_port, wait_until
@@ -20,14 +20,16 @@ class Agent:
     """A running slurm-gpu-exporter; ``url`` is its base URL on 127.0.0.1."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, command: Sequence[str] | None = None) -> None:
+        """Start the agent with ``args``; ``command`` runs it another way than this
+        checkout's (a test cluster's ``site_command``: installed where its Slurm runs)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [str(BIN / "slurm-gpu-exporter"), "--web.listen-address", f"127.0.0.1:{self.port}",
-             *args],
+            [*(command or [str(BIN / "slurm-gpu-exporter")]),
+             "--web.listen-address", f"127.0.0.1:{self.port}", *args],
             env={**os.environ, **(env or {})}, stdout=self._log, stderr=subprocess.STDOUT,
         )
 

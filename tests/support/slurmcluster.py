@@ -21,6 +21,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -59,6 +60,8 @@ class SlurmError(RuntimeError):
 
 # The releases the cluster can run; the host's own runs from its packages.
 RELEASES = ("22.05", "24.11", "25.11", "26.05")
+# Where the project is installed in a release's root (the Ansible role's prefix).
+SITE_BIN = Path("/opt/slurm-gpu-exporter/bin")
 # What a release in a Debian 13 root needs of the host besides its own Slurm.
 ROOT_BINARIES = ("munged", "mariadbd", "mmdebstrap", "unshare", "chroot")
 
@@ -137,10 +140,12 @@ class SlurmCluster:
 
     # -- the cluster ------------------------------------------------------------------
 
-    def _script(self, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def _script(self, command: str, check: bool = True, args: Sequence[str] = ()
+                ) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, **self._env_overrides, "SGE_JOBACCT": self.jobacct}
         proc = subprocess.run(
-            ["bash", str(SCRIPT), command], env=env, capture_output=True, text=True, check=False
+            ["bash", str(SCRIPT), command, *args], env=env, capture_output=True, text=True,
+            check=False, timeout=1800,  # a first `up` of a built release may build it
         )
         if check and proc.returncode != 0:
             raise SlurmError(
@@ -169,6 +174,26 @@ class SlurmCluster:
         """Cancel all jobs and stop what ``up`` started."""
         return self._script("down").stdout
 
+    def site_command(self, name: str) -> list[str]:
+        """How to run the console script ``name`` as this release's node runs it: this
+        checkout's venv on the host's release; in a root, the project installed there
+        from its wheel (/opt/slurm-gpu-exporter), chrooted with the caller's environment
+        but PATH, under the same pid (stop it by that pid)."""
+        if not self.in_root:
+            return [str(Path(sys.executable).parent / name)]
+        return ["bash", str(SCRIPT), "--slurm", self.release, "exec", str(self.site_bin / name)]
+
+    @property
+    def site_bin(self) -> Path:
+        """Where the node's Slurm (its MailProg, say) finds the project's console scripts."""
+        return SITE_BIN if self.in_root else Path(sys.executable).parent
+
+    def run_as_site(self, argv: Sequence[str]) -> str:
+        """Run ``argv`` as root where this release's daemons run (its Debian 13 root,
+        for a release other than the host's): a site's command line on that release.
+        Returns stdout; SlurmError when it fails."""
+        return self._script("exec", args=argv).stdout
+
     def is_up(self) -> bool:
         """True when slurmctld, slurmd and munged all run."""
         return self._script("status", check=False).returncode == 0
@@ -177,6 +202,18 @@ class SlurmCluster:
     def env(self) -> dict[str, str]:
         """A minimal environment for Slurm client commands."""
         return {"PATH": self.path, "SLURM_CONF": str(self.slurm_conf), "LANG": "C.UTF-8"}
+
+    @property
+    def node_path(self) -> str:
+        """PATH for what runs where the daemons run (MailProg, the prolog): the release's
+        own commands first (a built release keeps them under its prefix in the root)."""
+        prefix = (self.state_dir / "prefix").read_text().strip() if self.in_root else "/usr"
+        return f"{prefix}/bin:/usr/bin:/bin" if prefix != "/usr" else "/usr/bin:/bin"
+
+    @property
+    def user_path(self) -> str:
+        """A user's plain PATH on this release's node: its client commands first."""
+        return f"{self.bin_dir}:/usr/bin:/bin" if self.bin_dir else "/usr/bin:/bin"
 
     @property
     def in_root(self) -> bool:

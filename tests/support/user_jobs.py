@@ -30,7 +30,7 @@ AS_USER = ("import sys; from slurm_gpu_exporter.report.cli.main import main; "
 def report_argv(cluster: SlurmCluster, user: str, client: Path, *args: str) -> list[str]:
     """The command line of ``slurm-gpu-report ARGS`` as ``user`` (runuser, a bare
     environment), with the client config ``client``."""
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp",
+    env = {"PATH": cluster.user_path, "LANG": "C.UTF-8", "HOME": "/tmp",
            "SLURM_CONF": str(cluster.slurm_conf), "PYTHONPATH": f"{REPO}:{SITE_PACKAGES}",
            "SLURM_GPU_REPORT_CLIENT": str(client)}
     return [shutil.which("runuser") or "/usr/sbin/runuser", "-u", user, "--", "env", "-i",
@@ -71,7 +71,8 @@ def start_monitoring(cluster: SlurmCluster, work: Path, started: list) -> Monito
     agent = Agent(["--spool-dir", str(cluster.spool_dir), "--state-dir", str(work / "state"),
                    "--sample-interval", "1", "--slurm-lookup", "cli",
                    "--node-name", cluster.node_name],
-                  env={**fake.env(), **cluster.env}, log_path=work / "agent.log")
+                  env={**fake.env(), **cluster.env}, log_path=work / "agent.log",
+                  command=cluster.site_command("slurm-gpu-exporter"))
     started.append(agent)
     prom = Prometheus("prometheus", {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},

@@ -113,7 +113,8 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
         agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir),
                        "--state-dir", str(work / "state"), "--sample-interval", "1",
                        "--slurm-lookup", "cli", "--node-name", slurm_cluster.node_name],
-                      env={**fake.env(), **slurm_cluster.env}, log_path=work / "agent.log")
+                      env={**fake.env(), **slurm_cluster.env}, log_path=work / "agent.log",
+                      command=slurm_cluster.site_command("slurm-gpu-exporter"))
         prom = Prometheus("prometheus", {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [{"job_name": "slurm-gpu", "static_configs": [

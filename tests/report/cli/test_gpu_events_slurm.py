@@ -114,8 +114,8 @@ def _mail_hook(cluster: SlurmCluster, work: Path, prom: Prometheus) -> tuple[Pat
                       f'log_file = "{log_file}"\n')
     cluster.mail_hook.write_text(
         f"#!/bin/sh\nexport SLURM_GPU_MAIL_CONFIG={config} "
-        f"SLURM_CONF={cluster.slurm_conf} PATH=/usr/bin:/bin\n"
-        f'exec {BIN / "slurm-gpu-mail"} "$@"\n')
+        f"SLURM_CONF={cluster.slurm_conf} PATH={cluster.node_path}\n"
+        f'exec {cluster.site_bin / "slurm-gpu-mail"} "$@"\n')
     cluster.mail_hook.chmod(0o755)
     return inbox, log_file
 

@@ -96,7 +96,8 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
         agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir), "--state-dir",
                        str(base / "state"), "--sample-interval", "1", "--slurm-lookup", "cli",
                        "--node-name", slurm_cluster.node_name],
-                      env={**fake.env(), **slurm_cluster.env}, log_path=base / "agent.log")
+                      env={**fake.env(), **slurm_cluster.env}, log_path=base / "agent.log",
+                      command=slurm_cluster.site_command("slurm-gpu-exporter"))
         started.append(agent)
         prom = Prometheus("prometheus", {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},

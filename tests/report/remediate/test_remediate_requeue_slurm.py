@@ -87,7 +87,8 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     try:
         agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir), "--state-dir",
                        str(base / "state"), "--sample-interval", "1"], env=fake.env(),
-                      log_path=base / "agent.log")
+                      log_path=base / "agent.log",
+                      command=slurm_cluster.site_command("slurm-gpu-exporter"))
         started.append(agent)
         port = free_port()
         am, prom = start_alerting(started, base, f"http://127.0.0.1:{port}", password_file,
