@@ -58,6 +58,9 @@ class SlurmError(RuntimeError):
     """A Slurm command failed or the cluster did not do what was asked in time."""
 
 
+# PrologFlags unless a test asks for RunInJob (24.05+: the prolog runs in the extern step).
+DEFAULT_PROLOG_FLAGS = "Alloc,Contain"
+RUN_IN_JOB = "Alloc,Contain,RunInJob"
 # The releases the cluster can run; the host's own runs from its packages.
 RELEASES = ("22.05", "24.11", "25.11", "26.05")
 # Where the project is installed in a release's root (the Ansible role's prefix).
@@ -120,12 +123,13 @@ class SlurmCluster:
         if release is not None:
             self._env_overrides["SGE_SLURM_RELEASE"] = release
         self.jobacct = jobacct or os.environ.get("SGE_JOBACCT", "cgroup")
+        self.prolog_flags = DEFAULT_PROLOG_FLAGS
         exports = self._parse_exports(self._script("env").stdout)
         self.release = exports["SGE_SLURM_RELEASE"]
         # A root's client commands, first on PATH; "" for the host's own release.
         self.bin_dir = exports.get("SGE_SLURM_BIN", "")
         self.path = f"{self.bin_dir}:{SBIN_PATH}" if self.bin_dir else SBIN_PATH
-        self.state_dir = Path(exports["SGE_TESTCLUSTER_DIR"])
+        self.state_dir = Path(exports["SGE_TESTCLUSTER_STATE"])
         self.slurm_conf = Path(exports["SLURM_CONF"])
         self.node_name = exports["SGE_NODE_NAME"]
         self.cluster_name = exports["SGE_CLUSTER_NAME"]
@@ -142,7 +146,8 @@ class SlurmCluster:
 
     def _script(self, command: str, check: bool = True, args: Sequence[str] = ()
                 ) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, **self._env_overrides, "SGE_JOBACCT": self.jobacct}
+        env = {**os.environ, **self._env_overrides, "SGE_JOBACCT": self.jobacct,
+               "SGE_PROLOG_FLAGS": self.prolog_flags}
         proc = subprocess.run(
             ["bash", str(SCRIPT), command, *args], env=env, capture_output=True, text=True,
             check=False, timeout=1800,  # a first `up` of a built release may build it
@@ -164,10 +169,13 @@ class SlurmCluster:
                 exports[m.group(1)] = value[0] if value else ""
         return exports
 
-    def up(self, jobacct: str | None = None) -> str:
-        """Start the cluster (idempotent; a changed ``jobacct`` restarts the daemons)."""
+    def up(self, jobacct: str | None = None, prolog_flags: str | None = None) -> str:
+        """Start the cluster (idempotent; a changed ``jobacct`` or ``prolog_flags``
+        restarts the daemons)."""
         if jobacct is not None:
             self.jobacct = jobacct
+        if prolog_flags is not None:
+            self.prolog_flags = prolog_flags
         return self._script("up").stdout
 
     def down(self) -> str:
