@@ -93,6 +93,9 @@ def scheduled(items: list[pytest.Item], groups: dict[pytest.Item, str],
     members: dict[str, list[pytest.Item]] = {}
     for item in items:
         members.setdefault(groups.get(item, item.nodeid), []).append(item)
+    if "slurm" in members:  # one release after another: each switch restarts the cluster
+        order = {r: i for i, r in enumerate(releases_to_run())}
+        members["slurm"].sort(key=lambda item: order.get(_release_of(item), -1))
     named = set(groups.values())
     long = [g for g in LONGEST_FIRST if g in members]
     others = sorted((g for g in members if g in named and g not in long),
@@ -102,6 +105,11 @@ def scheduled(items: list[pytest.Item], groups: dict[pytest.Item, str],
     fillers, fast = fast[:len(long)], fast[len(long):]
     order = first + fillers + others[len(first) - len(long):] + fast
     return [item for g in order for item in members[g]]
+
+
+def _release_of(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("slurm_cluster") if callspec is not None else None
 
 
 # One user at a time per machine, whichever checkout the tests run from: the Slurm
