@@ -32,7 +32,7 @@ from slurm_gpu_exporter.report.remediate.remediator import (
     Remediator,
 )
 from slurm_gpu_exporter.report.remediate.requeue_policy import POLICIES, RequeuePolicy
-from slurm_gpu_exporter.report.remediate.requeuer import Requeuer
+from slurm_gpu_exporter.report.remediate.requeuer import RETRY_FOR_S, Requeuer
 from slurm_gpu_exporter.report.remediate.webhook import make_app
 from slurm_gpu_exporter.report.slurm.actions import SIGNAL_SCOPES
 from slurm_gpu_exporter.web.config import WebConfig, WebConfigError, load_web_config
@@ -98,17 +98,20 @@ def add_remediate_command(sub: argparse._SubParsersAction  # type: ignore[type-a
                               "node it drains: every job (all; a job opts out with "
                               "--comment=slurm-gpu:no-requeue), only jobs that opt in with "
                               "--comment=slurm-gpu:requeue (opt-in), or none (off, default)")
-    requeue.add_argument("--requeue-signal", default="USR1", metavar="SIGNAL",
+    # Defaults None: given without --requeue-opt they stop the start (_policy).
+    requeue.add_argument("--requeue-signal", metavar="SIGNAL",
                          help="the signal they get first (default USR1; NONE: requeue at "
                               "once)")
-    requeue.add_argument("--requeue-grace", type=float, default=DEFAULT_REQUEUE_GRACE,
-                         metavar="SECONDS",
+    requeue.add_argument("--requeue-grace", type=float, metavar="SECONDS",
                          help="time between the signal and the requeue, for a checkpoint "
                               f"(default {DEFAULT_REQUEUE_GRACE:g})")
     requeue.add_argument("--requeue-signal-to", choices=tuple(SIGNAL_SCOPES),
-                         default="full",
                          help="which processes get the signal: the batch script (batch), "
                               "every step but it (steps), or all of them (full, default)")
+    requeue.add_argument("--requeue-retry-for", type=float, metavar="SECONDS",
+                         help="how long past its due time a failed requeue is retried, "
+                              "every 30 s (default "
+                              f"{RETRY_FOR_S:g}: longer than a slurmctld failover)")
     return remediate
 
 
@@ -151,8 +154,13 @@ async def _serve(args: argparse.Namespace, web_config: WebConfig,
     allowed = remediator.allowed
     listen = args.listen or [DEFAULT_LISTEN]
     async with stop_signals() as stop, prom:
-        requeuer = Requeuer(_policy(args), book, lambda q: prom.instant(q, time.time()),
-                            node_label=args.node_label, dry_run=args.dry_run)
+        policy = _policy(args)
+        requeuer = Requeuer(policy, book, lambda q: prom.instant(q, time.time()),
+                            node_label=args.node_label, dry_run=args.dry_run,
+                            retry_for_s=_retry_for(args))
+        if policy.enabled:  # an episode's requeue work is open before it is remembered
+            remediator.opening = lambda fault, now: book.opened(
+                (e for e, _ in fault.episodes), now)
         app = make_app(remediator, lambda: firing_alerts(prom, allowed, args.node_label),
                        web_config, requeuer=requeuer)
         requeuer.resume()  # the requeues a previous run left due
@@ -180,14 +188,35 @@ def _remediator(args: argparse.Namespace) -> Remediator:
                       acted_on=acted_on, max_alerts=args.max_alerts_per_post)
 
 
+_REQUEUE_FLAGS = (("requeue_signal", "--requeue-signal"),
+                  ("requeue_grace", "--requeue-grace"),
+                  ("requeue_signal_to", "--requeue-signal-to"),
+                  ("requeue_retry_for", "--requeue-retry-for"))
+
+
 def _policy(args: argparse.Namespace) -> RequeuePolicy:
-    """The requeue policy the flags ask for; ReportError for a bad one."""
-    signal_name = str(args.requeue_signal).upper().removeprefix("SIG")
+    """The requeue policy the flags ask for; ReportError for a bad one, or for a requeue
+    flag given while the policy is off (it would signal no one, silently)."""
+    given = [flag for dest, flag in _REQUEUE_FLAGS if getattr(args, dest) is not None]
+    if given and args.requeue_opt == "off":
+        raise ReportError(f"{', '.join(given)} given without --requeue-opt all|opt-in: no "
+                          "job would be signalled or requeued; add --requeue-opt or drop "
+                          f"{'them' if len(given) > 1 else 'it'}")
+    signal_name = str(args.requeue_signal or "USR1").upper().removeprefix("SIG")
+    grace = DEFAULT_REQUEUE_GRACE if args.requeue_grace is None else args.requeue_grace
     try:
-        return RequeuePolicy(args.requeue_opt, signal_name, args.requeue_grace,
-                             args.requeue_signal_to)
+        return RequeuePolicy(args.requeue_opt, signal_name, grace,
+                             args.requeue_signal_to or "full")
     except ValueError as exc:
         raise ReportError(str(exc)) from None
+
+
+def _retry_for(args: argparse.Namespace) -> float:
+    if args.requeue_retry_for is None:
+        return RETRY_FOR_S
+    if not 0 <= args.requeue_retry_for <= 7 * 86400:
+        raise ReportError("bad --requeue-retry-for: give 0 to 604800 seconds")
+    return float(args.requeue_retry_for)
 
 
 def _book(args: argparse.Namespace) -> RequeueBook:
@@ -212,6 +241,7 @@ def run_remediate(args: argparse.Namespace,
     try:
         remediator = _remediator(args)
         _policy(args)  # a bad requeue flag stops the start, before it listens
+        _retry_for(args)
         book = _book(args)
         web_config = load_web_config(Path(args.web_config)) if args.web_config else WebConfig()
         check_exposure(args.listen or [DEFAULT_LISTEN], web_config, args.insecure_no_auth)

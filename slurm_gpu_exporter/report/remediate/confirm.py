@@ -63,10 +63,13 @@ class Episode:
 @dataclass(frozen=True)
 class Fault:
     """New firing episodes of a node that remediate drained (or found drained): what
-    the jobs holding the faulty GPU are signalled and requeued for."""
+    the jobs holding the faulty GPU are signalled and requeued for. ``repeat``: the
+    episodes were acted on before (a repeat of the post); the requeue work of the ones
+    it left open (a failed look-up) is tried again, the others are done."""
 
     node: str
     episodes: tuple[tuple[Episode, str], ...]  # each with its alert name
+    repeat: bool = False
 
 
 # (alert name, node label value) -> the firing episodes of that alert there.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -76,6 +76,9 @@ class Remediator:
     clock: Callable[[], float] = time.time
     acted_on: ActedOn = field(default_factory=lambda: ActedOn(None))
     max_alerts: int = DEFAULT_MAX_ALERTS
+    # Told of a fault before its episodes are remembered (the requeue book opens them,
+    # so that a crash after the drain leaves their requeue work to the next post).
+    opening: Callable[[Fault, float], None] = lambda fault, now: None
 
     def screen(self, alert: dict[str, Any]) -> Outcome | None:
         """The outcome of an alert that needs no one asked, or None: ask Prometheus."""
@@ -159,17 +162,19 @@ class Remediator:
                                       for e, n in node.episodes.items()}))
             log.info("ignored %d alert(s) for %s: acted on this firing before (%s); a "
                      "new firing drains again", count, node.name, plain(since, 300))
-            return [Outcome("ignored", "same_episode", "ignored: acted on this firing of "
-                            f"the alert before ({plain(since, 300)})")] * count
+            ignored = Outcome("ignored", "same_episode", "ignored: acted on this firing "
+                              f"of the alert before ({plain(since, 300)})")
+            # The requeue work a failure left open is tried again on a repeat.
+            repeat = Fault(node.name, _ordered(node, node.episodes), repeat=True)
+            return [replace(ignored, fault=repeat)] + [ignored] * (count - 1)
         try:
             listed = self.lookup(node.name)
             if listed is None:
                 return self._refused_node(node, "unknown_node",
                                           f"Slurm lists no node named {node.name}")
-            fault = Fault(node.name, tuple((e, node.episodes[e]) for e in sorted(
-                new, key=lambda e: (e.since, e.labels))))
+            fault = Fault(node.name, _ordered(node, new))
             if "DRAIN" in listed.state.upper():
-                self._remember(node, now)
+                self._remember(node, now, fault)
                 ignored = Outcome("ignored", "already_drained",
                                   f"ignored: {node.name} is already {plain(listed.state)}")
                 return [replace(ignored, fault=fault)] + [ignored] * (count - 1)
@@ -183,7 +188,7 @@ class Remediator:
             reason = _reason(node.episodes[episode], episode)
             if self.dry_run:
                 self.budget.spend(now)
-                self._remember(node, now)
+                self._remember(node, now, fault)
                 log.info("dry run: would drain %s: %s", node.name, reason)
                 return self._first_and_rest(node, Outcome(
                     "dry_run", "dry_run", f"dry run: would drain {node.name}", fault))
@@ -192,12 +197,13 @@ class Remediator:
         except ReportError as exc:
             log.error("cannot drain %s: %s", node.name, plain(exc))
             return [Outcome("failed", "slurm", f"failed: {plain(exc)}")] * count
-        self._remember(node, now)
+        self._remember(node, now, fault)
         log.info("drained %s: %s", node.name, reason)
         return self._first_and_rest(node, Outcome("drained", "drained",
                                                   f"drained {node.name}", fault))
 
-    def _remember(self, node: _Node, now: float) -> None:
+    def _remember(self, node: _Node, now: float, fault: Fault) -> None:
+        self.opening(fault, now)
         self.acted_on.remember(node.episodes, now)
 
     @staticmethod
@@ -219,6 +225,12 @@ class Remediator:
         log.warning("refused %s (%s=%s): %s", plain(labels.get("alertname", "?"), 100),
                     self.label, plain(labels.get(self.label, ""), 200), why)
         return Outcome("refused", reason, f"refused: {why}")
+
+
+def _ordered(node: _Node, episodes: Iterable[Episode]) -> tuple[tuple[Episode, str], ...]:
+    """The episodes, oldest first, each with its alert name."""
+    return tuple((e, node.episodes[e]) for e in sorted(episodes,
+                                                        key=lambda e: (e.since, e.labels)))
 
 
 def _reason(name: str, episode: Episode) -> str:

@@ -4,9 +4,11 @@ A job is picked only where both sources agree: Prometheus shows fresh series of 
 the faulty GPU (``holders.py``) and Slurm lists it RUNNING on that node. It is named by
 its one target (``SlurmJobId.target``: ``A_T`` for an array task, a het job only as a
 whole), acted on once (a key of its target and start time: a requeued job that starts
-again is a new run), and only as the site's policy and the job's own opt word say. The
-opt word is a whole word of the job's comment (``sbatch --comment``), the user's own free
-text about their own job: it is searched for, never parsed for anything else.
+again is a new run), only where Slurm can requeue it (a batch job, not ``--no-requeue``:
+a job that cannot be requeued is not signalled either), and only as the site's policy and
+the job's own opt word say. The opt word is a whole word of the job's comment (``sbatch
+--comment``) in any case, the user's own free text about their own job: it is searched
+for, never parsed for anything else.
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ POLICIES = ("off", "all", "opt-in")
 OPT_IN_WORD = "slurm-gpu:requeue"
 OPT_OUT_WORD = "slurm-gpu:no-requeue"
 NO_SIGNAL = "NONE"  # --requeue-signal NONE: requeue at once, signal nothing
-_WORDS = re.compile(r"[\s,;]+")
+
+
+def _word(word: str) -> re.Pattern[str]:
+    """The word in any case, bounded by anything but a word character or one of the
+    word's own (``-``, ``:``): ``slurm-gpu:requeue.`` holds it, ``xslurm-gpu:requeue``
+    and ``slurm-gpu:requeue-later`` do not."""
+    own = re.escape("".join(sorted({c for c in word if not (c.isalnum() or c == "_")})))
+    edge = rf"[\w{own}]"
+    return re.compile(rf"(?<!{edge}){re.escape(word)}(?!{edge})", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -60,10 +70,13 @@ def opted(comment: str, mode: str) -> bool:
     """Whether the job's own comment lets the policy act on it: under ``all`` unless it
     holds the word ``slurm-gpu:no-requeue``, under ``opt-in`` only if it holds
     ``slurm-gpu:requeue``; never when off."""
-    words = set(_WORDS.split(comment))
+    out = _OPT_OUT.search(comment) is not None
     if mode == "all":
-        return OPT_OUT_WORD not in words
-    return mode == "opt-in" and OPT_IN_WORD in words and OPT_OUT_WORD not in words
+        return not out
+    return mode == "opt-in" and _OPT_IN.search(comment) is not None and not out
+
+
+_OPT_IN, _OPT_OUT = _word(OPT_IN_WORD), _word(OPT_OUT_WORD)
 
 
 def job_key(job: SlurmJob) -> str | None:
@@ -123,6 +136,13 @@ def choose(policy: RequeuePolicy, node: str, holding: Iterable[str],
         if key in done:
             choices.append(Choice(jobid, False, "acted_before", f"job {job.shown}: "
                                   "signalled for a GPU fault before", jobs, key))
+        elif jobs[0].batch is not True:
+            # Slurm requeues batch jobs only: a signal would end the session for nothing.
+            choices.append(Choice(jobid, False, "not_batch", f"job {job.shown}: not a batch "
+                                  "job (salloc or srun): Slurm cannot requeue it", jobs, key))
+        elif any(j.requeue is not True for j in jobs):
+            choices.append(Choice(jobid, False, "no_requeue", f"job {job.shown}: Slurm does "
+                                  "not let it requeue (sbatch --no-requeue)", jobs, key))
         elif not opted(job.comment, policy.mode):
             word = "opted_out" if policy.mode == "all" else "not_opted_in"
             choices.append(Choice(jobid, False, word, f"job {job.shown}: {word.replace('_', ' ')} "

@@ -3,13 +3,21 @@
 
 Off unless ``--requeue-opt`` says ``all`` or ``opt-in`` (``requeue_policy.py``). For each
 new firing episode of a drained node, the jobs that Prometheus shows on the faulty GPU
-(``holders.py``) and Slurm lists RUNNING on that node get ``--requeue-signal`` (default
-USR1, ``scancel --signal``) once; after ``--requeue-grace`` seconds each one Slurm lets
-requeue (not ``--no-requeue``), still the run that was signalled and not ended by its
-user, is requeued (``scontrol requeue``). What was done goes to the job's AdminComment,
-the log and ``slurm_gpu_remediate_jobs_total``. The grace is an asyncio task, never a
-wait in the webhook; what is due is in a file (``pending.py``), and a restart requeues
-the overdue jobs at once.
+(``holders.py``) and Slurm lists RUNNING on that node, that Slurm can requeue (batch jobs
+not submitted with ``--no-requeue``), get ``--requeue-signal`` (default USR1, ``scancel
+--signal``) once; after ``--requeue-grace`` seconds each one still the run that was
+signalled is requeued (``scontrol requeue``) if it still runs or ended on its own
+(``REQUEUE_FROM``). What was done goes to the job's AdminComment, the log and
+``slurm_gpu_remediate_jobs_total``.
+
+At least once, never twice: the episode is opened in the book (``pending.py``) before
+its jobs are looked for and settled once each was decided, and a job's decision (its
+target, start and due time) is written before it is signalled. A failed look-up leaves
+the episode open to the next post of the alert (Alertmanager's retry of the 503, or its
+repeat); a restart requeues what was due; a job already in the book is never signalled
+again, and a run requeued since (another start) is never requeued again. A job whose
+signal failed is not requeued (it had no chance to checkpoint). The grace is an asyncio
+task, never a wait in the webhook.
 """
 
 from __future__ import annotations
@@ -24,9 +32,9 @@ from typing import Any
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.inert_text import plain, slurm_value
 from slurm_gpu_exporter.report.prometheus.client import Sample
-from slurm_gpu_exporter.report.remediate.confirm import Fault
+from slurm_gpu_exporter.report.remediate.confirm import Episode, Fault
 from slurm_gpu_exporter.report.remediate.holders import holders, holders_query
-from slurm_gpu_exporter.report.remediate.pending import PendingRequeue, RequeueBook
+from slurm_gpu_exporter.report.remediate.pending import REOPEN_S, PendingRequeue, RequeueBook
 from slurm_gpu_exporter.report.remediate.requeue_policy import Choice, RequeuePolicy, choose
 from slurm_gpu_exporter.report.slurm.actions import (
     listed_jobs,
@@ -38,12 +46,16 @@ from slurm_gpu_exporter.report.slurm.squeue import SlurmJob
 
 log = logging.getLogger(__name__)
 
-# States a signalled job is requeued from: still running, or ended on its own (it wrote
-# its checkpoint and exited, or the GPU made it fail). A user's cancel, a time limit or
-# a preemption is left as it is.
+# States a signalled job is requeued from after the grace: still running, or ended on
+# its own: COMPLETED (it wrote its checkpoint and exited, as the signal asked), FAILED or
+# NODE_FAIL (the broken GPU, or the signal it did not trap, took it down; its last
+# checkpoint is the best it has). A person's cancel (CANCELLED), its own time limit, a
+# preemption or an out-of-memory end is a decision or a fault a requeue would not undo.
 REQUEUE_FROM = frozenset({"RUNNING", "SUSPENDED", "COMPLETED", "FAILED", "NODE_FAIL"})
 RETRY_S = 30.0  # Slurm did not answer, or the job is still completing: ask again
-MAX_TRIES = 10
+# How long after its due time a requeue is still retried: past a slurmctld failover
+# (SlurmctldTimeout, 120 s by default, plus the backup taking over) with room to spare.
+RETRY_FOR_S = 1800.0
 
 
 def requeue_verdict(jobs: list[SlurmJob], due: PendingRequeue) -> tuple[str, str]:
@@ -80,19 +92,50 @@ class Requeuer:
     requeue: Callable[..., None] = requeue_job
     record: Callable[..., None] = record_reason
     clock: Callable[[], float] = time.time
+    retry_for_s: float = RETRY_FOR_S
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
-    async def on_faults(self, faults: list[Fault]) -> None:
-        """Signal the jobs on each fault's GPU and schedule their requeues."""
+    async def on_faults(self, faults: list[Fault]) -> bool:
+        """Signal the jobs on each fault's GPU and schedule their requeues; False where
+        some work was left open by a failed look-up (a repeat of the post tries again)."""
         if not self.policy.enabled:
-            return
+            return True
+        done = True
         for fault in faults:
+            episodes = self._to_work(fault)
+            if not episodes:
+                continue
             try:
-                await self._on_fault(fault)
+                await self._on_fault(Fault(fault.node, episodes))
             except ReportError as exc:
-                log.error("cannot signal the jobs on the faulty GPU of %s: %s", fault.node,
-                          plain(exc))
+                log.error("cannot signal the jobs on the faulty GPU of %s: %s; left open, "
+                          "the next post of the alert tries again (for %g h)", fault.node,
+                          plain(exc), REOPEN_S / 3600)
                 self.count("failed", "lookup")
+                done = False
+                continue
+            self.book.settled(e for e, _ in episodes)
+        return done
+
+    def _to_work(self, fault: Fault) -> tuple[tuple[Episode, str], ...]:
+        """The episodes of ``fault`` whose requeue work is open: all of a new fault
+        (opened now), those a failure left open of a repeat; those open too long are
+        given up."""
+        now = self.clock()
+        if not fault.repeat:
+            self.book.opened((e for e, _ in fault.episodes), now)
+        work, stale = [], []
+        for episode, alert in fault.episodes:
+            since = self.book.opened_at(episode)
+            if since is None:
+                continue
+            (stale if now - since >= REOPEN_S else work).append((episode, alert))
+        if stale:
+            log.error("gave up signalling the jobs on the faulty GPU of %s: the look-ups "
+                      "failed for %g h", fault.node, REOPEN_S / 3600)
+            self.count("failed", "gave_up")
+            self.book.settled(e for e, _ in stale)
+        return tuple(work)
 
     async def _on_fault(self, fault: Fault) -> None:
         now = self.clock()
@@ -119,55 +162,55 @@ class Requeuer:
     async def _act(self, choice: Choice, fault: Fault, gpus: str, now: float) -> None:
         ident = choice.jobs[0].ident
         episode, alert = fault.episodes[-1]
-        requeues = all(j.requeue is True for j in choice.jobs)
         sig = self.policy.signal if self.policy.signals else ""
-        why = slurm_value(
-            f"slurm-gpu-exporter: {alert} on {fault.node} {gpus} since {episode.since_text}: "
-            + (f"sent SIG{sig}, " if sig else "")
-            + ("requeue due" if requeues else "not requeued (--no-requeue)"), 400)
+        head = (f"slurm-gpu-exporter: {alert} on {fault.node} {gpus} since "
+                f"{episode.since_text}: ")
+        why = slurm_value(head + (f"sent SIG{sig}, " if sig else "") + "requeue due", 400)
         if self.dry_run:
             log.info("dry run: would %s job %s (%s)", f"send SIG{sig} to" if sig else
                      "requeue", choice.target, plain(why, 300))
             self.book.acted(choice.key, now, None)
             self.count("dry_run", "dry_run")
             return
+        due = PendingRequeue(choice.key, choice.target, choice.jobs[0].start or 0.0,
+                             now + (self.policy.grace_s if sig else 0.0), fault.node, why)
+        # Decided, and written, before acting: whatever fails after, the job is never
+        # signalled again and a restart requeues it when due.
+        self.book.acted(choice.key, now, due)
         if sig:
             try:
                 await self._blocking(self.signal, ident, sig, self.policy.scope)
-                self.count("signalled", sig)
-                log.info("sent SIG%s to job %s (%s): %s", sig, choice.target,
-                         self.policy.scope, plain(why, 300))
             except ReportError as exc:
-                log.error("cannot signal job %s: %s", choice.target, plain(exc))
+                log.error("cannot signal job %s: %s; not requeueing it (it had no chance "
+                          "to checkpoint)", choice.target, plain(exc))
                 self.count("failed", "signal")
+                self.book.finished(choice.key)
+                await self._record(ident, slurm_value(
+                    head + f"SIG{sig} failed ({plain(exc, 120)}), not requeued", 400))
+                return
+            self.count("signalled", sig)
+            log.info("sent SIG%s to job %s (%s): %s", sig, choice.target,
+                     self.policy.scope, plain(why, 300))
         await self._record(ident, why)
-        due = None
-        if requeues:
-            due = PendingRequeue(choice.key, choice.target, choice.jobs[0].start or 0.0,
-                                 now + (self.policy.grace_s if sig else 0.0), fault.node, why)
-        else:
-            log.info("will not requeue job %s: Slurm does not let it requeue (sbatch "
-                     "--no-requeue)", choice.target)
-            self.count("skipped", "no_requeue")
-        self.book.acted(choice.key, now, due)
-        if due is not None:
-            self.schedule(due)
+        self.schedule(due)
 
     def resume(self) -> None:
         """Schedule the requeues a previous run left due (overdue ones run at once)."""
         for due in list(self.book.pending.values()):
             self.schedule(due)
 
-    def schedule(self, due: PendingRequeue, tries: int = 0) -> None:
-        task = asyncio.get_running_loop().create_task(self._when_due(due, tries))
+    def schedule(self, due: PendingRequeue, at: float | None = None) -> None:
+        """Requeue at ``at`` (default: when due)."""
+        task = asyncio.get_running_loop().create_task(
+            self._when_due(due, due.due if at is None else at))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _when_due(self, due: PendingRequeue, tries: int) -> None:
-        await asyncio.sleep(max(0.0, due.due - self.clock()))
-        await self.requeue_now(due, tries)
+    async def _when_due(self, due: PendingRequeue, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - self.clock()))
+        await self.requeue_now(due)
 
-    async def requeue_now(self, due: PendingRequeue, tries: int = 0) -> None:
+    async def requeue_now(self, due: PendingRequeue) -> None:
         """Requeue the job ``due`` names if Slurm still holds the run that was signalled
         and lets it requeue; else say why not."""
         try:
@@ -176,7 +219,7 @@ class Requeuer:
                     if j.ident is not None and j.ident.target == due.target]
             verdict, why = requeue_verdict(jobs, due)
             if verdict == "wait":
-                return self._again(due, tries, why)
+                return self._again(due, why)
             if verdict != "requeue":
                 log.info("not requeueing job %s: %s", due.target, why)
                 self.count("skipped", verdict)
@@ -191,16 +234,21 @@ class Requeuer:
         except ReportError as exc:
             log.error("cannot requeue job %s: %s", due.target, plain(exc))
             self.count("failed", "requeue")
-            return self._again(due, tries, "Slurm failed")
+            return self._again(due, "Slurm failed")
         self.book.finished(due.key)
 
-    def _again(self, due: PendingRequeue, tries: int, why: str) -> None:
-        if tries + 1 >= MAX_TRIES:
-            log.error("gave up requeueing job %s: %s", due.target, why)
+    def _again(self, due: PendingRequeue, why: str) -> None:
+        """Ask again in ``RETRY_S``, until ``retry_for_s`` past its due time; the book
+        keeps it meanwhile, so a restart asks again too."""
+        now = self.clock()
+        if now + RETRY_S > due.due + self.retry_for_s:
+            log.error("gave up requeueing job %s: %s for %g s past its due time "
+                      "(requeue it by hand: scontrol requeue %s)", due.target, why,
+                      self.retry_for_s, due.target)
+            self.count("failed", "gave_up")
             self.book.finished(due.key)
             return
-        self.schedule(PendingRequeue(due.key, due.target, due.start,
-                                     self.clock() + RETRY_S, due.node, due.why), tries + 1)
+        self.schedule(due, now + RETRY_S)
 
     async def _record(self, ident: Any, why: str) -> None:
         try:

@@ -7,7 +7,9 @@ that need it are confirmed with one Prometheus query, then the post goes to the
 Prometheus could not be asked the answer is 503, so Alertmanager sends the post again.
 Where a node was drained for new firings, the jobs on the faulty GPU are handed to the
 ``Requeuer`` (``--requeue-opt``) before the answer: it signals them and schedules their
-requeues, never waiting out the grace here.
+requeues, never waiting out the grace here. A repeat of a firing acted on before is
+handed to it too: where its look-up failed before, it tries again. Where the look-up
+fails, the answer is 503 as well, so Alertmanager posts again.
 """
 
 from __future__ import annotations
@@ -105,13 +107,17 @@ async def alerts(request: web.Request) -> web.Response:
     async with receiver.lock:
         outcomes = await outcomes_of(receiver.remediator, items, receiver.confirm)
         faults = [o.fault for o in outcomes if o.fault is not None]
+        settled = True
         if receiver.requeuer is not None and faults:
-            await receiver.requeuer.on_faults(faults)
+            settled = await receiver.requeuer.on_faults(faults)
     for outcome in outcomes:
         receiver.counters.count(outcome.outcome, outcome.reason)
     unconfirmed = any(o.reason == "prometheus_unavailable" for o in outcomes)
-    return web.json_response({"results": [o.text for o in outcomes]},
-                             status=503 if unconfirmed else 200)
+    results = [o.text for o in outcomes]
+    if not settled:
+        results.append("failed: cannot look up the jobs on the faulty GPU; post again")
+    return web.json_response({"results": results},
+                             status=503 if unconfirmed or not settled else 200)
 
 
 async def exposition(request: web.Request) -> web.Response:

@@ -47,6 +47,9 @@ class SlurmJob:
     comment: str = ""
     # Whether Slurm may requeue it (sbatch --requeue/--no-requeue); None: not said.
     requeue: bool | None = None
+    # Whether it is a batch job (sbatch: ``batch_flag``, 22.05 and later); an salloc or
+    # srun allocation is not, and Slurm requeues only batch jobs. None: not said.
+    batch: bool | None = None
 
     @property
     def running(self) -> bool:
@@ -132,5 +135,6 @@ def parse_squeue_json(text: str) -> dict[str, SlurmJob]:
             qos=str(job.get("qos", "")), name=str(job.get("name", "")),
             state=_state(job.get("job_state")), nodes=_nodes(job), gpus=_gpus(job),
             start=_number(job.get("start_time")), ident=_ident(job),
-            comment=str(job.get("comment") or ""), requeue=_flag(job.get("requeue")))
+            comment=str(job.get("comment") or ""), requeue=_flag(job.get("requeue")),
+            batch=_flag(job.get("batch_flag")))
     return listed

@@ -52,9 +52,9 @@ def series(jobid: str, gpu: str, uuid: str, age: float = 5.0) -> Sample:
 
 def job(jobid: str, node: str = "gpu07", state: str = "RUNNING", comment: str = "",
         requeue: bool | None = True, ident: SlurmJobId | None = None,
-        start: float = START) -> SlurmJob:
+        start: float = START, batch: bool | None = True) -> SlurmJob:
     return SlurmJob(jobid, "alice", "a", "p", "q", "train", state, (node,), 1, start,
-                    ident or SlurmJobId(jobid), comment, requeue)
+                    ident or SlurmJobId(jobid), comment, requeue, batch)
 
 
 # --- which jobs hold the GPU (Prometheus) --------------------------------------------
@@ -285,14 +285,13 @@ def test_a_drain_signals_the_jobs_on_the_faulty_gpu_then_requeues_them_once() ->
                                        lambda: len(calls.records) == 3))
     assert answers[0]["results"] == ["drained gpu07"]
     assert answers[1]["results"][0].startswith("ignored: acted on this firing")
-    # Job 11 is on GPU 0: never touched. Job 12 may not requeue: signalled only.
-    assert calls.signals == [("10", "USR1", "full"), ("12", "USR1", "full")]
+    # Job 11 is on GPU 0: never touched. Job 12 may not requeue: not signalled either.
+    assert calls.signals == [("10", "USR1", "full")]
     assert calls.requeues == ["10"]
-    assert [t for t, _ in calls.records] == ["10", "12", "10"]
-    assert "sent SIGUSR1" in calls.records[0][1] and "requeued at" in calls.records[2][1]
-    assert "not requeued" in calls.records[1][1]
+    assert [t for t, _ in calls.records] == ["10", "10"]
+    assert "sent SIGUSR1" in calls.records[0][1] and "requeued at" in calls.records[1][1]
     text = answers[-1]["metrics"]
-    assert 'slurm_gpu_remediate_jobs_total{action="signalled",reason="USR1"} 2.0' in text
+    assert 'slurm_gpu_remediate_jobs_total{action="signalled",reason="USR1"} 1.0' in text
     assert 'slurm_gpu_remediate_jobs_total{action="requeued",reason="requeued"} 1.0' in text
     assert 'slurm_gpu_remediate_jobs_total{action="skipped",reason="no_requeue"} 1.0' in text
 
@@ -314,7 +313,7 @@ def test_a_new_firing_of_the_same_gpu_does_not_signal_the_same_job_twice() -> No
     rem = remediator(state)  # an ECC alert on the same GPU, a minute later
     req = requeuer(calls, RequeuePolicy("all", grace_s=60), book, samples)
     asyncio.run(_serve_posts(rem, req, 1, firing(NOW - 1)))
-    assert [t for t, _, _ in calls.signals] == ["10", "12"]
+    assert [t for t, _, _ in calls.signals] == ["10"]
 
 
 def test_a_due_requeue_survives_a_restart(tmp_path: Path) -> None:
@@ -374,4 +373,4 @@ def test_a_node_already_drained_for_a_new_firing_still_signals_the_jobs_on_its_g
     answers = asyncio.run(_serve_posts(remediator({"gpu07": "MIXED+DRAIN"}), req, 1,
                                        firing()))
     assert answers[0]["results"] == ["ignored: gpu07 is already MIXED+DRAIN"]
-    assert [t for t, _, _ in calls.signals] == ["10", "12"]
+    assert [t for t, _, _ in calls.signals] == ["10"]
