@@ -30,6 +30,7 @@ from slurm_gpu_exporter.mail.summary import (
     CONTROL,
     NoSummary,
     jobid_to_summarize,
+    mail_subject,
     report_json,
     summary_text,
 )
@@ -72,10 +73,10 @@ def _slurms_body() -> bytes:
         return b""  # stdin closed
 
 
-def _summary(config: MailConfig, started: float) -> tuple[bytes, str]:
+def _summary(config: MailConfig, started: float, argv: list[str]) -> tuple[bytes, str]:
     """The text to add and what happened, or (b"", why not)."""
     try:
-        jobid = jobid_to_summarize(os.environ)
+        jobid = jobid_to_summarize(os.environ, mail_subject(argv))
         left = summary_time_left(config.summary_timeout_s, config.mailer_timeout_s,
                                  time.monotonic() - started)
         if not left:
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     for problem in loaded.problems:  # each costs its own key only: the rest still holds
         log.error("%s", problem.line(path))
     job = os.environ.get("SLURM_JOB_ID", "-")[:20]
-    addition, what = _summary(config, started)
+    addition, what = _summary(config, started, args)
     if addition:
         body += (b"\n" if not body.endswith(b"\n") else b"") + b"\n" + addition if body \
             else addition

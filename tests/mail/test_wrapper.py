@@ -30,12 +30,12 @@ def _script(path: Path, body: str) -> str:
     return str(path)
 
 
-def _wrapper(config: Path, stdin: bytes = b"", env: dict[str, str] | None = None
-             ) -> tuple[subprocess.CompletedProcess[bytes], float]:
+def _wrapper(config: Path, stdin: bytes = b"", env: dict[str, str] | None = None,
+             args: list[str] = ARGS) -> tuple[subprocess.CompletedProcess[bytes], float]:
     """The wrapper run as slurmctld runs MailProg: Slurm's arguments, SLURM_* variables
     only (no PATH), Slurm's text on stdin."""
     started = time.monotonic()
-    run = subprocess.run([WRAPPER, *ARGS], input=stdin, capture_output=True, timeout=60,
+    run = subprocess.run([WRAPPER, *args], input=stdin, capture_output=True, timeout=60,
                          env={**(ENV if env is None else env),
                               "SLURM_GPU_MAIL_CONFIG": str(config)}, check=False)
     return run, time.monotonic() - started
@@ -169,3 +169,27 @@ def test_a_mailer_past_its_time_is_stopped_and_logged_as_mail_not_sent(
     assert run.returncode == 1, log
     assert f"mail NOT sent: the mailer {mailer} did not finish within 1.0 s" in log, log
     assert took < 30, took
+
+
+def test_an_array_tasks_mail_asks_the_report_for_the_task_as_a_t(tmp_path: Path) -> None:
+    answer = tmp_path / "answer.json"
+    answer.write_text(json.dumps({"jobs": [{"job": "1234_5", "gpus": 2, "busy_ratio": 0.5,
+                                            "notes": []}]}))
+    report = _script(tmp_path / "report",
+                     f'printf "%s\\n" "$@" > {tmp_path}/report.args\ncat {answer}\n')
+    mailer, inbox = _mailer(tmp_path)
+    config = tmp_path / "mail.toml"
+    config.write_text(f'mailer = "{mailer}"\nreport = "{report}"\n')
+    args = ["-s", "Slurm Array Task Job_id=1234_5 (1235) Name=x Ended, Run time 00:10:00, "
+                  "COMPLETED, ExitCode 0", "alice"]
+    env = {**ENV, "SLURM_JOB_ID": "1235", "SLURM_ARRAY_JOB_ID": "1234",
+           "SLURM_ARRAY_TASK_ID": "5"}
+    run, _ = _wrapper(config, b"as is\n", env=env, args=args)
+    log = run.stderr.decode()
+    assert run.returncode == 0, log
+    asked = (tmp_path / "report.args").read_text().splitlines()
+    assert asked[:4] == ["job", "1234_5", "--format", "json"], asked
+    got_args, body = _received(inbox)
+    assert got_args == args
+    assert body.startswith(b"as is\n\nGPU and CPU efficiency of job 1234_5"), body
+    assert "summary of job 1234_5 added" in log, log
