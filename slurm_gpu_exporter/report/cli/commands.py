@@ -23,7 +23,7 @@ from slurm_gpu_exporter.report.cli.reports import (
     refuse_others_jobs,
     unknown_jobs_error,
 )
-from slurm_gpu_exporter.report.cli.review import deliver_review, review_plan
+from slurm_gpu_exporter.report.cli.review import deliver_review, review_plan, smtp_login
 from slurm_gpu_exporter.report.enforce.decisions_text import decisions_json, decisions_table
 from slurm_gpu_exporter.report.enforce.policy import load_policy
 from slurm_gpu_exporter.report.enforce.run import EXIT_DOUBTFUL, EnforceOptions, run_enforce
@@ -32,6 +32,7 @@ from slurm_gpu_exporter.report.figures.rules import Config, load_config
 from slurm_gpu_exporter.report.figures.shapes import JobDetail, LowUtilReport
 from slurm_gpu_exporter.report.figures.window import Window, make_window
 from slurm_gpu_exporter.report.notify.notices import NotifyState, messages
+from slurm_gpu_exporter.report.notify.relay import RelayLogin
 from slurm_gpu_exporter.report.notify.send import dry_run_text, send
 from slurm_gpu_exporter.report.prometheus.archived import archived_jobs
 from slurm_gpu_exporter.report.prometheus.array_tasks import resolve_array_tasks
@@ -135,6 +136,7 @@ async def run_low_util(args: argparse.Namespace, config: Config, now: float) -> 
     min_gpu_hours = (args.min_gpu_hours if args.min_gpu_hours is not None
                      else config.min_gpu_hours)
     review = review_plan(args)  # before the queries: a bad address fails at once
+    login = review.login if review is not None else smtp_login(args)  # a password file too
     chart_jobs = config.chart_jobs if args.format == "html" or review else 0
     store = _open_archive(args, False, "low-util --db") if args.db else None
 
@@ -157,13 +159,13 @@ async def run_low_util(args: argparse.Namespace, config: Config, now: float) -> 
     if review is not None:
         return deliver_review(report, review, args.mail_from, args.cluster)
     if args.notify or args.dry_run:
-        return _notify(args, report, config, now)
+        return _notify(args, report, config, now, login)
     _write(args, render_low_util(report, args.format))
     return 0
 
 
 def _notify(args: argparse.Namespace, report: LowUtilReport, config: Config,
-            now: float) -> int:
+            now: float, login: RelayLogin) -> int:
     state = NotifyState(Path(args.state_file))
     todo = messages(report, config, state, now, args.mail_to)
     if not todo:
@@ -177,7 +179,7 @@ def _notify(args: argparse.Namespace, report: LowUtilReport, config: Config,
         return 0
     keep_s = config.repeat_after_days * 86400
     for message, jobs in todo:
-        send(message, args.notify, args.mail_from)
+        send(message, args.notify, args.mail_from, login)
         state.mark(jobs, now, keep_s)  # after each send: a later failure loses nothing
         print(f"sent to {message.to}: {len(jobs)} jobs")
     return 0

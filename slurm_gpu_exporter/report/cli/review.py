@@ -9,12 +9,14 @@ nothing: the exit status says the mail failed and the message says where the fil
 from __future__ import annotations
 
 import argparse
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_gpu_exporter.report.cli.flags import DEFAULT_SMTP
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.shapes import LowUtilReport
+from slurm_gpu_exporter.report.notify.relay import PLAIN_SMTP, RelayLogin, relay_login
 from slurm_gpu_exporter.report.notify.review import (
     parse_recipients,
     review_file_name,
@@ -34,6 +36,7 @@ class ReviewPlan:
     recipients: tuple[str, ...]
     server: tuple[str, int]
     out_dir: Path | None
+    login: RelayLogin = PLAIN_SMTP  # STARTTLS and AUTH (--smtp-starttls, --smtp-user …)
 
 
 def review_plan(args: argparse.Namespace) -> ReviewPlan | None:
@@ -56,7 +59,25 @@ def review_plan(args: argparse.Namespace) -> ReviewPlan | None:
         raise ReportError("--smtp is the server for --report-to's mail: add --report-to "
                           "ADDR[,ADDR…]")
     return ReviewPlan(recipients=recipients, server=server,
-                      out_dir=Path(args.out_dir) if args.out_dir else None)
+                      out_dir=Path(args.out_dir) if args.out_dir else None,
+                      login=smtp_login(args))
+
+
+def smtp_login(args: argparse.Namespace) -> RelayLogin:
+    """What the ``--smtp-*`` login flags ask for, checked, the password file read: for
+    a run that mails through SMTP (``--report-to``, ``--notify smtp://…``); plain SMTP
+    when none is given, or for a dry run, which sends nothing."""
+    given = [flag for flag, value in (
+        ("--smtp-starttls", args.smtp_starttls), ("--smtp-ca-file", args.smtp_ca_file),
+        ("--smtp-user", args.smtp_user), ("--smtp-password-file", args.smtp_password_file))
+        if value]
+    if not given or args.dry_run:
+        return PLAIN_SMTP
+    if not (args.report_to or urllib.parse.urlsplit(args.notify or "").scheme == "smtp"):
+        raise ReportError(f"{given[0]} is for mail through an SMTP server: add --report-to "
+                          "ADDR[,ADDR…] or --notify smtp://host[:port]")
+    return relay_login(args.smtp_starttls, args.smtp_ca_file, args.smtp_user,
+                       args.smtp_password_file)
 
 
 def deliver_review(report: LowUtilReport, plan: ReviewPlan, sender: str,
@@ -76,7 +97,7 @@ def deliver_review(report: LowUtilReport, plan: ReviewPlan, sender: str,
     if plan.recipients:
         mail = review_message(report, plan.recipients, sender, html)
         try:
-            send_mail(mail, plan.server, plan.recipients)
+            send_mail(mail, plan.server, plan.recipients, plan.login)
         except ReportError as exc:
             kept = (f"; the review is in {written}" if written is not None
                     else f"; and {file_error}" if file_error is not None else "")

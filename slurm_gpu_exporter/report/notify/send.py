@@ -1,4 +1,5 @@
-"""Delivering one message to a user: SMTP (``smtp://host[:port]``) or an http(s) webhook.
+"""Delivering one message to a user: SMTP (``smtp://host[:port]``, with STARTTLS and AUTH
+where the site's relay wants them: relay.py) or an http(s) webhook.
 
 The message's text is made by whoever sends it (the low-util notices, enforce's
 warnings), always through ``make_message``: the one recipient check (a user name that
@@ -20,6 +21,7 @@ from slurm_gpu_exporter.model.users import is_mailable_user
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.rules import render_template
 from slurm_gpu_exporter.report.inert_text import plain
+from slurm_gpu_exporter.report.notify.relay import PLAIN_SMTP, RelayLogin, secure
 
 EXIT_NOTIFY = 6
 SEND_TIMEOUT_S = 30.0
@@ -46,11 +48,12 @@ def make_message(user: str, to_template: str, subject: str, text: str,
                    subject=plain(subject), text=text, jobids=jobids)
 
 
-def send(message: Message, target: str, sender: str) -> None:
-    """Deliver one message: ``smtp://host[:port]`` or an ``http(s)://`` webhook."""
+def send(message: Message, target: str, sender: str, login: RelayLogin = PLAIN_SMTP) -> None:
+    """Deliver one message: ``smtp://host[:port]`` (as ``login`` says: STARTTLS, AUTH)
+    or an ``http(s)://`` webhook."""
     url = urllib.parse.urlsplit(target)
     if url.scheme == "smtp":
-        _send_smtp(message, target, sender)
+        _send_smtp(message, target, sender, login)
     elif url.scheme in ("http", "https"):
         _send_webhook(message, target)
     else:
@@ -71,22 +74,24 @@ def smtp_server(target: str, flag: str = "--smtp") -> tuple[str, int]:
     return url.hostname or "localhost", port
 
 
-def send_mail(mail: EmailMessage, server: tuple[str, int], recipients: tuple[str, ...]
-              ) -> None:
+def send_mail(mail: EmailMessage, server: tuple[str, int], recipients: tuple[str, ...],
+              login: RelayLogin = PLAIN_SMTP) -> None:
     """Hand ``mail`` to the SMTP ``server`` (host, port: ``smtp_server``) for
-    ``recipients`` (the envelope: exactly these, whatever the headers say). ReportError
-    (``EXIT_NOTIFY``) when the server cannot be reached or refuses it."""
+    ``recipients`` (the envelope: exactly these, whatever the headers say), after
+    STARTTLS and AUTH where ``login`` asks for them. ReportError (``EXIT_NOTIFY``) when
+    the server cannot be reached, cannot be trusted or refuses it."""
     host, port = server
     to = ", ".join(plain(r) for r in recipients)
     try:
         with smtplib.SMTP(host, port, timeout=SEND_TIMEOUT_S) as smtp:
+            secure(smtp, login, f"{host}:{port}", EXIT_NOTIFY)
             smtp.send_message(mail, to_addrs=list(recipients))
     except (OSError, smtplib.SMTPException) as exc:
         raise ReportError(f"cannot send mail to {to} through {host}:{port}: {plain(exc)}",
                           EXIT_NOTIFY) from None
 
 
-def _send_smtp(message: Message, target: str, sender: str) -> None:
+def _send_smtp(message: Message, target: str, sender: str, login: RelayLogin) -> None:
     mail = EmailMessage()
     try:
         # Header lines are plain already; a value the email package still refuses
@@ -97,7 +102,7 @@ def _send_smtp(message: Message, target: str, sender: str) -> None:
         raise ReportError(f"cannot make a mail to {plain(message.to)}: {exc}",
                           EXIT_NOTIFY) from None
     mail.set_content(message.text)
-    send_mail(mail, smtp_server(target, "--notify"), (message.to,))
+    send_mail(mail, smtp_server(target, "--notify"), (message.to,), login)
 
 
 def _send_webhook(message: Message, url: str) -> None:
