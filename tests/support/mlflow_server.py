@@ -5,6 +5,7 @@ failing to make it skips the test, and fails it under CI=true."""
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
 import os
@@ -36,19 +37,37 @@ def mlflow_python() -> Path:
     return python
 
 
-class MlflowServer(Daemon):
-    """``mlflow server`` on 127.0.0.1 over a SQLite store in ``workdir``."""
+ADMIN = ("admin", "admin-pass-Secret-1")
 
-    def __init__(self, workdir: Path) -> None:
+
+class MlflowServer(Daemon):
+    """``mlflow server`` on 127.0.0.1 over a SQLite store in ``workdir``; with
+    ``basic_auth``, MLflow's basic-auth app (``--app-name basic-auth``), its admin
+    ``ADMIN``, every other user READ by default; ``api`` then signs in as ``as_user``
+    (the admin unless told)."""
+
+    def __init__(self, workdir: Path, basic_auth: bool = False) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         python = mlflow_python()
         port = free_port()
-        super().__init__("mlflow", [
-            str(python.parent / "mlflow"), "server",
-            "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.sqlite'}",
-            "--default-artifact-root", str(workdir / "artifacts"),
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-        ], port, workdir)
+        argv = [str(python.parent / "mlflow"), "server",
+                "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.sqlite'}",
+                "--default-artifact-root", str(workdir / "artifacts"),
+                "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+        self.admin: tuple[str, str] | None = None
+        if basic_auth:
+            ini = workdir / "basic_auth.ini"
+            ini.write_text("[mlflow]\ndefault_permission = READ\n"
+                           f"database_uri = sqlite:///{workdir / 'basic_auth.sqlite'}\n"
+                           f"admin_username = {ADMIN[0]}\nadmin_password = {ADMIN[1]}\n"
+                           "authorization_function = "
+                           "mlflow.server.auth:authenticate_request_basic_auth\n")
+            # Daemon starts argv with this process's environment: env(1) adds the path.
+            argv = ["env", f"MLFLOW_AUTH_CONFIG_PATH={ini}",
+                    f"MLFLOW_FLASK_SERVER_SECRET_KEY={os.urandom(16).hex()}", *argv,
+                    "--app-name", "basic-auth"]
+            self.admin = ADMIN
+        super().__init__("mlflow", argv, port, workdir)
         self.python = python
 
     def wait_ready(self, path: str = "/health", timeout: float = START_TIMEOUT_S) -> None:
@@ -65,13 +84,30 @@ class MlflowServer(Daemon):
 
         wait_until(ready, timeout, "mlflow server to answer", poll=0.5, log=self.log)
 
-    def api(self, method: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One REST call (POST with a body, else GET); its JSON answer."""
+    def api(self, method: str, body: dict[str, Any] | None = None,
+            as_user: tuple[str, str] | None = None, version: str = "2.0") -> dict[str, Any]:
+        """One REST call (POST with a body, else GET); its JSON answer. Signed in as
+        ``as_user`` (user, password), else as the admin where the server has auth."""
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{self.url}/api/2.0/mlflow/{method}", data=data,
-                                         headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        who = as_user or self.admin
+        if who is not None:
+            pair = base64.b64encode(f"{who[0]}:{who[1]}".encode()).decode()
+            headers["Authorization"] = f"Basic {pair}"
+        request = urllib.request.Request(f"{self.url}/api/{version}/mlflow/{method}",
+                                         data=data, headers=headers)
         with urllib.request.urlopen(request, timeout=30) as resp:
             return json.loads(resp.read() or b"{}")
+
+    def create_user(self, user: str, password: str) -> None:
+        """A user of the basic-auth app (made by the admin through the auth API)."""
+        self.api("users/create", {"username": user, "password": password})
+
+    def grant(self, user: str, experiment_id: str, permission: str = "EDIT") -> None:
+        """``permission`` on one experiment to ``user`` (the auth API, as the admin)."""
+        self.api("users/permissions/grant", {
+            "username": user, "resource_type": "experiment", "resource_id": experiment_id,
+            "permission": permission}, version="3.0")
 
     def run(self, run_id: str) -> dict[str, Any]:
         """A run's info, its tags as a dict, and its metrics' full history by key."""

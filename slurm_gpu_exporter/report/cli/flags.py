@@ -133,6 +133,22 @@ def _review_options(parser: argparse.ArgumentParser) -> None:
                              "html (mode 0640), even when the mail fails")
 
 
+def _smtp_login_options(parser: argparse.ArgumentParser) -> None:
+    relay = parser.add_argument_group(
+        "the mail server's login", "for --report-to's mail and --notify smtp://: STARTTLS "
+                                   "and SMTP AUTH, as a site's relay asks")
+    relay.add_argument("--smtp-starttls", action="store_true",
+                       help="require STARTTLS and verify the server's certificate (system "
+                            "CAs, or --smtp-ca-file); no mail without it")
+    relay.add_argument("--smtp-ca-file", metavar="FILE",
+                       help="CA bundle to verify the mail server's certificate")
+    relay.add_argument("--smtp-user", metavar="NAME",
+                       help="SMTP AUTH user (needs --smtp-starttls and --smtp-password-file)")
+    relay.add_argument("--smtp-password-file", metavar="FILE",
+                       help="SMTP AUTH password: this file's text, less one trailing "
+                            "newline")
+
+
 def _common(parser: argparse.ArgumentParser, outputs: bool = True) -> None:
     _prometheus_options(parser)
     if outputs:
@@ -171,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     low.add_argument("--state-file", default=DEFAULT_STATE,
                      help=f"when each job was reported (default {DEFAULT_STATE})")
     _review_options(low)
+    _smtp_login_options(low)
     _common(low)
     _db(low, None)
     arch = sub.add_parser("archive", help="store a summary of the jobs that ended in a window "
@@ -224,6 +241,9 @@ def _add_mlflow_command(sub: argparse._SubParsersAction) -> None:  # type: ignor
                         help="do not ask Slurm accounting for the jobs' state")
     mlflow.add_argument("--dry-run", action="store_true",
                         help="say what would be written, write nothing")
+    mlflow.add_argument("--pending-expiry", default="7d", metavar="DURATION",
+                        help="a pending run that no ended job of its own can fill this "
+                             "long after it started is marked expired (default 7d)")
     _common(mlflow, outputs=False)
 
 

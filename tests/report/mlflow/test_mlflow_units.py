@@ -9,10 +9,20 @@ from slurm_gpu_exporter.report.figures.gpu_events import Throttle
 from slurm_gpu_exporter.report.figures.shapes import GpuDetail, JobDetail, JobUsage, NodeDetail
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.mlflow.figures import run_metrics
+from slurm_gpu_exporter.report.mlflow.named import Named, NamedRun, named_runs
 from slurm_gpu_exporter.report.mlflow.runs import PendingRun, for_cluster, pending_run, verdict
+from slurm_gpu_exporter.report.mlflow.tracking import redact
+from slurm_gpu_exporter.report.prometheus.client import Sample
 
 WINDOW = Window(10_000.0, 20_000.0)
-RUN = PendingRun("a" * 32, "1", "alice", "4242", "west")
+NOW = 20_000.0
+RUN = PendingRun("a" * 32, "1", "alice", "4242", "west", start_s=9_000.0)
+# The agent of job 4242 (alice's) named RUN; job 5151 (mallory's) named another run.
+NAMED = named_runs([
+    Sample({"jobid": "4242", "user": "alice", "run_id": "a" * 32, "experiment_id": "1"}, 1),
+    Sample({"jobid": "5151", "user": "mallory", "run_id": "c" * 32, "experiment_id": "9"}, 1),
+])
+NOBODY = Named({}, frozenset())
 
 
 def _detail(user: str = "alice", end: float | None = 15_000.0) -> JobDetail:
@@ -32,6 +42,7 @@ def test_a_pending_run_is_read_with_its_job_and_cluster():
     run = pending_run(_raw({"slurm.job_id": "77", "slurm.figures": "pending",
                             "slurm.cluster": "west"}))
     assert run == PendingRun("b" * 32, "3", "alice", "77", "west")
+    assert run.start_s == 0.0  # no start_time: it expires as soon as it would wait
 
 
 @pytest.mark.parametrize("tags", [
@@ -46,19 +57,39 @@ def test_a_run_of_another_shape_is_not_pending(tags):
     assert pending_run(_raw(tags)) is None
 
 
-def test_the_ended_jobs_run_of_its_own_user_is_written():
-    assert verdict(RUN, _detail(), WINDOW).action == "write"
+def test_the_ended_jobs_run_named_by_its_agent_is_written():
+    assert verdict(RUN, NAMED, _detail(), WINDOW, NOW).action == "write"
 
 
-def test_a_run_claiming_another_users_job_is_refused():
-    said = verdict(RUN, _detail(user="bob"), WINDOW)
-    assert said.action == "refuse"
-    assert said.why == "the run's user alice is not job 4242's user bob"
+def test_a_run_no_agent_named_is_never_written_whatever_it_says():
+    """Its user_id and tag match the job: what a client sends proves nothing."""
+    said = verdict(RUN, NOBODY, _detail(), WINDOW, NOW)
+    assert said.action == "wait"
+
+
+def test_a_run_claiming_an_ended_job_whose_agent_named_others_is_refused():
+    claim = PendingRun("d" * 32, "1", "mallory", "5151", "", start_s=9_000.0)
+    said = verdict(claim, NAMED, _detail(user="mallory"), WINDOW, NOW)
+    assert (said.action, said.why) == (
+        "refuse", "job 5151 ended and its agent never named this run (slurm_job_mlflow_run_info)")
+
+
+def test_a_run_named_for_one_job_claiming_another_is_refused():
+    forged = PendingRun("c" * 32, "9", "alice", "4242", "", start_s=9_000.0)
+    said = verdict(forged, NAMED, _detail(), WINDOW, NOW)
+    assert (said.action, said.why) == (
+        "refuse", "the run says job 4242, but the agent named it for job 5151")
+
+
+def test_a_named_run_claiming_another_user_is_refused():
+    said = verdict(PendingRun("a" * 32, "1", "bob", "4242", "", 9_000.0), NAMED, _detail(),
+                   WINDOW, NOW)
+    assert (said.action, said.why) == ("refuse", "the run's user bob is not job 4242's user alice")
 
 
 def test_a_run_without_a_user_is_refused():
-    anonymous = PendingRun("a" * 32, "1", "", "4242", "")
-    assert verdict(anonymous, _detail(user=""), WINDOW).action == "refuse"
+    anonymous = PendingRun("a" * 32, "1", "", "4242", "", 9_000.0)
+    assert verdict(anonymous, NAMED, _detail(), WINDOW, NOW).action == "refuse"
 
 
 @pytest.mark.parametrize(("detail", "why"), [
@@ -67,8 +98,43 @@ def test_a_run_without_a_user_is_refused():
     (_detail(end=9_000.0), "job 4242 did not end in the window"),
 ])
 def test_runs_of_unknown_running_or_earlier_jobs_wait(detail, why):
-    said = verdict(RUN, detail, WINDOW)
+    said = verdict(RUN, NAMED, detail, WINDOW, NOW)
     assert (said.action, said.why) == ("wait", why)
+
+
+@pytest.mark.parametrize(("named", "detail"), [
+    (NOBODY, None), (NAMED, None), (NAMED, _detail(end=9_000.0))])
+def test_a_waiting_run_expires_after_the_bound_on_a_clock_we_set(named, detail):
+    """RUN started at 9,000 s: it waits up to the bound (100 s here), then expires."""
+    assert verdict(RUN, named, detail, WINDOW, 9_090.0, expiry_s=100).action == "wait"
+    assert verdict(RUN, named, detail, WINDOW, 9_101.0, expiry_s=100).action == "expire"
+
+
+def test_a_run_of_a_job_still_running_never_expires():
+    said = verdict(RUN, NAMED, _detail(end=None), WINDOW, 1e9, expiry_s=100)
+    assert said.action == "wait"
+
+
+def test_a_run_starting_in_the_far_future_expires_at_once():
+    later = PendingRun("a" * 32, "1", "alice", "4242", "", start_s=NOW + 10 * 86400)
+    assert verdict(later, NOBODY, None, WINDOW, NOW).action == "expire"
+
+
+def test_the_agents_word_is_read_from_the_run_info_series():
+    assert NAMED.of("a" * 32) == [NamedRun("a" * 32, "1", "4242", "alice")]
+    assert NAMED.jobs == {"4242", "5151"}
+    assert named_runs([Sample({"run_id": "e" * 32, "jobid": "1"}, 1)]).by_run == {}
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("https://u:p%40ss@mlflow.example.org/x", "https://mlflow.example.org/x"),
+    ("https://u:p@ss@host:5000", "https://host:5000"),
+    ("http://token@host", "http://host"),
+    ("ftp://u:pw@host", "ftp://host"),
+    ("https://host/a@b", "https://host/a@b"),
+])
+def test_the_tracking_uri_is_shown_without_its_credentials(url, shown):
+    assert redact(url) == shown
 
 
 def test_with_cluster_only_the_runs_naming_it_are_taken():
