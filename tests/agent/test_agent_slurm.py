@@ -653,6 +653,7 @@ def cluster_without_cpuacct(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluste
 
 
 @pytest.mark.slurm
+@pytest.mark.host_release  # summing processes' CPU is ours; cpuacct dirs are tested by the others
 class TestNodeWithoutCpuacctJobCgroups:
     """JobAcctGatherType=jobacct_gather/none: no cpuacct job cgroups, CPU from processes."""
 

@@ -310,6 +310,18 @@ def test_cap_on_cancellations_holds(scenario: Scenario) -> None:
             assert sum(d["action"] == "cancel" for d in run.decisions.values()) <= 1
 
 
+def test_a_job_cancelled_a_moment_ago_is_over_not_doubtful(scenario: Scenario) -> None:
+    """The run right after the cap's cancel: the job's series are still fresh, and Slurm
+    still holds it as ended. squeue --json hides such a job since 24.05 unless asked
+    --states=all; read as not listed, it made the run doubtful (exit 7)."""
+    cap = scenario.marks["cap"]
+    cancelled = next(j for j in scenario.jobs.values() if cap.action(j) == "cancel")
+    decision = scenario.marks["second"].decisions.get(cancelled)
+    assert decision is not None and not decision["doubtful"], (
+        decision, scenario.marks["second"].stderr)
+    assert decision["action"] == "skip"
+
+
 def test_query_count_is_fixed(scenario: Scenario) -> None:
     counts = {json.loads(r.stdout)["queries"] for r in scenario.runs
               if r.stdout and r.rc in (0, 7) and r.stdout.startswith("{")}

@@ -285,6 +285,7 @@ def test_dry_run_mode_drains_nothing(rig: Rig, tmp_path: Path) -> None:
         dry.stop()
 
 
+@pytest.mark.host_release  # episodes in Prometheus; the drain itself is tested on every release
 def test_missed_scrapes_do_not_make_it_a_new_alert_that_drains_again(rig: Rig) -> None:
     """The agent stalls (as while it restarts after the GPU reset): its scrapes time out
     and the series go stale, so the alert's condition no longer holds. The rule keeps it
@@ -400,6 +401,7 @@ def assert_acted_on_before(rig: Rig, payload: dict[str, Any]) -> None:
     assert body["results"] and all(r.startswith(ACTED_ON) for r in body["results"]), body
 
 
+@pytest.mark.host_release  # episodes in Prometheus; the drain itself is tested on every release
 def test_a_resumed_node_is_drained_again_only_for_a_new_firing(rig: Rig) -> None:
     """Issue 42: after the admin resumed the node, posts of the same firing drain
     nothing, whatever their fingerprint, start or extra labels, through remediate's

@@ -162,6 +162,7 @@ def _sacct_time(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
+@pytest.mark.host_release  # the terminal; munge and Slurm's answers are tested on every release
 def test_owner_follows_their_running_job_in_a_terminal_to_its_summary(
         setup: Setup, tmux: Tmux) -> None:
     jobid, node = setup.jobs[OWNER], setup.cluster.node_name
