@@ -316,6 +316,20 @@ class SlurmCluster:
             raise SlurmError(f"sbatch as {user} failed ({proc.returncode}): {proc.stderr.strip()}")
         return int(proc.stdout.strip().split(";")[0])
 
+    def allocate(self, user: str = "sgeuser", gres: str = "gpu:1") -> int:
+        """An interactive allocation as ``user`` (``salloc --no-shell``: no batch script,
+        as a user's salloc session holds it); its job id."""
+        argv = [_which("runuser") or "/usr/sbin/runuser", "-u", user, "--",
+                _which("salloc", self.path) or "salloc", "--no-shell", f"--gres={gres}"]
+        env = {"PATH": self.user_path, "SLURM_CONF": str(self.slurm_conf), "LANG": "C.UTF-8",
+               "HOME": pwd.getpwnam(user).pw_dir, "USER": user}
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False,
+                              cwd="/", timeout=60)
+        m = re.search(r"Granted job allocation (\d+)", proc.stderr)
+        if proc.returncode != 0 or m is None:
+            raise SlurmError(f"salloc as {user} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return int(m.group(1))
+
     def job_info(self, jobid: int) -> list[dict[str, str]]:
         """``scontrol -o show job`` as dicts (several records for an array); [] if unknown."""
         proc = subprocess.run(

@@ -2,7 +2,9 @@
 the GPU of a training job (submitted as a normal user with ``--requeue``) drains the
 node, the job gets SIGUSR1, writes its checkpoint and exits, is requeued after the
 grace and runs again from its checkpoint; a job on another GPU of the node keeps
-running untouched; a second post of the same firing signals no one.
+running untouched; a second post of the same firing signals no one. An interactive
+allocation (salloc) on a faulty GPU is neither signalled nor requeued: Slurm cannot
+requeue it, and the signal would end a user's session for nothing.
 """
 
 from __future__ import annotations
@@ -127,11 +129,13 @@ def admin_comment(cluster: SlurmCluster, jobid: int) -> str:
         if "AdminComment=" in line else ""
 
 
-def counted(rig: Rig, action: str) -> float:
+def counted(rig: Rig, action: str, reason: str = "") -> float:
     request = urllib.request.Request(f"{rig.remediate.url}/metrics", headers=auth_headers())
     with urllib.request.urlopen(request, timeout=10) as resp:
         text = resp.read().decode()
     prefix = f'slurm_gpu_remediate_jobs_total{{action="{action}"'
+    if reason:
+        prefix += f',reason="{reason}"'
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(prefix))
 
@@ -188,3 +192,35 @@ def test_a_gpu_fault_requeues_the_job_on_that_gpu_which_resumes_from_its_checkpo
     finally:
         for jobid in (training, bystander):
             cluster.cancel(jobid)
+
+
+def test_an_interactive_job_on_a_faulty_gpu_is_neither_signalled_nor_requeued(
+        rig: Rig) -> None:
+    cluster = rig.cluster
+    resume(cluster)
+    skipped = counted(rig, "skipped", "not_batch")
+    signalled = counted(rig, "signalled")
+    session = cluster.allocate("sgeuser", "gpu:2")
+    try:
+        cluster.wait_state(session, "RUNNING", timeout=60)
+        found = rig.prometheus.wait_for(
+            f'slurm_job_gpu_allocated_seconds_total{{jobid="{session}"}}', timeout=60,
+            min_results=2)
+        # A GPU no earlier test faulted: its alert is a new firing.
+        gpu = min(s["metric"]["gpu"] for s in found
+                  if not rig.nvml.devices[int(s["metric"]["gpu"])].xid_events)
+        rig.nvml.devices[int(gpu)].xid_events = [XidEvent(seq=2, xid=79)]
+        rig.fake.write(rig.nvml)
+        wait_until(lambda: drained(cluster), 90, "remediate to drain the node", poll=0.5,
+                   log=rig.remediate.log)
+        wait_until(lambda: f"job {session}: not a batch job" in rig.remediate.log(), 30,
+                   "remediate to say why it leaves the session", poll=0.5,
+                   log=rig.remediate.log)
+        time.sleep(GRACE_S + 2)  # past the grace a requeue would have come after
+        assert cluster.state(session) == "RUNNING"
+        assert counted(rig, "signalled") == signalled
+        assert counted(rig, "skipped", "not_batch") == skipped + 1, rig.remediate.log()
+        assert "requeued job" not in rig.remediate.log().split(f"job {session}: not a", 1)[1]
+    finally:
+        cluster.cancel(session)
+        resume(cluster)
