@@ -24,6 +24,7 @@ from slurm_gpu_exporter.report.prometheus.retry import (
     RetryPolicy,
 )
 from slurm_gpu_exporter.report.slurm.munge import munge_credential
+from slurm_gpu_exporter.report.top.wait import WAIT_S
 
 log = logging.getLogger("slurm_gpu_exporter.report")
 
@@ -214,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between frames (default 5; the store's scrape interval "
                           "is the finest that changes anything)")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument("--wait", type=float, default=WAIT_S, metavar="SECONDS",
+                     help="a job Slurm lists as running or pending that Prometheus has no "
+                          "sample of yet: seconds after its start (pending: from now) to "
+                          f"wait for its first (default {WAIT_S:g}; 0: do not wait)")
     _prometheus_options(top)
     top.add_argument("--config", help="TOML file with thresholds and notes")
     _cluster_options(top)

@@ -3,21 +3,27 @@ seconds until it ends, then its summary (the ``job`` report) and exit 0.
 
 Each frame is the ``job`` report's queries over the job's life (the first frame looks
 back 30 days for its start, later ones from the start on) plus ``top.now``'s, a fixed
-number whatever the job's size. ^C leaves quietly.
+number whatever the job's size. A job Prometheus does not know yet but Slurm lists as
+running or pending is waited for (``top.wait``, ``--wait``), after the refusal of another
+user's job. ^C leaves quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
+import pwd
 import shutil
 import sys
 import time
 
 from slurm_gpu_exporter.report.cli.flags import munge_auth, prometheus
 from slurm_gpu_exporter.report.cli.reports import (
+    EXIT_UNKNOWN_JOB,
     job_report,
+    not_yours_error,
     refuse_others_jobs,
     unknown_jobs_error,
 )
@@ -33,8 +39,16 @@ from slurm_gpu_exporter.report.prometheus.queries import (
 )
 from slurm_gpu_exporter.report.render.text import job_table
 from slurm_gpu_exporter.report.render.values import when
+from slurm_gpu_exporter.report.slurm.actions import listed_jobs
 from slurm_gpu_exporter.report.top.frame import frame
 from slurm_gpu_exporter.report.top.now import STALE_AFTER_S, JobNow, fetch_now
+from slurm_gpu_exporter.report.top.wait import (
+    SlurmSays,
+    first_sample,
+    no_sample_hint,
+    wait_left,
+    waiting_line,
+)
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
 MIN_INTERVAL_S = 1.0
@@ -46,6 +60,8 @@ def top_command(args: argparse.Namespace, config: Config) -> int:
     if args.interval < MIN_INTERVAL_S:
         raise ReportError(f"bad --interval {args.interval:g}: give {MIN_INTERVAL_S:g} second "
                           "or more")
+    if not (math.isfinite(args.wait) and args.wait >= 0):
+        raise ReportError(f"bad --wait {args.wait:g}: give 0 seconds (do not wait) or more")
     jobid_regex([args.jobid])
     try:
         return asyncio.run(_top(args, config))
@@ -53,8 +69,12 @@ def top_command(args: argparse.Namespace, config: Config) -> int:
         return 0
 
 
+Frame = tuple[JobDetail, JobNow, float]
+
+
 async def _frame(prom: PrometheusClient, args: argparse.Namespace, config: Config,
-                 start: float | None) -> tuple[JobDetail, JobNow, float]:
+                 start: float | None) -> Frame | None:
+    """The job's figures now; None where Prometheus does not know the job."""
     at = time.time()
     window = (Window(start - SLACK_S, at) if start is not None
               else make_window(None, None, None, at, default_since="30d"))
@@ -62,10 +82,46 @@ async def _frame(prom: PrometheusClient, args: argparse.Namespace, config: Confi
     details, unknown = await job_report(prom, window, [args.jobid], filters, config,
                                         lambda _: {}, at)
     if unknown:
-        if munge_auth(args):  # through the proxy another user's job looks unknown
-            refuse_others_jobs(unknown)
-        raise unknown_jobs_error(unknown, window)
+        return None
     return details[0], await fetch_now(prom, args.jobid, filters, at), at
+
+
+def _slurm_says(asked: str) -> SlurmSays | None:
+    """The job as squeue lists it (by its own id, or as users know it: ``1234_5``); None
+    where squeue does not list it, or cannot be asked (not installed, failing)."""
+    try:
+        listed = listed_jobs()
+    except ReportError:
+        return None
+    job = listed.get(asked) or next((j for j in listed.values() if j.shown == asked), None)
+    return None if job is None else SlurmSays(job.jobid, job.user, job.state, job.start)
+
+
+async def _first_frame(prom: PrometheusClient, args: argparse.Namespace, config: Config
+                       ) -> Frame:
+    """The first frame; a job Prometheus does not know yet is refused if it is another
+    user's, waited for if Slurm runs it (or will), else unknown (exit 5)."""
+    got = await _frame(prom, args, config, None)
+    if got is not None:
+        return got
+    asked = args.jobid
+    munge = munge_auth(args)
+    if munge:  # through the proxy another user's job looks unknown
+        refuse_others_jobs([asked])
+    job = _slurm_says(asked)
+    if munge and job is not None and job.user not in ("", pwd.getpwuid(os.getuid()).pw_name):
+        raise not_yours_error([asked])  # Slurm's owner where sacct knows none; before any wait
+    left = wait_left(job, args.wait, time.time())
+    if job is not None and left > 0:
+        print(waiting_line(asked, job, left), file=sys.stderr, flush=True)
+        args.jobid = job.jobid  # an array task unknown to Prometheus: its own id
+        got = await first_sample(lambda: _frame(prom, args, config, None), left,
+                                 args.interval)
+    if got is None:
+        window = make_window(None, None, None, time.time(), default_since="30d")
+        raise ReportError(f"{unknown_jobs_error([asked], window)}"
+                          f"{no_sample_hint(job, args.wait)}", EXIT_UNKNOWN_JOB)
+    return got
 
 
 async def _top(args: argparse.Namespace, config: Config) -> int:
@@ -77,8 +133,9 @@ async def _top(args: argparse.Namespace, config: Config) -> int:
         window = make_window(None, None, None, time.time(), default_since="30d")
         filters = Filters(cluster=args.cluster, cluster_label=args.cluster_label)
         args.jobid = (await resolve_array_tasks(prom, window, [args.jobid], filters))[0]
+        got = await _first_frame(prom, args, config)
         while True:
-            detail, live, at = await _frame(prom, args, config, start)
+            detail, live, at = got
             start = detail.start
             if not detail.running or live.stale(at):
                 sys.stdout.write((CLEAR if tty and not args.once else "")
@@ -93,6 +150,9 @@ async def _top(args: argparse.Namespace, config: Config) -> int:
             sys.stdout.write(CLEAR + page if tty else page + "\n")
             sys.stdout.flush()
             await asyncio.sleep(max(0.0, args.interval - (time.time() - at)))
+            got = await _frame(prom, args, config, start)
+            if got is None:
+                raise unknown_jobs_error([args.jobid], Window(start or at, time.time()))
 
 
 def _ended(detail: JobDetail) -> str:

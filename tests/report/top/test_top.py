@@ -133,6 +133,7 @@ def test_top_says_another_users_job_is_not_yours_as_job_does(
 
     monkeypatch.setattr(top, "resolve_array_tasks", same_ids)
     monkeypatch.setattr(top, "job_report", no_series)
+    monkeypatch.setattr(top, "listed_jobs", dict)  # Slurm lists no such job: no wait
     monkeypatch.setattr(reports, "sacct_owners",
                         lambda ids: {i: owner for i in ids} if owner else {})
     monkeypatch.setenv("SLURM_GPU_REPORT_CLIENT", "/nonexistent")

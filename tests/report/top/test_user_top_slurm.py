@@ -234,3 +234,21 @@ def test_another_users_job_is_refused_as_job_refuses_it(setup: Setup) -> None:
     assert run.returncode == 10, (run.returncode, run.stdout, run.stderr)
     assert f"job {theirs} is not yours ({OWNER})" in run.stderr, run.stderr
     assert run.stdout == ""
+
+
+@pytest.mark.host_release  # our wait; Slurm's answers are read as enforce reads them
+def test_top_started_right_after_sbatch_waits_for_the_first_sample_not_an_error(
+        setup: Setup) -> None:
+    """``sbatch`` then ``top --once`` at once: Prometheus has no sample of the job yet
+    (or just one); ``top`` waits for it and prints the job's frame, never "no metrics"."""
+    jobid = setup.cluster.submit("sleep 40\n", user=OWNER, gres="gpu:1")
+    try:
+        run = report_as_user(setup.cluster, OWNER, setup.client_config, "top", str(jobid),
+                             "--once", "--interval", "1")
+    finally:
+        setup.cluster.cancel(jobid)
+    assert run.returncode == 0, (run.returncode, run.stdout, run.stderr)
+    assert "no metrics" not in run.stderr, run.stderr
+    assert run.stdout.startswith(f"Job {jobid}") and f"user {OWNER}" in run.stdout, run.stdout
+    # at most the one waiting line (none where the first sample was in before top asked)
+    assert all("waiting for" in line for line in run.stderr.splitlines()), run.stderr
