@@ -134,12 +134,10 @@ class GpuAttributor:
         def figures_of(key: str, job: Job, c: JobGpuCounters) -> Share:
             job_window, job_busy, unknown = window or 0.0, busy, figures.unknown
             if c.fresh and figures.before is None:
-                # Idle time counted without samples, up to now: the part since its start,
-                # and no more busy time than that part holds (the driver's first samples of
-                # a GPU that was idle can reach back before the job).
+                # The part since its start, and no more busy time than it holds (the first
+                # samples of a GPU that was idle can reach back before the job).
                 job_window = max(0.0, min(job_window, poll.now - (job.start_time or poll.now)))
-                if job_busy is not None:
-                    job_busy = min(job_busy, job_window)
+                job_busy = None if job_busy is None else min(job_busy, job_window)
             elif trim and c.fresh and job.start_time and figures.samples:
                 # Only a job's first window can reach back before its start.
                 start_us = wall_to_driver_us(job.start_time, trim, at)
