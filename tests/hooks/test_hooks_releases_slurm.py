@@ -18,7 +18,7 @@ from tests.support.slurmcluster import DEFAULT_PROLOG_FLAGS, RUN_IN_JOB, SlurmCl
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.every_release]
 
-HOLD = "#!/bin/sh\nexec sleep 120\n"
+SHORT = "#!/bin/sh\nexec sleep 8\n"
 
 
 def controller_view(cluster: SlurmCluster, jobid: int) -> dict[str, str]:
@@ -67,15 +67,16 @@ def check_record(cluster: SlurmCluster, jobid: int, user: str, account: str) -> 
 
 def run_one(cluster: SlurmCluster) -> None:
     cluster.wait_no_jobs()
-    jobid = cluster.submit(HOLD, user="sgeuser2", gres="gpu:2",
+    jobid = cluster.submit(SHORT, user="sgeuser2", gres="gpu:2",
                            extra_args=["--job-name=a b;c=d'e", "--account=chemistry"])
     try:
         cluster.wait_state(jobid, "RUNNING", timeout=30)
         check_record(cluster, jobid, "sgeuser2", "chemistry")
+        cluster.wait_finished(jobid, timeout=60)
     finally:
         cluster.cancel(jobid)
-    # The epilog marks the record ended.
-    wait_until(lambda: (r := cluster.gpu_record(jobid)) and r.get("end_time"), 30,
+    # The epilog of a job that ended on its own marks the record ended.
+    wait_until(lambda: (r := cluster.gpu_record(jobid)) and r.get("end_time"), 60,
                f"job {jobid}'s epilog mark", log=cluster.log_tail)
 
 
