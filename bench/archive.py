@@ -12,7 +12,7 @@ the CLI's ``job`` asks Prometheus first).
 Prometheus over them, and ``slurm-gpu-report archive --since 2h`` timed end to end for
 100 and 10,000 jobs; the query count must be the same.
 
-    .venv/bin/python bench/archive.py [--part store|prometheus|all] [--jobs 1000000]
+    .venv/bin/python bench/archive.py [--part store|prometheus|all] [--jobs 1000000] [--tag T]
 """
 
 from __future__ import annotations
@@ -195,10 +195,12 @@ def main() -> None:
     parser.add_argument("--part", choices=("store", "prometheus", "all"), default="all")
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--prometheus-jobs", default="100,10000")
+    parser.add_argument("--tag", default="", help="write results/archive_<tag>.json")
     args = parser.parse_args()
+    name = f"archive_{args.tag}" if args.tag else "archive"
     work = Path(tempfile.mkdtemp(prefix="bench-archive-"))
     figures: dict[str, object] = {}
-    previous = RESULTS / "archive.json"
+    previous = RESULTS / f"{name}.json"
     if args.part != "all" and previous.exists():
         import json
 
@@ -216,7 +218,7 @@ def main() -> None:
         figures["loadavg"] = " ".join(load)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    record("archive", figures)
+    record(name, figures)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,11 @@
 Writes synthetic agent metrics (the families low-util reads, every 60 s, as the
 agent exposes them) into TSDB blocks with ``promtool tsdb create-blocks-from
 openmetrics``, starts Debian's Prometheus over them (no scraping), and times
-``slurm-gpu-report low-util --since 7d`` end to end (process start to exit).
+``slurm-gpu-report low-util --since 7d`` end to end (process start to exit), then
+``slurm-gpu-report job`` of 20 of the flagged jobs over the same window.
 Run for 100 and 10,000 jobs: the number of PromQL queries must be the same.
 
-    .venv/bin/python bench/report.py [--jobs 100,10000] [--runs 3]
+    .venv/bin/python bench/report.py [--jobs 100,10000] [--runs 3] [--tag before]
 """
 
 from __future__ import annotations
@@ -200,6 +201,17 @@ def run_report(url: str, end: float) -> tuple[float, dict]:  # type: ignore[type
     return wall, json.loads(out.stdout)
 
 
+def run_job(url: str, end: float, jobids: list[str]) -> tuple[float, dict]:  # type: ignore[type-arg]
+    started = time.monotonic()
+    out = subprocess.run([REPORT, "job", *jobids, "--since", f"{DAYS}d", "--end", f"{end:.0f}",
+                          "--prometheus-url", url, "--format", "json", "--no-sacct",
+                          "--timeout", "120"], capture_output=True, text=True, check=False)
+    wall = time.monotonic() - started
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr)
+    return wall, json.loads(out.stdout)
+
+
 def bench(count: int, runs: int) -> dict[str, object]:
     end = float(int(time.time()) // 60 * 60 - 600)
     jobs = make_jobs(count, end)
@@ -215,6 +227,13 @@ def bench(count: int, runs: int) -> dict[str, object]:
             for _ in range(runs):
                 wall, result = run_report(url, end)
                 walls.append(wall)
+            # `job` of 20 flagged jobs (their ids as Prometheus labels them)
+            jobids = sorted(j["job"] for j in result["flagged"])[:20]
+            run_job(url, end, jobids)
+            job_walls, job_result = [], {}
+            for _ in range(runs):
+                wall, job_result = run_job(url, end, jobids)
+                job_walls.append(wall)
         finally:
             proc.terminate()
             proc.wait(30)
@@ -224,13 +243,17 @@ def bench(count: int, runs: int) -> dict[str, object]:
     return {"jobs": count, "jobs_seen": result["jobs_seen"], "flagged": len(result["flagged"]),
             "samples": samples, "queries": result["queries"],
             "low_util_wall_s_median": round(statistics.median(walls), 2),
-            "low_util_wall_s_max": round(max(walls), 2)}
+            "low_util_wall_s_max": round(max(walls), 2),
+            "job_jobs": len(jobids), "job_queries": job_result["queries"],
+            "job_wall_s_median": round(statistics.median(job_walls), 2),
+            "job_wall_s_max": round(max(job_walls), 2)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", default="100,10000")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tag", default="", help="write results/report_<tag>.json")
     args = parser.parse_args()
     if not shutil.which("promtool") or not shutil.which("prometheus"):
         sys.exit("bench/report.py needs Debian's prometheus package (prometheus, promtool)")
@@ -242,7 +265,7 @@ def main() -> None:
         for key, value in res.items():
             figures[f"jobs_{n}_{key}"] = value
     figures["queries_independent_of_jobs"] = len({r["queries"] for r in results}) == 1
-    record("report", figures)
+    record(f"report_{args.tag}" if args.tag else "report", figures)
 
 
 if __name__ == "__main__":
