@@ -28,7 +28,7 @@ READS = 200
 CHILD = """
 import sys, time
 from pathlib import Path
-from slurm_gpu_exporter.gpu.backend import BufferRead
+from slurm_gpu_exporter.gpu.readings import BufferRead
 from slurm_gpu_exporter.gpu.nvml.backend import NvmlBackend
 from slurm_gpu_exporter.gpu.source import GpuSampler
 from slurm_gpu_exporter.node.source_health import SourceErrors

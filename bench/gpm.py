@@ -88,7 +88,7 @@ def _bookkeeping_us() -> float:
     """CPU µs per GPU per sample of the sampler's GPM arithmetic (no NVML)."""
     from slurm_gpu_exporter.gpu.attribution.activity import DeviceActivity, job_activity, sole_job
     from slurm_gpu_exporter.gpu.attribution.counters import JobGpuCounters
-    from slurm_gpu_exporter.gpu.backend import GpmFigures
+    from slurm_gpu_exporter.gpu.readings import GpmFigures
 
     figures = GpmFigures(5.0, {"sm_active": 0.25, "sm_occupancy": 0.3, "tensor_active": 0.1,
                                "dram_active": 0.4, "fp64_active": 0.0, "fp32_active": 0.2,

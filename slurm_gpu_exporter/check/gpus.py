@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 from slurm_gpu_exporter.check.findings import Finding
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuBackend, GpuUnavailable
+from slurm_gpu_exporter.gpu.backend import GpuBackend, GpuUnavailable
+from slurm_gpu_exporter.gpu.readings import DeviceReading
 
 
 def profiling_admin_only(proc_root: Path) -> bool | None:

@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from slurm_gpu_exporter.gpu.backend import (
+from slurm_gpu_exporter.gpu.readings import (
     DeviceReading,
     GpmFigures,
     GpuProcess,

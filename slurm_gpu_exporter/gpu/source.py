@@ -29,9 +29,9 @@ from typing import Any
 from slurm_gpu_exporter.exposition.snapshot import GpuSample, JobGpuSample, UnattributedSample
 from slurm_gpu_exporter.gpu.attribution.attributor import GpuAttributor, Poll
 from slurm_gpu_exporter.gpu.attribution.samples import job_gpu_samples
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuBackend
-from slurm_gpu_exporter.gpu.driver.clocks import HostClocks
+from slurm_gpu_exporter.gpu.backend import GpuBackend
 from slurm_gpu_exporter.gpu.polling import BackendLink
+from slurm_gpu_exporter.gpu.readings import DeviceReading, HostClocks
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.jobs.source import SampleContext, SourceDefaults
 from slurm_gpu_exporter.node.cgroup import CgroupFS

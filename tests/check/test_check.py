@@ -17,7 +17,8 @@ from slurm_gpu_exporter.check.findings import Finding, exit_code, render_json, r
 from slurm_gpu_exporter.check.slurmconf import parse_config
 from slurm_gpu_exporter.check.slurmside import SlurmAccess
 from slurm_gpu_exporter.check.training import check_training
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, MigInstance
+from slurm_gpu_exporter.gpu.backend import GpuUnavailable
+from slurm_gpu_exporter.gpu.readings import DeviceReading, MigInstance
 from slurm_gpu_exporter.hooks.spool import JobRecord, open_spool_dir, write_record
 from slurm_gpu_exporter.training_relay.socketfile import bind_socket
 from tests.support import FIXTURES

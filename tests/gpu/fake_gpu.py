@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from slurm_gpu_exporter.gpu.backend import (
+from slurm_gpu_exporter.gpu.readings import (
     DeviceReading,
     GpmFigures,
     GpuProcess,

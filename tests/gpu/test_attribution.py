@@ -11,8 +11,8 @@ from slurm_gpu_exporter.gpu.attribution.shares import (
     held_targets,
     shares,
 )
-from slurm_gpu_exporter.gpu.backend import UtilSample
 from slurm_gpu_exporter.gpu.driver.gaps import integrate_samples
+from slurm_gpu_exporter.gpu.readings import UtilSample
 from slurm_gpu_exporter.model.allocation import GpuAllocation, gpu_allocation, parse_index_list
 
 # NVML order 0..3, but minor numbers (= Slurm's gres indices) reversed.

@@ -9,7 +9,7 @@ import pytest
 
 from slurm_gpu_exporter.gpu.attribution.activity import DeviceActivity, job_activity, sole_job
 from slurm_gpu_exporter.gpu.attribution.counters import JobGpuCounters
-from slurm_gpu_exporter.gpu.backend import GpmFigures, GpuProcess
+from slurm_gpu_exporter.gpu.readings import GpmFigures, GpuProcess
 from slurm_gpu_exporter.gpu.source import GpuPartResult, GpuSampler
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.source_health import SourceErrors

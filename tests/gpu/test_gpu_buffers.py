@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_gpu_exporter.gpu.backend import BufferRead, BufferShape, UtilSample
 from slurm_gpu_exporter.gpu.driver.buffers import BufferStash
 from slurm_gpu_exporter.gpu.driver.integration import DeviceIntegrator
+from slurm_gpu_exporter.gpu.readings import BufferRead, BufferShape, UtilSample
 from tests.gpu.test_gpu_integration import at, reading
 
 PERIOD_S = 1 / 6

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_gpu_exporter.gpu.driver.clocks import HostClocks, clock_of, wall_to_driver_us
+from slurm_gpu_exporter.gpu.driver.clocks import clock_of, wall_to_driver_us
+from slurm_gpu_exporter.gpu.readings import HostClocks
 
 AT = HostClocks(realtime=1_800_000_000.0, boottime=5_000_000.0, monotonic=4_000_000.0)
 

@@ -12,7 +12,7 @@ import pytest
 
 from slurm_gpu_exporter.gpu.attribution.energy import EnergyCounters, EnergyDelta, energy_delta_j
 from slurm_gpu_exporter.gpu.attribution.shares import energy_shares
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuProcess
+from slurm_gpu_exporter.gpu.readings import DeviceReading, GpuProcess
 from slurm_gpu_exporter.gpu.source import GpuPartResult, GpuSampler
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.source_health import SourceErrors

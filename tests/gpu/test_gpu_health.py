@@ -15,7 +15,7 @@ from slurm_gpu_exporter.exposition.gpu_metrics import health_families
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
 from slurm_gpu_exporter.gpu.attribution.cumulative import CumulativeReadings
 from slurm_gpu_exporter.gpu.attribution.throttle import ThrottleBook
-from slurm_gpu_exporter.gpu.backend import DeviceReading, HealthReading
+from slurm_gpu_exporter.gpu.readings import DeviceReading, HealthReading
 from slurm_gpu_exporter.gpu.source import GpuPartResult, GpuSampler
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.source_health import SourceErrors

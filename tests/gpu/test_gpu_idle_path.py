@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.gpu.backend import GpuProcess
+from slurm_gpu_exporter.gpu.readings import GpuProcess
 from slurm_gpu_exporter.gpu.source import GpuPartResult, GpuSampler
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.source_health import SourceErrors

@@ -6,14 +6,14 @@ import logging
 
 import pytest
 
-from slurm_gpu_exporter.gpu.backend import (
+from slurm_gpu_exporter.gpu.driver.integration import DeviceIntegrator
+from slurm_gpu_exporter.gpu.readings import (
     DeviceReading,
     GpuProcess,
+    HostClocks,
     ProcessUtilSample,
     UtilSample,
 )
-from slurm_gpu_exporter.gpu.driver.clocks import HostClocks
-from slurm_gpu_exporter.gpu.driver.integration import DeviceIntegrator
 
 AT = HostClocks(realtime=1_800_000_000.0, boottime=1_000.0, monotonic=1_000.0)
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from slurm_gpu_exporter.gpu.backend import BufferShape, UtilSample
 from slurm_gpu_exporter.gpu.nvml import sample_buffers
+from slurm_gpu_exporter.gpu.readings import BufferShape, UtilSample
 
 
 def _driver(monkeypatch: pytest.MonkeyPatch, stamps: list[int]) -> None:

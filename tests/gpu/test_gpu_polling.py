@@ -11,8 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from slurm_gpu_exporter.gpu.backend import BufferRead, DeviceReading, GpuUnavailable, XidEvent
-from slurm_gpu_exporter.gpu.polling import BackendLink, XidCounts
+from slurm_gpu_exporter.gpu.backend import GpuUnavailable
+from slurm_gpu_exporter.gpu.polling import BackendLink
+from slurm_gpu_exporter.gpu.readings import BufferRead, DeviceReading, XidEvent
+from slurm_gpu_exporter.gpu.xids import XidCounts
 from slurm_gpu_exporter.node.source_health import SourceErrors
 from tests.gpu.fake_gpu import FakeBackend
 from tests.support import Clock, wait_until

@@ -15,8 +15,9 @@ import pytest
 
 from slurm_gpu_exporter.exposition.snapshot import JobGpuSample
 from slurm_gpu_exporter.gpu.attribution.counters import load_job_counters
-from slurm_gpu_exporter.gpu.backend import GpuProcess, GpuUnavailable
+from slurm_gpu_exporter.gpu.backend import GpuUnavailable
 from slurm_gpu_exporter.gpu.driver.integration import held_seconds
+from slurm_gpu_exporter.gpu.readings import GpuProcess
 from slurm_gpu_exporter.gpu.source import GpuPartResult, GpuSampler
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.source_health import SourceErrors

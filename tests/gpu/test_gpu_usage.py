@@ -8,7 +8,7 @@ from pathlib import Path
 
 from slurm_gpu_exporter.gpu.attribution.shares import UNATTRIBUTED, GpuTarget
 from slurm_gpu_exporter.gpu.attribution.usage import UNKNOWN_USER, UsageReader
-from slurm_gpu_exporter.gpu.backend import GpuProcess, ProcessUtilSample
+from slurm_gpu_exporter.gpu.readings import GpuProcess, ProcessUtilSample
 from slurm_gpu_exporter.jobs.job import Job
 from tests.gpu.fake_gpu import StubMapper
 

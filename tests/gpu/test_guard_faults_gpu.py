@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_gpu_exporter.gpu.backend import ProcessUtilSample, UtilSample
-from slurm_gpu_exporter.gpu.driver.clocks import HostClocks
 from slurm_gpu_exporter.gpu.driver.events import EVENT_KINDS
 from slurm_gpu_exporter.gpu.driver.integration import DeviceIntegrator
+from slurm_gpu_exporter.gpu.readings import HostClocks, ProcessUtilSample, UtilSample
 from slurm_gpu_exporter.node.powercap import PowercapReader, wrapped_delta
 from tests.gpu.test_gpu_integration import AT, at, grid, reading
 from tests.support import REPO

@@ -21,7 +21,7 @@ import pytest
 
 from slurm_gpu_exporter.gpu.attribution.shares import UNATTRIBUTED
 from slurm_gpu_exporter.gpu.attribution.usage import UsageReader
-from slurm_gpu_exporter.gpu.backend import GpuProcess
+from slurm_gpu_exporter.gpu.readings import GpuProcess
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.cgroup import CgroupFS
 from slurm_gpu_exporter.training_relay.source import RelayJobs

@@ -10,7 +10,8 @@ import pytest
 
 from slurm_gpu_exporter.exposition.rendered import Exposition, render
 from slurm_gpu_exporter.exposition.snapshot import NodeIdentity, Snapshot
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpuUnavailable, XidEvent
+from slurm_gpu_exporter.gpu.backend import GpuUnavailable
+from slurm_gpu_exporter.gpu.readings import DeviceReading, XidEvent
 from slurm_gpu_exporter.gpu.source import GpuSampler
 from slurm_gpu_exporter.jobs.cpu_energy import CpuEnergySource
 from slurm_gpu_exporter.jobs.node_energy import NodeEnergySource

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from slurm_gpu_exporter.gpu.backend import GpmFigures
+from slurm_gpu_exporter.gpu.readings import GpmFigures
 
 Totals = tuple[tuple[str, float], ...]  # (name, total), sorted by name
 

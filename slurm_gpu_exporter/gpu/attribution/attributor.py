@@ -24,10 +24,10 @@ from slurm_gpu_exporter.gpu.attribution.shares import (
     shares,
 )
 from slurm_gpu_exporter.gpu.attribution.usage import Usage, UsageReader
-from slurm_gpu_exporter.gpu.backend import DeviceReading, GpmFigures
-from slurm_gpu_exporter.gpu.driver.clocks import HostClocks, wall_to_driver_us
+from slurm_gpu_exporter.gpu.driver.clocks import wall_to_driver_us
 from slurm_gpu_exporter.gpu.driver.integration import DeviceIntegrator, since_start
-from slurm_gpu_exporter.gpu.polling import XidCounts
+from slurm_gpu_exporter.gpu.readings import DeviceReading, GpmFigures, HostClocks
+from slurm_gpu_exporter.gpu.xids import XidCounts
 from slurm_gpu_exporter.jobs.job import Job
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_gpu_exporter.gpu.attribution.cumulative import HeldReadings
-from slurm_gpu_exporter.gpu.backend import DeviceReading
+from slurm_gpu_exporter.gpu.readings import DeviceReading
 from slurm_gpu_exporter.node.state_dir import of_this_boot, stamp_boot
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ remapped rows, PCIe replays and NVLink errors, as per-job counters.
 Device counters are cumulative: each interval's delta (gpu/attribution/cumulative.py, kept in the
 state dir across restarts) goes to every job holding the GPU or one of its MIG
 instances at the poll that reads it. Xid events come from the Xid thread with the
-wall time they were seen (gpu/polling.XidCounts): an event goes to the jobs holding
+wall time they were seen (gpu/xids.XidCounts): an event goes to the jobs holding
 the GPU at the next poll that started before it, so a job that comes after an event
 never gets it. Throttled time (gpu/attribution/throttle.py) is handed out the same way.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from slurm_gpu_exporter.gpu.attribution.counters import JobGpuCounters
 from slurm_gpu_exporter.gpu.attribution.cumulative import CumulativeReadings
 from slurm_gpu_exporter.gpu.attribution.throttle import ThrottleBook
-from slurm_gpu_exporter.gpu.backend import DeviceReading
-from slurm_gpu_exporter.gpu.polling import XidCounts
+from slurm_gpu_exporter.gpu.readings import DeviceReading
+from slurm_gpu_exporter.gpu.xids import XidCounts
 from slurm_gpu_exporter.jobs.job import Job
 
 

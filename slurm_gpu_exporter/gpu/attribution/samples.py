@@ -9,8 +9,8 @@ from slurm_gpu_exporter.gpu.attribution.activity import DeviceActivity
 from slurm_gpu_exporter.gpu.attribution.counters import CounterStore
 from slurm_gpu_exporter.gpu.attribution.energy import EnergyCounters
 from slurm_gpu_exporter.gpu.attribution.job_errors import HealthBook
-from slurm_gpu_exporter.gpu.backend import DeviceReading, MigInstance
 from slurm_gpu_exporter.gpu.driver.integration import DeviceIntegrator
+from slurm_gpu_exporter.gpu.readings import DeviceReading, MigInstance
 from slurm_gpu_exporter.jobs.job import Job
 
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from slurm_gpu_exporter.gpu.attribution.cumulative import CumulativeReadings
-from slurm_gpu_exporter.gpu.backend import DeviceReading
+from slurm_gpu_exporter.gpu.readings import DeviceReading
 
 # The `reason` label values, in NVML's NVML_PERF_POLICY_* order (gpu/nvml/health.py).
 REASONS = ("power", "thermal", "sync_boost", "board_limit", "low_utilization",

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurm_gpu_exporter.gpu.attribution.shares import UNATTRIBUTED, GpuTarget, held_targets
-from slurm_gpu_exporter.gpu.backend import GpuProcess, ProcessUtilSample
+from slurm_gpu_exporter.gpu.readings import GpuProcess, ProcessUtilSample
 from slurm_gpu_exporter.hooks.ids import user_name
 from slurm_gpu_exporter.jobs.job import Job
 from slurm_gpu_exporter.node.procfs import PidJobMapper, ProcessGone, read_uid

@@ -20,16 +20,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from slurm_gpu_exporter.gpu.backend import (
+from slurm_gpu_exporter.gpu.driver.cursors import SampleCursor
+from slurm_gpu_exporter.gpu.driver.gaps import cover_limit_us
+from slurm_gpu_exporter.gpu.readings import (
     BufferRead,
     BufferShape,
     DeviceReading,
+    HostClocks,
     ProcessUtilSample,
     UtilSample,
 )
-from slurm_gpu_exporter.gpu.driver.clocks import HostClocks
-from slurm_gpu_exporter.gpu.driver.cursors import SampleCursor
-from slurm_gpu_exporter.gpu.driver.gaps import cover_limit_us
 
 # The span a buffer is taken to hold until it is seen full (the fake's 120 samples at
 # 1/6 s; measure a real GPU's with scripts/gpu-check --probe).

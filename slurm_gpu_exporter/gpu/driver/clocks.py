@@ -4,15 +4,14 @@ Linux drivers have been seen stamping ``nvmlDeviceGetSamples`` in µs of
 ``CLOCK_BOOTTIME`` and ``nvmlDeviceGetProcessUtilization`` in µs of the epoch, so
 the clock of each call is found, not assumed: its newest sample is compared with
 ``CLOCK_REALTIME``, ``CLOCK_BOOTTIME`` and ``CLOCK_MONOTONIC`` read right after the
-call. Nothing here calls the driver; the host clocks come in as a HostClocks.
+call. Nothing here calls the driver; the host clocks come in as a HostClocks
+(gpu/readings.py).
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from slurm_gpu_exporter.gpu.readings import BOOTTIME, MONOTONIC, REALTIME, HostClocks
 
-REALTIME, BOOTTIME, MONOTONIC = "realtime", "boottime", "monotonic"
 # In this order of preference where two agree (BOOTTIME = MONOTONIC on a host that
 # never slept).
 CLOCKS = (REALTIME, BOOTTIME, MONOTONIC)
@@ -21,27 +20,6 @@ CLOCKS = (REALTIME, BOOTTIME, MONOTONIC)
 # have been seen 9 s old), and never ahead of it by more than a little.
 MAX_SAMPLE_AGE_S = 60.0
 MAX_AHEAD_S = 2.0
-
-
-@dataclass(frozen=True)
-class HostClocks:
-    """The host's clocks read at one instant (seconds); None: not read."""
-
-    realtime: float
-    boottime: float | None = None
-    monotonic: float | None = None
-
-    @classmethod
-    def now(cls) -> HostClocks:
-        """All three clocks, read back to back."""
-        return cls(time.clock_gettime(time.CLOCK_REALTIME),
-                   time.clock_gettime(time.CLOCK_BOOTTIME),
-                   time.clock_gettime(time.CLOCK_MONOTONIC))
-
-    def of(self, clock: str) -> float | None:
-        """The reading of one clock by name (CLOCKS)."""
-        return {REALTIME: self.realtime, BOOTTIME: self.boottime,
-                MONOTONIC: self.monotonic}.get(clock)
 
 
 def clock_of(newest_us: int, at: HostClocks) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_gpu_exporter.gpu.backend import ProcessUtilSample
+from slurm_gpu_exporter.gpu.readings import ProcessUtilSample
 
 # A process sample may lag the newest one by up to this much (reports: up to 9 s);
 # a process without a cursor yet is looked for this far back.

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 
-from slurm_gpu_exporter.gpu.backend import DeviceReading
-from slurm_gpu_exporter.gpu.driver.clocks import HostClocks, clock_of
+from slurm_gpu_exporter.gpu.driver.clocks import clock_of
 from slurm_gpu_exporter.gpu.driver.cursors import SampleCursor
+from slurm_gpu_exporter.gpu.readings import DeviceReading, HostClocks
 
 log = logging.getLogger("slurm_gpu_exporter.gpu.driver.integration")
 

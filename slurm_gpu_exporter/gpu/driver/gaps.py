@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Collection
 from typing import NamedTuple
 
-from slurm_gpu_exporter.gpu.backend import UtilSample
+from slurm_gpu_exporter.gpu.readings import UtilSample
 
 # A sample covers the time since the one before it, unless that gap is longer than
 # this many sample periods (one missing sample with the usual jitter is ~2.3): then

@@ -12,9 +12,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_gpu_exporter.gpu.backend import BufferRead, DeviceReading, ProcessUtilSample, UtilSample
 from slurm_gpu_exporter.gpu.driver.buffers import BufferReads
-from slurm_gpu_exporter.gpu.driver.clocks import HostClocks, clock_of
+from slurm_gpu_exporter.gpu.driver.clocks import clock_of
 from slurm_gpu_exporter.gpu.driver.cursors import SampleCursor
 from slurm_gpu_exporter.gpu.driver.events import DriverEvents
 from slurm_gpu_exporter.gpu.driver.gaps import (
@@ -23,6 +22,13 @@ from slurm_gpu_exporter.gpu.driver.gaps import (
     cover_limit_us,
     integrate_gaps,
     measured_period_us,
+)
+from slurm_gpu_exporter.gpu.readings import (
+    BufferRead,
+    DeviceReading,
+    HostClocks,
+    ProcessUtilSample,
+    UtilSample,
 )
 
 log = logging.getLogger(__name__)

@@ -17,17 +17,12 @@ from typing import Any
 
 import pynvml
 
-from slurm_gpu_exporter.gpu.backend import (
-    BufferRead,
-    DeviceReading,
-    GpuUnavailable,
-    XidEvent,
-)
-from slurm_gpu_exporter.gpu.driver.clocks import HostClocks
+from slurm_gpu_exporter.gpu.backend import GpuUnavailable
 from slurm_gpu_exporter.gpu.nvml import sample_buffers
 from slurm_gpu_exporter.gpu.nvml.fields import Device, FieldReader, GpuLost, text
 from slurm_gpu_exporter.gpu.nvml.gpm import GpmReader
 from slurm_gpu_exporter.gpu.nvml.health import HealthReader
+from slurm_gpu_exporter.gpu.readings import BufferRead, DeviceReading, HostClocks, XidEvent
 
 log = logging.getLogger(__name__)
 

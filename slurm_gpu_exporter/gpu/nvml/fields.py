@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from slurm_gpu_exporter.gpu.backend import GpuProcess, MigInstance
+from slurm_gpu_exporter.gpu.readings import GpuProcess, MigInstance
 
 T = TypeVar("T")
 _NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of a process not on MIG

@@ -20,7 +20,7 @@ from typing import Any
 
 import pynvml
 
-from slurm_gpu_exporter.gpu.backend import GpmFigures, MigInstance
+from slurm_gpu_exporter.gpu.readings import GpmFigures, MigInstance
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pynvml
 
-from slurm_gpu_exporter.gpu.backend import HealthReading
 from slurm_gpu_exporter.gpu.nvml.fields import Device, FieldReader
+from slurm_gpu_exporter.gpu.readings import HealthReading
 
 # gpu/attribution/throttle.REASONS in NVML's NVML_PERF_POLICY_* numbers (nvml.h).
 POLICIES = {"power": 0, "thermal": 1, "sync_boost": 2, "board_limit": 3,

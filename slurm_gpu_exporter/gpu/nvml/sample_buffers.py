@@ -15,7 +15,7 @@ from typing import Any
 
 import pynvml
 
-from slurm_gpu_exporter.gpu.backend import BufferShape, ProcessUtilSample, UtilSample
+from slurm_gpu_exporter.gpu.readings import BufferShape, ProcessUtilSample, UtilSample
 
 Unsupported = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
 
