@@ -33,6 +33,7 @@ from slurm_gpu_exporter.report.figures.shapes import JobDetail, LowUtilReport
 from slurm_gpu_exporter.report.figures.window import Window, make_window
 from slurm_gpu_exporter.report.notify.notices import NotifyState, messages
 from slurm_gpu_exporter.report.notify.relay import RelayLogin
+from slurm_gpu_exporter.report.notify.relay_settings import login_for, sends_smtp
 from slurm_gpu_exporter.report.notify.send import dry_run_text, send
 from slurm_gpu_exporter.report.prometheus.archived import archived_jobs
 from slurm_gpu_exporter.report.prometheus.array_tasks import resolve_array_tasks
@@ -60,7 +61,9 @@ async def run_enforce_command(args: argparse.Namespace, now: float) -> int:
         policy=policy, cancel=args.cancel, state_path=Path(args.state_file),
         filters=Filters(cluster=args.cluster, cluster_label=args.cluster_label),
         notify=args.notify, mail_to=args.mail_to, mail_from=args.mail_from,
-        node_label=args.node_label)
+        node_label=args.node_label,
+        # read before any query; a dry run (no --cancel) sends nothing
+        login=login_for(args, policy.relay, sends_smtp(args.notify), not args.cancel))
     logging.getLogger("slurm_gpu_exporter.report.enforce").setLevel(logging.INFO)
     async with prometheus(args) as prom:
         run = await run_enforce(prom, options, now)
@@ -135,8 +138,8 @@ async def run_low_util(args: argparse.Namespace, config: Config, now: float) -> 
                       cluster=args.cluster, cluster_label=args.cluster_label)
     min_gpu_hours = (args.min_gpu_hours if args.min_gpu_hours is not None
                      else config.min_gpu_hours)
-    review = review_plan(args)  # before the queries: a bad address fails at once
-    login = review.login if review is not None else smtp_login(args)  # a password file too
+    review = review_plan(args, config.relay)  # before the queries: a bad address fails now
+    login = review.login if review is not None else smtp_login(args, config.relay)
     chart_jobs = config.chart_jobs if args.format == "html" or review else 0
     store = _open_archive(args, False, "low-util --db") if args.db else None
 

@@ -137,7 +137,9 @@ def _review_options(parser: argparse.ArgumentParser) -> None:
 def _smtp_login_options(parser: argparse.ArgumentParser) -> None:
     relay = parser.add_argument_group(
         "the mail server's login", "for --report-to's mail and --notify smtp://: STARTTLS "
-                                   "and SMTP AUTH, as a site's relay asks")
+                                   "and SMTP AUTH, as a site's relay asks; each flag wins "
+                                   "over its smtp_* key in the [notify] section of "
+                                   "--config (enforce: --policy)")
     relay.add_argument("--smtp-starttls", action="store_true",
                        help="require STARTTLS and verify the server's certificate (system "
                             "CAs, or --smtp-ca-file); no mail without it")
@@ -264,6 +266,7 @@ def _add_enforce_commands(sub: argparse._SubParsersAction) -> None:  # type: ign
     enforce.add_argument("--notify", metavar="TARGET",
                          help="warn users through smtp://host[:port] or a webhook URL")
     _mail_options(enforce)
+    _smtp_login_options(enforce)
     enforce.add_argument("--state-file", default=DEFAULT_ENFORCE_STATE,
                          help=f"warnings sent and cancels (default {DEFAULT_ENFORCE_STATE})")
     _cluster_options(enforce)

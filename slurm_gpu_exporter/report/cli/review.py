@@ -9,14 +9,19 @@ nothing: the exit status says the mail failed and the message says where the fil
 from __future__ import annotations
 
 import argparse
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
 from slurm_gpu_exporter.report.cli.flags import DEFAULT_SMTP
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.shapes import LowUtilReport
-from slurm_gpu_exporter.report.notify.relay import PLAIN_SMTP, RelayLogin, relay_login
+from slurm_gpu_exporter.report.notify.relay import PLAIN_SMTP, RelayLogin
+from slurm_gpu_exporter.report.notify.relay_settings import (
+    NO_SETTINGS,
+    RelaySettings,
+    login_for,
+    sends_smtp,
+)
 from slurm_gpu_exporter.report.notify.review import (
     parse_recipients,
     review_file_name,
@@ -39,7 +44,8 @@ class ReviewPlan:
     login: RelayLogin = PLAIN_SMTP  # STARTTLS and AUTH (--smtp-starttls, --smtp-user …)
 
 
-def review_plan(args: argparse.Namespace) -> ReviewPlan | None:
+def review_plan(args: argparse.Namespace,
+                settings: RelaySettings = NO_SETTINGS) -> ReviewPlan | None:
     """What ``--report-to``, ``--smtp`` and ``--out-dir`` ask for, checked; None when
     none of them is given (the report goes to stdout as before)."""
     if not (args.report_to or args.out_dir):
@@ -60,24 +66,15 @@ def review_plan(args: argparse.Namespace) -> ReviewPlan | None:
                           "ADDR[,ADDR…]")
     return ReviewPlan(recipients=recipients, server=server,
                       out_dir=Path(args.out_dir) if args.out_dir else None,
-                      login=smtp_login(args))
+                      login=smtp_login(args, settings))
 
 
-def smtp_login(args: argparse.Namespace) -> RelayLogin:
-    """What the ``--smtp-*`` login flags ask for, checked, the password file read: for
-    a run that mails through SMTP (``--report-to``, ``--notify smtp://…``); plain SMTP
-    when none is given, or for a dry run, which sends nothing."""
-    given = [flag for flag, value in (
-        ("--smtp-starttls", args.smtp_starttls), ("--smtp-ca-file", args.smtp_ca_file),
-        ("--smtp-user", args.smtp_user), ("--smtp-password-file", args.smtp_password_file))
-        if value]
-    if not given or args.dry_run:
-        return PLAIN_SMTP
-    if not (args.report_to or urllib.parse.urlsplit(args.notify or "").scheme == "smtp"):
-        raise ReportError(f"{given[0]} is for mail through an SMTP server: add --report-to "
-                          "ADDR[,ADDR…] or --notify smtp://host[:port]")
-    return relay_login(args.smtp_starttls, args.smtp_ca_file, args.smtp_user,
-                       args.smtp_password_file)
+def smtp_login(args: argparse.Namespace,
+               settings: RelaySettings = NO_SETTINGS) -> RelayLogin:
+    """What the ``--smtp-*`` login flags, over the config's ``[notify]`` keys, ask for:
+    for a run that mails through SMTP (``--report-to``, ``--notify smtp://…``)."""
+    return login_for(args, settings, bool(args.report_to) or sends_smtp(args.notify),
+                     args.dry_run)
 
 
 def deliver_review(report: LowUtilReport, plan: ReviewPlan, sender: str,

@@ -16,6 +16,12 @@ from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.rules import render_template
+from slurm_gpu_exporter.report.notify.relay_settings import KEYS as RELAY_KEYS
+from slurm_gpu_exporter.report.notify.relay_settings import (
+    NO_SETTINGS,
+    RelaySettings,
+    parse_relay_settings,
+)
 
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(s|m|h|d)")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -79,6 +85,15 @@ your job {jobid} ({name}) was cancelled: its {gpus} GPU(s) on {nodes} were idle 
 at least {idle_for}, after {warnings} warning(s). Others were waiting for them.
 If this was wrong, or your jobs need an exemption, write to hpc-help@example.org.
 """
+
+[notify]
+# The mail relay's login for --notify smtp:// (each --smtp-* flag wins over its key):
+# STARTTLS with the server's certificate checked (system CAs, or this CA file), then
+# SMTP AUTH with the password in that file (never the password here).
+smtp_starttls = false
+smtp_ca_file = ""
+smtp_user = ""
+smtp_password_file = ""
 '''
 
 _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -87,6 +102,8 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "exempt": {"users": list, "accounts": list, "partitions": list, "qos": list,
                "job_names": list},
     "messages": {"warning_subject": str, "warning": str, "cancel_subject": str, "cancel": str},
+    # the mail relay's login for --notify smtp:// (relay_settings checks the values)
+    "notify": {key: kind for key, (_, kind) in RELAY_KEYS.items()},
 }
 
 
@@ -128,6 +145,7 @@ class Policy:
     warning: str
     cancel_subject: str
     cancel: str
+    relay: RelaySettings = NO_SETTINGS  # [notify] smtp_*, under the --smtp-* flags
 
     @property
     def windows_s(self) -> tuple[float, ...]:
@@ -186,7 +204,7 @@ def _check_shape(data: dict[str, Any]) -> None:
             if wanted is None:
                 raise ReportError(f"bad policy: unknown key {section}.{key}; known: "
                                   f"{', '.join(_SCHEMA[section])}")
-            if not isinstance(item, wanted) or isinstance(item, bool):
+            if not isinstance(item, wanted) or (isinstance(item, bool) and wanted is not bool):
                 raise ReportError(f"bad policy: {section}.{key} has the wrong type "
                                   f"({type(item).__name__})")
 
@@ -237,7 +255,8 @@ def parse_policy(text: str, where: str = "the policy") -> Policy:
     return Policy(busy_fraction=fraction, warn_after_s=warn_after, cancel_after_s=cancel_after,
                   min_job_age_s=min_age, max_cancels_per_run=cap, exempt=exemptions,
                   warning_subject=messages["warning_subject"], warning=messages["warning"],
-                  cancel_subject=messages["cancel_subject"], cancel=messages["cancel"])
+                  cancel_subject=messages["cancel_subject"], cancel=messages["cancel"],
+                  relay=parse_relay_settings(data["notify"], where))
 
 
 def load_policy(path: str) -> Policy:

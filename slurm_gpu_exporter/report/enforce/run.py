@@ -21,6 +21,7 @@ from slurm_gpu_exporter.report.enforce.state import EXIT_STATE, EnforceState
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.rules import render_template
 from slurm_gpu_exporter.report.inert_text import plain
+from slurm_gpu_exporter.report.notify.relay import PLAIN_SMTP, RelayLogin
 from slurm_gpu_exporter.report.notify.send import EXIT_NOTIFY, Message, make_message, send
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
 from slurm_gpu_exporter.report.prometheus.queries import Filters
@@ -50,6 +51,7 @@ class EnforceOptions:
     mail_from: str = "slurm-gpu-report"
     # A site's label naming a GPU's Slurm node (port dropped); None: the agents' own.
     node_label: str | None = None
+    login: RelayLogin = PLAIN_SMTP  # STARTTLS and AUTH for --notify smtp://
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,7 @@ def act_on(decision: Decision, state: EnforceState, options: EnforceOptions,
     if decision.action == "warn" and options.notify is not None:
         try:
             send(_message(decision, policy, options, policy.warning_subject,
-                          policy.warning), options.notify, options.mail_from)
+                          policy.warning), options.notify, options.mail_from, options.login)
         except ReportError as exc:
             log.error("%s: warning %s not sent, retried next run: %s", who, decision.warning,
                       plain(exc))
@@ -165,7 +167,7 @@ def act_on(decision: Decision, state: EnforceState, options: EnforceOptions,
         if options.notify is not None:
             try:
                 send(_message(decision, policy, options, policy.cancel_subject,
-                              policy.cancel), options.notify, options.mail_from)
+                              policy.cancel), options.notify, options.mail_from, options.login)
             except ReportError as exc:
                 log.error("%s was cancelled; telling the user failed: %s", who, plain(exc))
                 return EXIT_NOTIFY

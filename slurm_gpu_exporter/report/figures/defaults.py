@@ -34,6 +34,13 @@ emissions_series = ""
 
 [notify]
 repeat_after_days = 7   # a job is not reported to its user again within this
+# The mail relay's login, for --notify smtp:// and --report-to (each --smtp-* flag wins
+# over its key): STARTTLS with the server's certificate checked (system CAs, or this CA
+# file), then SMTP AUTH with the password in that file (never the password here).
+smtp_starttls = false
+smtp_ca_file = ""
+smtp_user = ""
+smtp_password_file = ""
 subject = "GPU jobs flagged for low utilization ({count})"
 template = """
 Hello {user},

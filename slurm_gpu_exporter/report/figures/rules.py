@@ -21,6 +21,11 @@ from slurm_gpu_exporter.report.figures.defaults import DEFAULT_CONFIG
 from slurm_gpu_exporter.report.figures.gpu_events import WORDING
 from slurm_gpu_exporter.report.figures.job_events import fault_lines, slowdown, xid_errors
 from slurm_gpu_exporter.report.figures.shapes import JobDetail, JobUsage
+from slurm_gpu_exporter.report.notify.relay_settings import (
+    NO_SETTINGS,
+    RelaySettings,
+    parse_relay_settings,
+)
 
 GIB = 2**30
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
@@ -73,6 +78,8 @@ class Config:
     emissions_series: str | None = None
     # low-util marks a job slowed by its GPU, not idle, from this share of its busy time
     slowed_share: float = 0.2
+    # The mail relay's login ([notify] smtp_*), under the --smtp-* flags
+    relay: RelaySettings = NO_SETTINGS
 
 
 class _FactFormatter(string.Formatter):
@@ -242,6 +249,7 @@ def _config(data: dict[str, Any]) -> Config:
         emissions_gco2e_per_kwh=_emissions_factor(data.get("energy", {})),
         emissions_series=_emissions_series(data.get("energy", {})),
         slowed_share=_share_of(low, "slowed_share", 0.2),
+        relay=parse_relay_settings(notify, "the configuration"),
     )
 
 

@@ -7,17 +7,9 @@ a password file that cannot be read is said before any query."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
-import json
 import logging
-import ssl
-import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from email import message_from_bytes
 from email.message import EmailMessage
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -29,142 +21,16 @@ from slurm_gpu_exporter.report.figures.rules import load_config
 from slurm_gpu_exporter.report.notify.notices import NotifyState, messages
 from slurm_gpu_exporter.report.notify.relay import RelayLogin, read_password_file, relay_login
 from slurm_gpu_exporter.report.notify.send import send, send_mail
+from tests.report.notify.relay_server import (
+    ADMIN,
+    PASSWORD,
+    USER,
+    Relay,
+    password_file,
+    self_signed,
+)
 from tests.report.sample_data import END, low_util_report
 from tests.support import free_port
-
-USER = "gpu-report"
-PASSWORD = "Tr0ub4dor&3 horse"  # a space and a '&' too: the file's whole line
-ADMIN = "gpu-admins@example.org"
-
-
-def _self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1, signed by its own key: (cert, key) PEM files."""
-    # cryptography comes with ansible-core, a test dependency (pyproject.toml).
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "relay.test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / "relay.pem", directory / "relay.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
-
-@dataclass
-class Relay:
-    port: int
-    ca_file: Path  # the server's own certificate: the only CA the client trusts
-    inbox: list[bytes] = field(default_factory=list)
-    logins: list[tuple[str, bool]] = field(default_factory=list)  # (user, accepted)
-    sessions: list[tuple[bool, bool]] = field(default_factory=list)  # (TLS, authenticated)
-
-    @property
-    def url(self) -> str:
-        return f"smtp://127.0.0.1:{self.port}"
-
-
-def _start_relay(tmp_path: Path, starttls: bool) -> tuple[Relay, Callable[[], None]]:
-    from aiosmtpd.controller import Controller
-    from aiosmtpd.smtp import AuthResult, LoginPassword
-
-    cert, key = _self_signed(tmp_path)
-    relay = Relay(free_port(), cert)
-
-    class Handler:
-        async def handle_DATA(self, server, session, envelope):  # type: ignore[no-untyped-def]
-            relay.inbox.append(envelope.content)
-            relay.sessions.append((session.ssl is not None, session.authenticated))
-            return "250 OK"
-
-    def authenticator(server, session, envelope, mechanism, auth_data):  # type: ignore[no-untyped-def]
-        good = (isinstance(auth_data, LoginPassword) and auth_data.login == USER.encode()
-                and auth_data.password == PASSWORD.encode())
-        relay.logins.append((auth_data.login.decode(errors="replace"), good))
-        return AuthResult(success=good, handled=False)  # a failure: aiosmtpd says 535
-
-    if starttls:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(cert, key)
-        controller = Controller(Handler(), hostname="127.0.0.1", port=relay.port,
-                                tls_context=context, require_starttls=True,
-                                auth_required=True, auth_require_tls=True,
-                                authenticator=authenticator)
-    else:  # a server that offers no STARTTLS, and takes AUTH in clear
-        controller = Controller(Handler(), hostname="127.0.0.1", port=relay.port,
-                                auth_required=True, auth_require_tls=False,
-                                authenticator=authenticator)
-    controller.start()
-    return relay, controller.stop
-
-
-@pytest.fixture
-def relay(tmp_path: Path) -> Iterator[Relay]:
-    """A relay as sites run one: STARTTLS required, then AUTH required."""
-    found, stop = _start_relay(tmp_path, starttls=True)
-    try:
-        yield found
-    finally:
-        stop()
-
-
-@pytest.fixture
-def clear_relay(tmp_path: Path) -> Iterator[Relay]:
-    """A server that offers no STARTTLS and would take a password in clear."""
-    found, stop = _start_relay(tmp_path, starttls=False)
-    try:
-        yield found
-    finally:
-        stop()
-
-
-@pytest.fixture
-def prometheus() -> Iterator[str]:
-    """A stand-in Prometheus that knows no job: the review still goes out."""
-    class Handler(BaseHTTPRequestHandler):
-        def _empty(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            data = json.dumps({"status": "success",
-                               "data": {"resultType": "vector", "result": []}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_POST = _empty
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
-def _password_file(tmp_path: Path, text: str = PASSWORD + "\n") -> Path:
-    path = tmp_path / "smtp-password"
-    path.write_text(text)
-    path.chmod(0o600)
-    return path
 
 
 def _review(capsys: pytest.CaptureFixture[str], prometheus: str, relay: Relay,
@@ -180,7 +46,7 @@ def _review(capsys: pytest.CaptureFixture[str], prometheus: str, relay: Relay,
 def test_the_review_reaches_a_relay_that_requires_starttls_and_auth(
         relay: Relay, prometheus: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _review(capsys, prometheus, relay, _password_file(tmp_path))
+    code, out, err = _review(capsys, prometheus, relay, password_file(tmp_path))
     assert code == 0, err
     assert f"sent the review (0 flagged jobs) to {ADMIN}" in out
     assert relay.logins == [(USER, True)]
@@ -190,7 +56,7 @@ def test_the_review_reaches_a_relay_that_requires_starttls_and_auth(
 
 def test_users_notices_reach_the_relay_with_starttls_and_auth(relay: Relay,
                                                               tmp_path: Path) -> None:
-    login = relay_login(True, str(relay.ca_file), USER, str(_password_file(tmp_path)))
+    login = relay_login(True, str(relay.ca_file), USER, str(password_file(tmp_path)))
     todo = messages(low_util_report(), load_config(None), NotifyState(tmp_path / "s.json"),
                     END, "{user}@example.org")
     for message, _ in todo:
@@ -203,7 +69,7 @@ def test_a_wrong_password_is_one_line_and_exit_6_that_never_shows_it(
         capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     wrong = "not-the-Password-42"
     caplog.set_level(logging.DEBUG)
-    code, out, err = _review(capsys, prometheus, relay, _password_file(tmp_path, wrong + "\n"),
+    code, out, err = _review(capsys, prometheus, relay, password_file(tmp_path, wrong + "\n"),
                              "--verbose")
     assert code == 6, err
     assert err.count("\n") == 1 and err.startswith("slurm-gpu-report: "), err
@@ -219,7 +85,7 @@ def test_a_server_without_starttls_gets_neither_the_password_nor_the_mail(
         clear_relay: Relay, tmp_path: Path) -> None:
     plan = ReviewPlan(recipients=(ADMIN,), server=("127.0.0.1", clear_relay.port),
                       out_dir=None,
-                      login=relay_login(True, None, USER, str(_password_file(tmp_path))))
+                      login=relay_login(True, None, USER, str(password_file(tmp_path))))
     with pytest.raises(ReportError, match="does not offer STARTTLS") as caught:
         deliver_review(low_util_report(), plan, "x", None)
     assert caught.value.exit_code == 6
@@ -241,10 +107,10 @@ def test_a_certificate_the_ca_file_does_not_vouch_for_gets_no_password(
         relay: Relay, tmp_path: Path) -> None:
     other = tmp_path / "other"
     other.mkdir()
-    other_ca, _ = _self_signed(other)
+    other_ca, _ = self_signed(other)
     plan = ReviewPlan(recipients=(ADMIN,), server=("127.0.0.1", relay.port), out_dir=None,
                       login=relay_login(True, str(other_ca), USER,
-                                        str(_password_file(tmp_path))))
+                                        str(password_file(tmp_path))))
     with pytest.raises(ReportError, match="certificate does not verify") as caught:
         deliver_review(low_util_report(), plan, "x", None)
     assert caught.value.exit_code == 6
@@ -272,13 +138,13 @@ def test_a_missing_password_file_is_said_before_any_query(
 ])
 def test_the_password_is_the_files_text_less_one_trailing_newline(
         tmp_path: Path, text: str, want: str) -> None:
-    assert read_password_file(str(_password_file(tmp_path, text))) == want
+    assert read_password_file(str(password_file(tmp_path, text))) == want
 
 
 @pytest.mark.parametrize("text", ["", "\n", "two\nlines\n", "p\x00ss\n", "p\u00e4ss\n"])
 def test_a_password_file_smtp_cannot_carry_is_refused_without_showing_it(
         tmp_path: Path, text: str) -> None:
-    path = _password_file(tmp_path, text)
+    path = password_file(tmp_path, text)
     with pytest.raises(ReportError, match=f"the SMTP password file {path}") as caught:
         read_password_file(str(path))
     assert caught.value.exit_code == 2
@@ -312,6 +178,6 @@ def test_login_flags_without_smtp_mail_are_refused(capsys: pytest.CaptureFixture
 
 
 def test_the_password_is_not_in_the_logins_repr(tmp_path: Path) -> None:
-    login = relay_login(True, None, USER, str(_password_file(tmp_path)))
+    login = relay_login(True, None, USER, str(password_file(tmp_path)))
     shown = repr(login)
     assert PASSWORD not in shown and USER in shown

@@ -1,0 +1,85 @@
+"""The mail relay's login as a site writes it once: the ``smtp_*`` keys of a ``[notify]``
+section (the report's ``--config``, enforce's ``--policy``), each overridden by its
+``--smtp-*`` flag on the command line.
+
+A timer unit then carries no login flags, and the password stays in its own file
+(``smtp_password_file``): a config file names the file, never the password.
+"""
+
+from __future__ import annotations
+
+import argparse
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.notify.relay import PLAIN_SMTP, RelayLogin, relay_login
+
+# key in [notify] -> (its flag, the type its value must have)
+KEYS: dict[str, tuple[str, type]] = {
+    "smtp_starttls": ("--smtp-starttls", bool),
+    "smtp_ca_file": ("--smtp-ca-file", str),
+    "smtp_user": ("--smtp-user", str),
+    "smtp_password_file": ("--smtp-password-file", str),
+}
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    """What a ``[notify]`` section says of the relay; False/None where it says nothing."""
+
+    starttls: bool = False
+    ca_file: str | None = None
+    user: str | None = None
+    password_file: str | None = None
+
+
+NO_SETTINGS = RelaySettings()
+
+
+def parse_relay_settings(section: dict[str, Any], where: str) -> RelaySettings:
+    """The ``smtp_*`` keys of a ``[notify]`` section (other keys are the caller's).
+    ReportError (exit 2) naming the key for a value of the wrong type; an empty string
+    is a key not set."""
+    values: dict[str, Any] = {}
+    for key, (_, kind) in KEYS.items():
+        value = section.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, kind):
+            raise ReportError(f"bad configuration in {where}: notify.{key} must be a "
+                              f"{'boolean' if kind is bool else 'string'}")
+        values[key] = value if kind is bool else (value or None)
+    return RelaySettings(starttls=values.get("smtp_starttls", False),
+                         ca_file=values.get("smtp_ca_file"), user=values.get("smtp_user"),
+                         password_file=values.get("smtp_password_file"))
+
+
+def login_for(args: argparse.Namespace, settings: RelaySettings, mails_by_smtp: bool,
+              dry_run: bool = False) -> RelayLogin:
+    """The login for this run: each ``--smtp-*`` flag given wins over its key, checked
+    and the password file read (before any query). Plain SMTP when neither says
+    anything, or for a dry run, which sends nothing. ReportError (exit 2) when login
+    flags come without mail through SMTP (``mails_by_smtp``): a config's keys then
+    simply do not apply."""
+    flags = [flag for flag, value in (
+        ("--smtp-starttls", args.smtp_starttls), ("--smtp-ca-file", args.smtp_ca_file),
+        ("--smtp-user", args.smtp_user), ("--smtp-password-file", args.smtp_password_file))
+        if value]
+    if dry_run:
+        return PLAIN_SMTP
+    if flags and not mails_by_smtp:
+        raise ReportError(f"{flags[0]} is for mail through an SMTP server: add --report-to "
+                          "ADDR[,ADDR…] or --notify smtp://host[:port]")
+    if not mails_by_smtp:
+        return PLAIN_SMTP
+    return relay_login(args.smtp_starttls or settings.starttls,
+                       args.smtp_ca_file or settings.ca_file,
+                       args.smtp_user or settings.user,
+                       args.smtp_password_file or settings.password_file)
+
+
+def sends_smtp(target: str | None) -> bool:
+    """Whether a ``--notify`` target is a mail server."""
+    return urllib.parse.urlsplit(target or "").scheme == "smtp"
