@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_gpu_exporter.exposition.snapshot import GpuSample, JobGpuSample, UnattributedSample
-from slurm_gpu_exporter.gpu.attribution.attributor import GpuAttributor, Poll
+from slurm_gpu_exporter.gpu.attribution.attributor import GpuAttributor
+from slurm_gpu_exporter.gpu.attribution.ledger import Poll
 from slurm_gpu_exporter.gpu.attribution.samples import job_gpu_samples
 from slurm_gpu_exporter.gpu.backend import GpuBackend
 from slurm_gpu_exporter.gpu.polling import BackendLink
