@@ -1,5 +1,6 @@
-"""The per-GPU cursors into the driver's sample buffers and what each poll's samples add
-(the arithmetic of one run of samples: gpu/driver/gaps.py; energy: gpu/attribution/energy.py).
+"""What each poll's driver samples add to a GPU's busy time, on the per-GPU cursors into
+the driver's sample buffers (gpu/driver/book.py). The arithmetic of one run of samples:
+gpu/driver/gaps.py; energy: gpu/attribution/energy.py.
 
 Nothing here reads a device or a clock: every time comes in as an argument (the host
 clocks as a HostClocks), so each piece is tested on plain numbers.
@@ -10,12 +11,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any
 
-from slurm_gpu_exporter.gpu.driver.buffers import BufferReads
+from slurm_gpu_exporter.gpu.driver.book import DeviceBook
 from slurm_gpu_exporter.gpu.driver.clocks import clock_of
 from slurm_gpu_exporter.gpu.driver.cursors import SampleCursor
-from slurm_gpu_exporter.gpu.driver.events import DriverEvents
 from slurm_gpu_exporter.gpu.driver.gaps import (
     DEFAULT_COVER_S,
     Integrated,
@@ -24,7 +23,6 @@ from slurm_gpu_exporter.gpu.driver.gaps import (
     measured_period_us,
 )
 from slurm_gpu_exporter.gpu.readings import (
-    BufferRead,
     DeviceReading,
     HostClocks,
     ProcessUtilSample,
@@ -118,10 +116,10 @@ def dry_from_the_start(c: SampleCursor, host_now: float) -> float:
     return max(0.0, host_now - since) if since is not None else 0.0
 
 
-class DeviceIntegrator:
-    """Per GPU: the cursors into the driver's sample buffers, busy and unknown-time
-    totals, counts of what the driver's samples did (gpu/driver/events.py), and what
-    reads between two polls found (gpu/driver/buffers.py).
+class DeviceIntegrator(DeviceBook):
+    """Integrates each poll's new driver samples of a GPU into its busy and unknown time,
+    on the cursors and totals of DeviceBook (gpu/driver/book.py), and drops the cursors
+    where the driver's clocks restart.
 
     Each driver sample newer than the cursor is integrated once, so a GPU's busy time
     is exact whatever the poll interval. A cursor ahead of every sample the driver
@@ -129,30 +127,6 @@ class DeviceIntegrator:
     another clock than before) is moved back to the newest one, so counting resumes
     at the next poll instead of stalling for as long as the jump.
     """
-
-    def __init__(self) -> None:
-        self.cursors: dict[str, SampleCursor] = {}
-        self.device_busy: dict[str, float] = {}
-        self.device_unknown: dict[str, float] = {}  # uuid -> seconds left out as unknown
-        self.events = DriverEvents()
-        self.buffers = BufferReads()
-        self.restored_driver: str | None = None  # the driver the saved cursors are of
-        self._generation = 0  # the backend init the cursors belong to
-
-    def driver_cursors(self) -> dict[str, tuple[int, int]]:
-        """The ``lastSeenTimeStamp`` values to read each GPU from: (device, process), past
-        what reads between two polls stashed."""
-        return {uuid: (c.device_us, c.process_last_seen()) for uuid, c in self.cursors.items()
-                } | self.buffers.cursors(self.cursors)
-
-    def keep_reads(self, reads: list[BufferRead], at: HostClocks) -> None:
-        """Reads of the sample buffers between two polls, for the next poll to count."""
-        for uuid in self.buffers.keep(reads, self.cursors, at):
-            self.events.count(uuid, "buffer_overrun")
-
-    def read_interval(self) -> float | None:
-        """Seconds between reads of the sample buffers (None: no GPU has any)."""
-        return self.buffers.read_interval(self.cursors)
 
     def integrate(self, reading: DeviceReading, at: HostClocks) -> PollFigures:
         """This poll's new samples of one GPU, counted; ``at``: the host clocks read right
@@ -283,32 +257,3 @@ class DeviceIntegrator:
             log.info("driver sample cursors dropped: %s; each GPU starts afresh", why)
         self.cursors.clear()
         self.buffers.stashes.clear()  # what was read between polls is on the old clocks
-
-    def prune(self, present: set[str]) -> None:
-        """Forget GPUs no longer present (a MIG layout changed, a GPU was removed)."""
-        self.events.prune(present)
-        self.buffers.prune(present)
-        for cache in (self.cursors, self.device_busy, self.device_unknown):
-            for uuid in [u for u in cache if u not in present]:
-                del cache[uuid]
-
-    def export_state(self) -> dict[str, Any]:
-        """Busy totals and the cursors' content (state.py stamps the boot and driver)."""
-        return {"cursors_by_gpu": {uuid: c.to_state() for uuid, c in self.cursors.items()},
-                "device_busy": dict(self.device_busy),
-                "device_unknown": dict(self.device_unknown)}
-
-    def import_state(self, data: dict[str, Any], cursors: dict[str, Any],
-                     driver: str | None = None) -> None:
-        """Busy totals from ``data``; ``cursors`` the saved cursors of this boot by GPU,
-        read from ``driver``."""
-        self.restored_driver = driver
-        for uuid, raw in cursors.items():
-            cursor = SampleCursor.from_state(raw)
-            if cursor is not None:
-                self.cursors[str(uuid)] = cursor
-        for totals, key in ((self.device_busy, "device_busy"),
-                            (self.device_unknown, "device_unknown")):
-            for uuid, seconds in (data.get(key) or {}).items():
-                if isinstance(seconds, int | float):
-                    totals[uuid] = float(seconds)
