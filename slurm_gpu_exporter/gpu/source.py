@@ -51,8 +51,10 @@ class GpuPartResult:
     unattributed: tuple[UnattributedSample, ...] = ()
 
 
-class GpuSampler(SourceDefaults):
-    """Turns backend readings into job-GPU and device samples; owned by the sampler thread."""
+class GpuTotals:
+    """The GPU sampler's parts, the backend link and the attribution, and what they add
+    up to: each poll's readings given to jobs, the figures kept while the backend is
+    down or stuck, and what the state dir keeps."""
 
     def __init__(
         self,
@@ -93,72 +95,6 @@ class GpuSampler(SourceDefaults):
     def close(self) -> None:
         """Stop the worker threads and release the backend."""
         self.link.close()
-
-    # As a source of the sample: the GPUs, with the tracker's jobs to attribute them to;
-    # it also reads the drivers' sample buffers between samples.
-    name = "nvml"
-    health_names = ("nvml",)
-    state_key = "gpu"
-
-    def take(self, ctx: SampleContext) -> GpuPartResult:
-        return self.sample(ctx.jobs, ctx.now)
-
-    def up(self, part: GpuPartResult | None) -> bool:
-        return part is not None and part.nvml_up  # a missing library counts only on retry
-
-    def snapshot_fields(self, part: GpuPartResult | None) -> dict[str, Any]:
-        if part is None:
-            return {"nvml_up": False}
-        return {"nvml_up": part.nvml_up, "job_gpus": part.job_gpus, "gpus": part.gpus,
-                "unattributed": part.unattributed}
-
-    def between_samples(self) -> float | None:
-        return self.buffer_read_interval()
-
-    def read_between(self) -> None:
-        self.read_buffers()
-
-    def lazy_state(self) -> tuple[str, float] | None:
-        """The sample cursors may be written up to two buffer-read intervals late (half
-        the drivers' buffer span): a restart reads on from an older cursor and finds every
-        sample since it still in the buffer, so it counts what it would have counted."""
-        every = self.buffer_read_interval()
-        return ("sample_cursors", 2 * every) if every else None
-
-    def sample(self, jobs: list[Job], now: float) -> GpuPartResult:
-        if self.attribution.first_poll is None:
-            self.attribution.first_poll = now
-        readings = self.link.read(self.devices.driver_cursors())
-        self.devices.driver_seen(self.link.generation, self.link.driver)
-        self.energy.driver_seen(self.link.driver)
-        self.health.driver_seen(self.link.driver)
-        if readings is None:
-            # Down, or a read still in flight. Nothing is lost while the driver's buffers
-            # hold what the next read finds: its lateness decides (gpu/driver/buffers.py), as for
-            # a stalled agent. A driver that comes back is a new init: cursors start over.
-            self._last_part = self._frozen(jobs, now)
-            return self._last_part
-        if self.cgroups is not None:
-            # The mapper's one input from outside: where Slurm's job cgroups are now
-            # (a root can appear late). Without any, it goes by the environment.
-            self.users.mapper.slurm_roots = self.cgroups.proc_roots()
-        self._last_part = self._attribute(jobs, readings, now)
-        return self._last_part
-
-    def buffer_read_interval(self) -> float | None:
-        """Seconds between reads of the driver's sample buffers that keep them from
-        overrunning unseen (gpu/driver/buffers.py); None where the backend cannot read them
-        alone or no GPU has them."""
-        if getattr(self.link.backend, "read_buffers", None) is None:
-            return None
-        return self.devices.read_interval()
-
-    def read_buffers(self) -> None:
-        """Read the sample buffers alone, between two samples; the next sample counts
-        what they held."""
-        reads = self.link.read_buffers(self.devices.buffers.read_cursors(self.devices.cursors))
-        if reads:
-            self.devices.keep_reads(reads, HostClocks.now())
 
     # -- attribution ---------------------------------------------------------
 
@@ -227,3 +163,75 @@ class GpuSampler(SourceDefaults):
         self.health.import_state(data, self.boot_id)
         self.counters.import_state(data)
         self.activity.import_state(data)
+
+
+class GpuSampler(GpuTotals, SourceDefaults):
+    """Turns backend readings into job-GPU and device samples; owned by the sampler thread.
+    As a source of the sample loop it polls the backend each sample and reads the
+    drivers' sample buffers between samples."""
+
+    # As a source of the sample: the GPUs, with the tracker's jobs to attribute them to;
+    # it also reads the drivers' sample buffers between samples.
+    name = "nvml"
+    health_names = ("nvml",)
+    state_key = "gpu"
+
+    def take(self, ctx: SampleContext) -> GpuPartResult:
+        return self.sample(ctx.jobs, ctx.now)
+
+    def up(self, part: GpuPartResult | None) -> bool:
+        return part is not None and part.nvml_up  # a missing library counts only on retry
+
+    def snapshot_fields(self, part: GpuPartResult | None) -> dict[str, Any]:
+        if part is None:
+            return {"nvml_up": False}
+        return {"nvml_up": part.nvml_up, "job_gpus": part.job_gpus, "gpus": part.gpus,
+                "unattributed": part.unattributed}
+
+    def between_samples(self) -> float | None:
+        return self.buffer_read_interval()
+
+    def read_between(self) -> None:
+        self.read_buffers()
+
+    def lazy_state(self) -> tuple[str, float] | None:
+        """The sample cursors may be written up to two buffer-read intervals late (half
+        the drivers' buffer span): a restart reads on from an older cursor and finds every
+        sample since it still in the buffer, so it counts what it would have counted."""
+        every = self.buffer_read_interval()
+        return ("sample_cursors", 2 * every) if every else None
+
+    def sample(self, jobs: list[Job], now: float) -> GpuPartResult:
+        if self.attribution.first_poll is None:
+            self.attribution.first_poll = now
+        readings = self.link.read(self.devices.driver_cursors())
+        self.devices.driver_seen(self.link.generation, self.link.driver)
+        self.energy.driver_seen(self.link.driver)
+        self.health.driver_seen(self.link.driver)
+        if readings is None:
+            # Down, or a read still in flight. Nothing is lost while the driver's buffers
+            # hold what the next read finds: its lateness decides (gpu/driver/buffers.py), as for
+            # a stalled agent. A driver that comes back is a new init: cursors start over.
+            self._last_part = self._frozen(jobs, now)
+            return self._last_part
+        if self.cgroups is not None:
+            # The mapper's one input from outside: where Slurm's job cgroups are now
+            # (a root can appear late). Without any, it goes by the environment.
+            self.users.mapper.slurm_roots = self.cgroups.proc_roots()
+        self._last_part = self._attribute(jobs, readings, now)
+        return self._last_part
+
+    def buffer_read_interval(self) -> float | None:
+        """Seconds between reads of the driver's sample buffers that keep them from
+        overrunning unseen (gpu/driver/buffers.py); None where the backend cannot read them
+        alone or no GPU has them."""
+        if getattr(self.link.backend, "read_buffers", None) is None:
+            return None
+        return self.devices.read_interval()
+
+    def read_buffers(self) -> None:
+        """Read the sample buffers alone, between two samples; the next sample counts
+        what they held."""
+        reads = self.link.read_buffers(self.devices.buffers.read_cursors(self.devices.cursors))
+        if reads:
+            self.devices.keep_reads(reads, HostClocks.now())
