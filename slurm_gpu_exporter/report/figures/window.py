@@ -25,8 +25,12 @@ class Window:
 
     @property
     def range(self) -> str:
-        """The window as a PromQL range duration."""
-        return f"{self.seconds}s"
+        """The window as a PromQL range duration, to the millisecond: a baseline taken
+        ``offset`` this before the end falls on ``start`` itself, not up to half a second
+        off it (a sample scraped in that half second was lost from, or added to, a short
+        window's figures)."""
+        ms = max(1, round((self.end - self.start) * 1000))
+        return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
 def parse_duration(text: str) -> float:

@@ -29,6 +29,21 @@ def test_window_from_since_and_from_iso_dates() -> None:
     assert window == Window(NOW - 86400, NOW) and window.range == "86400s"
 
 
+@pytest.mark.parametrize(("start", "end", "promql"), [
+    (100.0, 106.4, "6400ms"), (100.0, 106.0, "6s"), (0.0, 0.0004, "1ms"),
+    (1_800_000_000.7, 1_800_000_007.2, "6500ms")])
+def test_a_windows_range_is_exact_to_the_millisecond(start: float, end: float,
+                                                     promql: str) -> None:
+    """The baselines are read ``offset`` the range before the end: rounded to the second,
+    a 6.4 s window's baseline fell 0.4 s after its start, and a sample scraped in
+    between was lost from the figures (a quarter of a short window's GPU-hours)."""
+    window = Window(start, end)
+    assert window.range == promql
+    queries = low_util_queries(window, Filters())
+    assert f"offset {promql})" in queries["allocated_base"]
+    assert f"[{promql}]" in queries["allocated"]
+
+
 def test_selectors_quote_label_values() -> None:
     assert selector("m", {"user": 'a"b\\c'}) == 'm{user="a\\"b\\\\c"}'
     assert jobid_regex(["12", "13_4"]) == "12|13_4"
