@@ -19,27 +19,19 @@ from slurm_gpu_exporter.report.archive.rows import ArchiveRecord
 from slurm_gpu_exporter.report.archive.store import ArchiveStore
 from slurm_gpu_exporter.report.figures.rules import Config, job_facts, notes_for
 from slurm_gpu_exporter.report.figures.shapes import Accounting, JobDetail
+from slurm_gpu_exporter.report.figures.table import archived
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, gather
 from slurm_gpu_exporter.report.prometheus.emissions import apply_series_factor
 from slurm_gpu_exporter.report.prometheus.gpu_events import events_query
-from slurm_gpu_exporter.report.prometheus.queries import (
-    ALLOCATED,
-    BUSY,
-    CPU,
-    CPU_ENERGY,
-    DRAM_ACTIVE,
-    ENERGY,
-    SM_ACTIVE,
-    TENSOR_ACTIVE,
-    Filters,
+from slurm_gpu_exporter.report.prometheus.job_figures import (
+    INFO,
+    figure_queries,
     jobs_from_answers,
-    selector,
-    with_node,
 )
+from slurm_gpu_exporter.report.prometheus.queries import Filters, selector, with_node
 
 BATCH_JOBS = 500
-END = "slurm_job_end_time_seconds"
 
 WindowAccounting = Callable[[Window], dict[str, Accounting]]
 
@@ -63,23 +55,9 @@ def archive_queries(window: Window, filters: Filters) -> dict[str, str]:
         return selector(metric, equal)
 
     return {
-        "info": with_node(f"last_over_time({s('slurm_job_info')}[{d}])", filters, d),
-        "start": f"min_over_time({s('slurm_job_start_time_seconds')}[{d}])",
-        "end": f"max_over_time({s(END)}[{d}])",
-        "cpus": f"max_over_time({s('slurm_job_cpus')}[{d}])",
-        "cpu": f"max_over_time({s(CPU)}[{d}])",
-        "memory_peak": f"max_over_time({s('slurm_job_memory_peak_bytes')}[{d}])",
-        "memory_limit": f"max_over_time({s('slurm_job_memory_limit_bytes')}[{d}])",
-        "allocated": f"max_over_time({s(ALLOCATED)}[{d}])",
-        "busy": f"max_over_time({s(BUSY)}[{d}])",
-        "energy": f"max_over_time({s(ENERGY)}[{d}])",
-        "cpu_energy": f"max_over_time({s(CPU_ENERGY)}[{d}])",  # version 3 on
-        "sm_active": f"max_over_time({s(SM_ACTIVE)}[{d}])",
-        "tensor_active": f"max_over_time({s(TENSOR_ACTIVE)}[{d}])",
-        "dram_active": f"max_over_time({s(DRAM_ACTIVE)}[{d}])",
-        "gpu_memory_peak": f"max_over_time({s('slurm_job_gpu_memory_peak_bytes')}[{d}])",
-        "gpu_memory_total": f"max by (instance, uuid) (last_over_time("
-                            f"{s('slurm_gpu_memory_total_bytes')}[{d}]))",
+        "info": with_node(f"last_over_time({s(INFO)}[{d}])", filters, d),
+        # the figures the archive keeps (figures/table.py), without baselines
+        **figure_queries(archived(), s, d, s, held=False, baselines=False),
         "gpu_info": f"max by (instance, uuid, name) (last_over_time({s('slurm_gpu_info')}"
                     f"[{d}]))",
         # version 5 on: throttled time by reason and GPU errors, one query

@@ -12,12 +12,8 @@ from slurm_gpu_exporter.report.figures.shapes import Accounting, JobDetail, JobU
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient
 from slurm_gpu_exporter.report.prometheus.emissions import apply_series_factor
-from slurm_gpu_exporter.report.prometheus.queries import (
-    Filters,
-    fetch_jobs,
-    fetch_timelines,
-    fetch_usage,
-)
+from slurm_gpu_exporter.report.prometheus.job_figures import fetch_jobs
+from slurm_gpu_exporter.report.prometheus.queries import Filters, fetch_timelines, fetch_usage
 from slurm_gpu_exporter.report.slurm.accounting import sacct_owners
 
 EXIT_UNKNOWN_JOB = 5

@@ -4,7 +4,7 @@ A fixed number of instant queries whatever the job's size, each narrowed to the 
 job id (and the cluster filter). "Now" is ``irate``: the change between the last two
 samples of each counter, so it follows the job at the scrape interval, and a
 counter's reset (an agent restart) is not a spike. The whole-life figures come from
-the ``job`` report's queries (``prometheus.queries.fetch_jobs``), not from here.
+the ``job`` report's queries (``prometheus.job_figures.fetch_jobs``), not from here.
 """
 
 from __future__ import annotations

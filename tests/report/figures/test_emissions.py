@@ -74,7 +74,8 @@ def test_usage_emissions_are_the_archived_energy_times_the_factor(tmp_path: Path
 
 def test_the_cpu_energy_of_a_node_is_its_domains_increases_in_the_window() -> None:
     from slurm_gpu_exporter.report.prometheus.client import Sample
-    from slurm_gpu_exporter.report.prometheus.queries import Filters, jobs_from_answers
+    from slurm_gpu_exporter.report.prometheus.job_figures import jobs_from_answers
+    from slurm_gpu_exporter.report.prometheus.queries import Filters
 
     def sample(value: float, **labels: str) -> Sample:
         return Sample({"jobid": "9", "instance": "gpu01:9400", **labels}, value)

@@ -22,7 +22,8 @@ from slurm_gpu_exporter.report.figures.shapes import GpuDetail, JobDetail, JobUs
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import Sample
 from slurm_gpu_exporter.report.prometheus.gpu_events import EVENTS, gpu_events
-from slurm_gpu_exporter.report.prometheus.queries import Filters, job_queries, low_util_queries
+from slurm_gpu_exporter.report.prometheus.job_figures import job_queries
+from slurm_gpu_exporter.report.prometheus.queries import Filters, low_util_queries
 
 XID_AT = 1_795_962_180.0  # 2026-11-29 14:23 UTC
 GPU = {"jobid": "7", "instance": "n1:9817", "gpu": "3", "uuid": "GPU-3"}

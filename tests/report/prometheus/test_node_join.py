@@ -8,9 +8,10 @@ from __future__ import annotations
 from slurm_gpu_exporter.report.enforce.idle_window import idle_queries, jobs_from_answers
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import Sample
+from slurm_gpu_exporter.report.prometheus.job_figures import job_queries
+from slurm_gpu_exporter.report.prometheus.job_figures import jobs_from_answers as job_answers
 from slurm_gpu_exporter.report.prometheus.nodes import join_node, series_node, shown_nodes
-from slurm_gpu_exporter.report.prometheus.queries import Filters, job_queries
-from slurm_gpu_exporter.report.prometheus.queries import jobs_from_answers as job_answers
+from slurm_gpu_exporter.report.prometheus.queries import Filters
 from slurm_gpu_exporter.report.remediate.confirm import Episode, Firing
 from slurm_gpu_exporter.report.remediate.remediator import Remediator
 from slurm_gpu_exporter.report.slurm.actions import SlurmNode

@@ -1,0 +1,198 @@
+"""The PromQL of the job figures (``figures/table.py``) and the detail built from it.
+
+``job`` and ``archive`` ask the same figures: one instant query per figure (two for
+a counter in ``job``: its value at the window's start is subtracted, since the job may
+have started before), plus the job's info series and its GPUs' slow-downs and errors.
+The answers become the per-node and per-GPU detail by the rows alone: a figure's
+``attr`` names the field it fills and ``combine`` how the job sums it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from slurm_gpu_exporter.report.figures.shapes import GpuDetail, JobUsage, NodeDetail
+from slurm_gpu_exporter.report.figures.table import FIGURES, Figure, figure
+from slurm_gpu_exporter.report.figures.window import Window
+from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample, gather
+from slurm_gpu_exporter.report.prometheus.gpu_events import events_query, gpu_events
+from slurm_gpu_exporter.report.prometheus.nodes import shown_nodes
+from slurm_gpu_exporter.report.prometheus.queries import (
+    BASELINE_LOOKBACK,
+    Filters,
+    jobid_regex,
+    selector,
+    with_node,
+)
+
+NODE_KEYS = ("jobid", "instance")
+GPU_KEYS = ("jobid", "instance", "gpu", "uuid")
+DEVICE_KEYS = ("instance", "uuid")
+INFO = "slurm_job_info"
+HELD = "allocated"  # the figure whose series are the GPUs a job held
+
+Select = Callable[[str], str]  # a metric name -> its selector
+
+
+def figure_query(fig: Figure, s: Select, d: str, device: Select, held: bool) -> str:
+    """The figure's value over the window ``d``: ``s`` selects the jobs' series,
+    ``device`` a device's; ``held`` keeps a device's series to the GPUs the jobs held."""
+    if fig.shape == "device":
+        query = (f"max by ({', '.join(DEVICE_KEYS)}) "
+                 f"(last_over_time({device(fig.metric)}[{d}]))")
+        if held:
+            query += (f" and on ({', '.join(DEVICE_KEYS)}) "
+                      f"last_over_time({s(figure(HELD).metric)}[{d}])")
+        return query
+    over = "min_over_time" if fig.shape == "first" else "max_over_time"
+    return f"{over}({s(fig.metric)}[{d}])"
+
+
+def baseline_query(fig: Figure, s: Select, d: str) -> str:
+    """A counter's value at the window's start."""
+    return f"last_over_time({s(fig.metric)}[{BASELINE_LOOKBACK}] offset {d})"
+
+
+def figure_queries(figures: tuple[Figure, ...], s: Select, d: str, device: Select,
+                   held: bool, baselines: bool) -> dict[str, str]:
+    """One query per figure by its name, and ``<name>_base`` after each counter's."""
+    queries = {}
+    for fig in figures:
+        queries[fig.name] = figure_query(fig, s, d, device, held)
+        if baselines and fig.shape == "counter":
+            queries[f"{fig.name}_base"] = baseline_query(fig, s, d)
+    return queries
+
+
+def job_queries(window: Window, jobids: list[str], filters: Filters) -> dict[str, str]:
+    """The instant queries of ``job``: per node and GPU, for the given jobs."""
+    equal = filters.matchers()
+    ids = {"jobid": jobid_regex(jobids)}
+    d = window.range
+
+    def s(metric: str) -> str:
+        return selector(metric, equal, ids)
+
+    def base(metric: str) -> str:
+        return f"last_over_time({s(metric)}[{BASELINE_LOOKBACK}] offset {d})"
+
+    return {
+        "info": with_node(f"last_over_time({s(INFO)}[{d}])", filters, d),
+        **figure_queries(FIGURES, s, d, lambda m: selector(m, equal), held=True,
+                         baselines=True),
+        # throttled time by reason and GPU errors: one query (prometheus/gpu_events.py)
+        "gpu_events": events_query(lambda m: f"max_over_time({s(m)}[{d}])"),
+        "gpu_events_base": events_query(base, with_last=False),
+    }
+
+
+async def fetch_jobs(prom: PrometheusClient, window: Window, jobids: list[str],
+                     filters: Filters) -> dict[str, tuple[JobUsage, list[NodeDetail]]]:
+    """The named jobs' usage and per-node detail; a job Prometheus does not know is absent."""
+    queries = job_queries(window, jobids, filters)
+    answers = await gather(*(prom.instant(q, window.end) for q in queries.values()))
+    found = jobs_from_answers(dict(zip(queries, answers, strict=True)), filters)
+    return {jobid: job for (_, jobid), job in found.items()}
+
+
+def _values(got: dict[str, list[Sample]], fig: Figure) -> dict[tuple[str, ...], float]:
+    """The figure's value per node or GPU key; a counter's value at the window's start
+    subtracted (where its series are split, as CPU energy by RAPL domain, split by split
+    and the differences summed)."""
+    keys = DEVICE_KEYS if fig.shape == "device" else GPU_KEYS if fig.scope == "gpu" \
+        else NODE_KEYS
+    split = (fig.split,) if fig.split else ()
+
+    def per(name: str) -> dict[tuple[str, ...], float]:
+        return {tuple(s.labels.get(k, "") for k in (*keys, *split)): s.value
+                for s in got.get(name, [])}
+
+    now = per(fig.name)
+    if fig.shape != "counter":
+        return now
+    before = per(f"{fig.name}_base")
+    out: dict[tuple[str, ...], float] = {}
+    for key, value in now.items():
+        out[key[:len(keys)]] = (out.get(key[:len(keys)], 0.0)
+                                + max(0.0, value - before.get(key, 0.0)))
+    return out
+
+
+def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
+                      ) -> dict[tuple[str, str], tuple[JobUsage, list[NodeDetail]]]:
+    """Jobs by (cluster, jobid) from the answers to ``job_queries`` (a ``*_base`` answer
+    left out counts as 0: the window holds the whole job)."""
+    values = {fig.name: _values(got, fig) for fig in FIGURES}
+    events = gpu_events(got.get("gpu_events", []), got.get("gpu_events_base", []))
+    found: dict[tuple[str, str], tuple[JobUsage, list[NodeDetail]]] = {}
+    # The same job on the same target twice: its metadata changed (spool record found).
+    # An info series that names the array task wins (see queries._by_job).
+    infos = {(s.labels.get("jobid", ""), s.labels.get("instance", "")): s for s in
+             sorted(got["info"], key=lambda s: bool(s.labels.get("array_job_id")))}
+    gpus_of: dict[tuple[str, ...], list[tuple[str, ...]]] = {}  # (jobid, instance) -> GPUs
+    for gkey in values[HELD]:
+        gpus_of.setdefault(gkey[:2], []).append(gkey)
+    shown = shown_nodes(got["info"])
+    for (jobid, instance), info in sorted(infos.items()):
+        cluster = info.labels.get(filters.cluster_label, "")
+        if (cluster, jobid) not in found:
+            found[cluster, jobid] = (JobUsage(
+                jobid=jobid, user=info.labels.get("user", ""),
+                account=info.labels.get("account", ""),
+                partition=info.labels.get("partition", ""), name=info.labels.get("name", ""),
+                array_job_id=info.labels.get("array_job_id", ""),
+                array_task_id=info.labels.get("array_task_id", ""), cluster=cluster), [])
+        usage, nodes = found[cluster, jobid]
+        key = (jobid, instance)
+        node = NodeDetail(node=shown[instance], target=instance)
+        _fill(node, "node", values, key)
+        for gkey in sorted(gpus_of.get(key, []), key=_gpu_order):
+            gpu = GpuDetail(gpu=gkey[2], uuid=gkey[3])
+            _fill(gpu, "gpu", values, gkey)
+            gpu.throttled, gpu.faults = events.get(gkey, ([], []))
+            node.gpus.append(gpu)
+        nodes.append(node)
+        add_node(usage, node, {f.name: values[f.name][key] for f in FIGURES
+                               if f.scope == "node" and key in values[f.name]})
+    return found
+
+
+def _fill(detail: NodeDetail | GpuDetail, scope: str,
+          values: dict[str, dict[tuple[str, ...], float]], key: tuple[str, ...]) -> None:
+    """The node's or GPU's fields from the figures of its scope that it has."""
+    for fig in FIGURES:
+        if fig.scope != scope or not fig.attr:
+            continue
+        where = (key[1], key[3]) if fig.shape == "device" else key
+        if where in values[fig.name]:
+            value = values[fig.name][where]
+            setattr(detail, fig.attr, int(value) if fig.whole else value)
+
+
+def _gpu_order(key: tuple[str, ...]) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else 0 for p in key[2].split("."))
+
+
+def add_node(usage: JobUsage, node: NodeDetail, node_values: dict[str, float]) -> None:
+    """Add one node (its GPUs, and its own figures such as start and end) to the job."""
+    usage.gpus += len(node.gpus)
+    measured = [g for g in node.gpus if g.sm_active_s is not None]  # GPUs with GPM
+    usage.gpm_allocated_s += sum(g.allocated_s for g in measured)
+    for fig in FIGURES:
+        if not fig.combine:
+            continue
+        if fig.scope == "node":
+            known = [node_values[fig.name]] if fig.name in node_values else []
+        else:
+            gpus = measured if fig.combine == "gpm" else node.gpus
+            known = [v for g in gpus if (v := getattr(g, fig.attr)) is not None]
+        if not known:
+            continue
+        now = getattr(usage, fig.job_attr)
+        if fig.combine in ("sum", "gpm"):
+            setattr(usage, fig.job_attr, (now or 0.0) + sum(known))
+        elif fig.combine == "max":
+            setattr(usage, fig.job_attr, max([*known, now or 0.0]))
+        else:  # min
+            setattr(usage, fig.job_attr, min(known) if now is None else min([*known, now]))
+    usage.idle_gpus += sum(1 for g in node.gpus if g.allocated_s > 0 and g.busy_s <= 0)
