@@ -19,9 +19,9 @@ from slurm_gpu_exporter.report.archive.schema import jobs, usage_monthly
 from slurm_gpu_exporter.report.figures.window import Window
 
 GROUP = ("cluster", "account", "username", "partition", "end_month")
-# In the roll-up table's column order (read.inconsistent compares them in that order).
-SUMS = ("allocated_s", "busy_s", "sm_active_s", "gpm_allocated_s", "energy_j", "cpu_s",
-        "tensor_active_s", "dram_active_s", "cpu_energy_j", "emissions_g")
+# In the roll-up table's column order (read.inconsistent compares them in that order):
+# the summed job figures (figures/table.py ``rollup``) and the job's derived sums.
+SUMS = tuple(c.name for c in usage_monthly.c if c.name not in (*GROUP, "jobs"))
 CHUNK = 500  # job ids per IN list
 
 Row = tuple[tuple[str, ...], tuple[float, ...]]  # group, sums

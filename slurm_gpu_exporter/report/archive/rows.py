@@ -17,6 +17,13 @@ from slurm_gpu_exporter.report.figures.shapes import (
     JobUsage,
     NodeDetail,
 )
+from slurm_gpu_exporter.report.figures.table import Figure, archived
+
+# What the archive keeps of each job, node and GPU (figures/table.py). A node's
+# figures go in the job row's ``nodes`` JSON under their field names.
+JOB_FIGURES = tuple(f for f in archived() if f.job_column)
+NODE_FIGURES = tuple(f for f in archived() if f.scope == "node" and f.attr)
+GPU_FIGURES = tuple(f for f in archived() if f.gpu_column)
 
 
 @dataclass
@@ -39,26 +46,34 @@ def job_row(record: ArchiveRecord, archived_at: float) -> dict[str, Any]:
     return {
         "jobid": u.jobid, "cluster": u.cluster, "username": u.user,
         "account": u.account or acct.account, "partition": u.partition, "job_name": u.name,
-        "nodes": json.dumps([{"node": n.node, "cpus": n.cpus, "cpu_s": n.cpu_s,
-                              "memory_peak": n.memory_peak, "memory_limit": n.memory_limit,
-                              "cpu_energy_j": n.cpu_energy_j}
+        "nodes": json.dumps([{"node": n.node, **{f.attr: getattr(n, f.attr)
+                                                 for f in NODE_FIGURES}}
                              for n in d.nodes]),
         "node_count": len(d.nodes), "gpus": sum(len(n.gpus) for n in d.nodes),
-        "gpu_model": ",".join(models), "start_time": d.start, "end_time": d.end,
+        "gpu_model": ",".join(models),
+        **{f.job_column: _job_value(d, f) for f in JOB_FIGURES},
+        # Slurm accounting's times where the agent's series had none
+        "start_time": d.start, "end_time": d.end,
         "end_month": month_of(d.end), "state": acct.state, "exit_code": acct.exit_code,
         "qos": acct.qos, "time_limit_s": acct.time_limit_s, "cpus": d.cpus,
         "requested_memory": d.memory_request, "requested_gpus": acct.requested_gpus,
-        "allocated_s": u.allocated_s, "busy_s": u.busy_s, "sm_active_s": u.sm_active_s,
         "gpm_allocated_s": u.gpm_allocated_s, "idle_gpus": u.idle_gpus,
-        "tensor_active_s": u.tensor_active_s, "dram_active_s": u.dram_active_s,
-        "gpu_memory_peak": u.gpu_memory_peak, "energy_j": d.energy_j,
-        "cpu_s": _sum([n.cpu_s for n in d.nodes]), "cpu_efficiency": d.cpu_efficiency,
-        "memory_peak": d.memory_peak, "notes": json.dumps(d.notes), "archived_at": archived_at,
-        "cpu_energy_j": d.cpu_energy_j, "emissions_g": d.emissions_gco2e,
+        "cpu_efficiency": d.cpu_efficiency, "notes": json.dumps(d.notes),
+        "archived_at": archived_at, "emissions_g": d.emissions_gco2e,
         # the agent's labels, kept only where they are Slurm's ids (a column is 16 wide)
         **_array_task(u),
         **_gpu_events(d),
     }
+
+
+def _job_value(detail: JobDetail, fig: Figure) -> float | None:
+    """A figure of the whole job: the job's own (``job_attr``), else the sum of its
+    nodes' or GPUs' known values (None where none is known)."""
+    if fig.job_attr:
+        return getattr(detail.usage, fig.job_attr)  # type: ignore[no-any-return]
+    if fig.scope == "node":
+        return _sum([getattr(n, fig.attr) for n in detail.nodes])
+    return _sum([getattr(g, fig.attr) for n in detail.nodes for g in n.gpus])
 
 
 def _gpu_events(detail: JobDetail) -> dict[str, Any]:
@@ -114,10 +129,8 @@ def gpu_rows_of(record: ArchiveRecord) -> list[dict[str, Any]]:
     u = record.detail.usage
     return [{"jobid": u.jobid, "cluster": u.cluster, "node": n.node, "gpu": g.gpu,
              "uuid": g.uuid, "model": record.gpu_models.get((n.node, g.gpu), ""),
-             "allocated_s": g.allocated_s, "busy_s": g.busy_s, "sm_active_s": g.sm_active_s,
-             "memory_peak": g.memory_peak, "memory_total": g.memory_total,
-             "energy_j": g.energy_j, "tensor_active_s": g.tensor_active_s,
-             "dram_active_s": g.dram_active_s, **_gpu_event_columns(g)}
+             **{f.gpu_column: getattr(g, f.attr) for f in GPU_FIGURES},
+             **_gpu_event_columns(g)}
             for n in record.detail.nodes for g in n.gpus]
 
 
@@ -126,19 +139,15 @@ def usage_of(row: Any) -> JobUsage:
     return JobUsage(
         jobid=row["jobid"], user=row["username"], account=row["account"],
         partition=row["partition"], name=row["job_name"], cluster=row["cluster"],
-        gpus=row["gpus"], allocated_s=row["allocated_s"], busy_s=row["busy_s"],
-        idle_gpus=row["idle_gpus"], gpu_memory_peak=row["gpu_memory_peak"],
-        start=row["start_time"], end=row["end_time"], sm_active_s=row["sm_active_s"],
-        gpm_allocated_s=row["gpm_allocated_s"], tensor_active_s=row["tensor_active_s"],
-        dram_active_s=row["dram_active_s"], array_job_id=row["array_job_id"],
-        array_task_id=row["array_task_id"])
+        gpus=row["gpus"], idle_gpus=row["idle_gpus"], gpm_allocated_s=row["gpm_allocated_s"],
+        array_job_id=row["array_job_id"], array_task_id=row["array_task_id"],
+        **{f.job_attr: row[f.job_column] for f in JOB_FIGURES if f.job_attr})
 
 
 def detail_of(row: Any, gpu_rows: list[Any]) -> JobDetail:
     """A job row and its GPU rows as the detail ``job`` renders."""
-    nodes = [NodeDetail(node=n["node"], cpus=n["cpus"], cpu_s=n["cpu_s"],
-                        memory_peak=n["memory_peak"], memory_limit=n["memory_limit"],
-                        cpu_energy_j=n.get("cpu_energy_j"))  # absent before version 3
+    # a figure newer than the row (CPU energy before version 3) is absent: None
+    nodes = [NodeDetail(node=n["node"], **{f.attr: n.get(f.attr) for f in NODE_FIGURES})
              for n in json.loads(row["nodes"])]
     by_node = {n.node: n for n in nodes}
     for g in sorted(gpu_rows, key=lambda g: (g["node"], _gpu_order(g["gpu"]))):
@@ -148,11 +157,8 @@ def detail_of(row: Any, gpu_rows: list[Any]) -> JobDetail:
             nodes.append(node)
         throttled, gpu_faults = _gpu_events_of(g)
         node.gpus.append(GpuDetail(
-            gpu=g["gpu"], uuid=g["uuid"], allocated_s=g["allocated_s"], busy_s=g["busy_s"],
-            memory_peak=g["memory_peak"], memory_total=g["memory_total"],
-            energy_j=g["energy_j"], sm_active_s=g["sm_active_s"],
-            tensor_active_s=g["tensor_active_s"], dram_active_s=g["dram_active_s"],
-            throttled=throttled, faults=gpu_faults))
+            gpu=g["gpu"], uuid=g["uuid"], throttled=throttled, faults=gpu_faults,
+            **{f.attr: g[f.gpu_column] for f in GPU_FIGURES}))
     accounting = Accounting(
         state=row["state"], time_limit_s=row["time_limit_s"],
         requested_memory=row["requested_memory"], cpus=row["cpus"], nodes=row["node_count"],

@@ -8,6 +8,7 @@ One row per job in ``archive_jobs`` and one per job, node and GPU in ``archive_g
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from sqlalchemy import (
     Column,
@@ -24,6 +25,13 @@ from sqlalchemy import (
     select,
     text,
 )
+
+from slurm_gpu_exporter.report.figures.table import Figure, archived
+
+# The versions whose columns are written out below. A job figure added later
+# (figures/table.py, ``since`` above this) gets its columns and its migration from its
+# row: ``figure_columns``, ``_add_figures``.
+SHIPPED_VERSION = 5
 
 metadata = MetaData()
 
@@ -81,13 +89,6 @@ jobs = Table(
     Column("xid_errors", Float),
     Column("gpu_errors", Text),  # JSON: {"xid:79": n, "ecc:uncorrected": n, ...}
 )
-# Covers what `usage` sums: a year of a million jobs is read from this index alone, not
-# from the rows (which carry the nodes and notes). Its first column serves every window.
-USAGE_INDEX = Index(
-    "archive_jobs_usage", jobs.c.end_time, jobs.c.cluster, jobs.c.account, jobs.c.username,
-    jobs.c.partition, jobs.c.end_month, jobs.c.allocated_s, jobs.c.busy_s, jobs.c.sm_active_s,
-    jobs.c.gpm_allocated_s, jobs.c.energy_j, jobs.c.cpu_s,
-    jobs.c.tensor_active_s, jobs.c.dram_active_s, jobs.c.cpu_energy_j, jobs.c.emissions_g)
 
 gpus = Table(
     "archive_gpus", metadata,
@@ -130,6 +131,36 @@ usage_monthly = Table(
     Column("cpu_energy_j", Float, nullable=False, server_default="0"),
     Column("emissions_g", Float, nullable=False, server_default="0"),
 )
+
+
+
+def figure_columns(fig: Figure) -> list[tuple[Table, str]]:
+    """The (table, column) pairs of a figure the archive keeps."""
+    return [(table, column) for table, column in (
+        (jobs, fig.job_column), (gpus, fig.gpu_column),
+        (usage_monthly, fig.job_column if fig.rollup else "")) if column]
+
+
+def _declare_new_figures() -> None:
+    """The columns of the figures added after SHIPPED_VERSION, at the tables' ends."""
+    for fig in archived():
+        if fig.since <= SHIPPED_VERSION:
+            continue
+        for table, column in figure_columns(fig):
+            table.append_column(
+                Column(column, Float, nullable=False, server_default="0")
+                if table is usage_monthly else Column(column, Float))
+
+
+_declare_new_figures()
+# Covers what `usage` sums: a year of a million jobs is read from this index alone, not
+# from the rows (which carry the nodes and notes). Its first column serves every window.
+USAGE_INDEX = Index(
+    "archive_jobs_usage", jobs.c.end_time, jobs.c.cluster, jobs.c.account, jobs.c.username,
+    jobs.c.partition, jobs.c.end_month, jobs.c.allocated_s, jobs.c.busy_s, jobs.c.sm_active_s,
+    jobs.c.gpm_allocated_s, jobs.c.energy_j, jobs.c.cpu_s,
+    jobs.c.tensor_active_s, jobs.c.dram_active_s, jobs.c.cpu_energy_j, jobs.c.emissions_g,
+    *[jobs.c[f.job_column] for f in archived() if f.rollup and f.since > SHIPPED_VERSION])
 
 # Migration N (index N - 1) brings a store from version N - 1 to N. Never edit one that
 # shipped: add the next. The first makes the tables as defined above.
@@ -213,8 +244,23 @@ def _add_gpu_events_v5(conn: Connection) -> None:
     _add_columns(conn, ADDED_IN_V5)
 
 
-MIGRATIONS: list[Migration] = [_create_v1, _add_activity_v2, _add_energy_v3,
-                               _add_array_task_v4, _add_gpu_events_v5]
+def _add_figures(version: int, conn: Connection) -> None:
+    """The columns of the job figures that came with ``version`` (figures/table.py); old
+    rows keep NULL (not measured). A summed one joins the covering index and the
+    roll-up, rebuilt from the job rows."""
+    added = [pair for fig in archived() if fig.since == version
+             for pair in figure_columns(fig)]
+    _add_columns(conn, added)
+    if any(table is usage_monthly for table, _ in added):
+        conn.execute(text(f"DROP INDEX IF EXISTS {USAGE_INDEX.name}"))
+        USAGE_INDEX.create(conn)
+        rebuild_rollup(conn)
+
+
+MIGRATIONS: list[Migration] = [
+    _create_v1, _add_activity_v2, _add_energy_v3, _add_array_task_v4, _add_gpu_events_v5,
+    *[partial(_add_figures, version) for version in
+      range(SHIPPED_VERSION + 1, max(f.since for f in archived()) + 1)]]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

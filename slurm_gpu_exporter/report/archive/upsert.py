@@ -11,13 +11,18 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from slurm_gpu_exporter.report.archive.rollup import apply_change, job_sums
 from slurm_gpu_exporter.report.archive.schema import gpus, jobs
+from slurm_gpu_exporter.report.figures.table import archived
 
-# Counters only grow: a later run keeps the larger of the stored and the new value.
-JOB_COUNTERS = ("allocated_s", "busy_s", "sm_active_s", "gpm_allocated_s", "energy_j",
-                "cpu_s", "gpu_memory_peak", "memory_peak", "tensor_active_s", "dram_active_s",
+# Counters and peaks only grow: a later run keeps the larger of the stored and the new
+# value. The job figures' columns (figures/table.py; not the start and end times, which
+# Slurm accounting may fill) and the job's own derived sums.
+_GROWING = tuple(f for f in archived()
+                 if f.shape in ("counter", "peak") and f.unit != "unix seconds")
+JOB_COUNTERS = (*(f.job_column for f in _GROWING if f.job_column), "gpm_allocated_s",
                 "xid_errors")
-GPU_COUNTERS = ("allocated_s", "busy_s", "sm_active_s", "energy_j", "memory_peak",
-                "tensor_active_s", "dram_active_s")
+GPU_COUNTERS = tuple(f.gpu_column for f in _GROWING if f.gpu_column)
+# A device's figure (the GPU's memory): the later run's, where it has one.
+GPU_DEVICE = tuple(f.gpu_column for f in archived() if f.shape == "device" and f.gpu_column)
 # What only Slurm accounting knows: a run without sacct keeps what an earlier one stored.
 JOB_ACCOUNTING_TEXT = ("state", "exit_code", "qos")
 # Known once, kept: a later run that saw no array labels does not forget the task.
@@ -58,8 +63,8 @@ def _gpu_upsert(dialect: str) -> Any:
     new, old = stmt.excluded, gpus.c
     keys = [gpus.c.jobid, gpus.c.cluster, gpus.c.node, gpus.c.gpu]
     set_: dict[str, Any] = {"uuid": new.uuid, "model": new.model,
-                            "memory_total": func.coalesce(new.memory_total,
-                                                          old.memory_total)}
+                            **{name: func.coalesce(new[name], old[name])
+                               for name in GPU_DEVICE}}
     for name in GPU_COUNTERS:
         set_[name] = _greatest(dialect, old[name], new[name])
     for name in ("throttled", "gpu_errors"):  # the later run's, where it has them

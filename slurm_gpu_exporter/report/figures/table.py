@@ -75,9 +75,10 @@ FIGURES: tuple[Figure, ...] = (
     Figure("end", "slurm_job_end_time_seconds", "unix seconds", "peak", "node",
            job_attr="end", combine="max", job_column="end_time"),
     Figure("cpus", "slurm_job_cpus", "cpus", "peak", "node", attr="cpus", whole=True),
-    Figure("cpu", "slurm_job_cpu_seconds_total", "seconds", "counter", "node", attr="cpu_s"),
+    Figure("cpu", "slurm_job_cpu_seconds_total", "seconds", "counter", "node", attr="cpu_s",
+           job_column="cpu_s", rollup=True),
     Figure("memory_peak", "slurm_job_memory_peak_bytes", "bytes", "peak", "node",
-           attr="memory_peak"),
+           attr="memory_peak", job_column="memory_peak"),  # the job's: its nodes' sum
     Figure("memory_limit", "slurm_job_memory_limit_bytes", "bytes", "peak", "node",
            attr="memory_limit"),
     Figure("allocated", "slurm_job_gpu_allocated_seconds_total", "seconds", "counter", "gpu",
