@@ -12,7 +12,8 @@ from sqlalchemy import Connection, and_, func, select
 from slurm_gpu_exporter.report.archive.rollup import GROUP, SUMS, split
 from slurm_gpu_exporter.report.archive.rows import detail_of, usage_of
 from slurm_gpu_exporter.report.archive.schema import gpus, jobs, usage_monthly
-from slurm_gpu_exporter.report.figures.shapes import JobDetail, JobUsage, UsageGroup
+from slurm_gpu_exporter.report.figures.shapes import JobDetail, JobUsage
+from slurm_gpu_exporter.report.figures.usage import UsageGroup
 from slurm_gpu_exporter.report.figures.window import Window
 
 BY_KEYS = {"account": "account", "user": "username", "partition": "partition",

@@ -32,7 +32,8 @@ from slurm_gpu_exporter.report.archive.rows import ArchiveRecord, gpu_rows_of, j
 from slurm_gpu_exporter.report.archive.schema import SCHEMA_VERSION, migrate, read_version
 from slurm_gpu_exporter.report.archive.upsert import upsert
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.shapes import JobDetail, JobUsage, UsageGroup
+from slurm_gpu_exporter.report.figures.shapes import JobDetail, JobUsage
+from slurm_gpu_exporter.report.figures.usage import UsageGroup
 from slurm_gpu_exporter.report.figures.window import Window
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from slurm_gpu_exporter.report.archive.read import BY_KEYS
 from slurm_gpu_exporter.report.archive.store import ArchiveStore
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.figures.shapes import UsageGroup, UsageReport
+from slurm_gpu_exporter.report.figures.usage import UsageGroup, UsageReport
 from slurm_gpu_exporter.report.figures.window import Window
 
 

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from slurm_gpu_exporter.report.figures.job_events import fault_lines, throttle_lines
 from slurm_gpu_exporter.report.figures.shapes import JobDetail, LowUtilReport
+from slurm_gpu_exporter.report.figures.table import gpm_activities
 from slurm_gpu_exporter.report.render.inert import csv_cell, markdown, terminal
 from slurm_gpu_exporter.report.render.values import (
     GPU_COLUMNS,
@@ -194,8 +195,7 @@ def _job_values(detail: JobDetail) -> dict[str, Any]:
         "memory_request_gib": detail.memory_request / gib if detail.memory_request else None,
         "gpus": usage.gpus, "gpu_hours": usage.gpu_hours, "busy_ratio": usage.busy_ratio,
         "sm_active_ratio": usage.sm_active_ratio, "idle_gpus": usage.idle_gpus,
-        "tensor_active_ratio": usage.tensor_active_ratio,
-        "dram_active_ratio": usage.dram_active_ratio,
+        **{f.ratio: usage.activity_ratio(f.job_attr) for f in gpm_activities()},
         "gpu_memory_peak_gib": usage.gpu_memory_peak / gib
         if usage.gpu_memory_peak is not None else None,
         "energy_kwh": detail.energy_kwh,

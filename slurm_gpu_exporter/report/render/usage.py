@@ -9,21 +9,23 @@ import json
 from html import escape
 from typing import Any
 
-from slurm_gpu_exporter.report.figures.shapes import UsageGroup, UsageReport
+from slurm_gpu_exporter.report.figures.table import FIGURES as JOB_FIGURES
+from slurm_gpu_exporter.report.figures.usage import UsageGroup, UsageReport
 from slurm_gpu_exporter.report.render import html, text
 from slurm_gpu_exporter.report.render.svg import hbar_chart
 from slurm_gpu_exporter.report.render.values import HEADINGS, when
 
-FIGURES = ("jobs", "gpu_hours", "busy_gpu_hours", "sm_active_gpu_hours",
-           "tensor_active_gpu_hours", "dram_active_gpu_hours", "wasted_gpu_hours",
+# The summed job figures shown as GPU-hours (figures/table.py ``usage_heading``).
+GPU_HOURS = {f"{f.name}_gpu_hours": f for f in JOB_FIGURES if f.usage_heading}
+FIGURES = ("jobs", "gpu_hours", "busy_gpu_hours", *GPU_HOURS, "wasted_gpu_hours",
            "busy_ratio", "energy_kwh", "cpu_energy_kwh", "cpu_hours")
 USAGE_HEADINGS = {
     **HEADINGS, "account": "Account", "user": "User", "partition": "Partition",
     "cluster": "Cluster", "month": "Month", "gpu_hours": "GPU-h held",
-    "busy_gpu_hours": "Busy GPU-h", "sm_active_gpu_hours": "SM-active GPU-h",
-    "wasted_gpu_hours": "Wasted GPU-h", "busy_ratio": "Busy", "energy_kwh": "GPU kWh",
-    "cpu_hours": "CPU-h", "emissions_kg": "kgCO2e", "tensor_active_gpu_hours": "Tensor GPU-h",
-    "dram_active_gpu_hours": "DRAM-active GPU-h", "cpu_energy_kwh": "CPU+DRAM kWh",
+    "busy_gpu_hours": "Busy GPU-h", "wasted_gpu_hours": "Wasted GPU-h", "busy_ratio": "Busy",
+    "energy_kwh": "GPU kWh", "cpu_hours": "CPU-h", "emissions_kg": "kgCO2e",
+    "cpu_energy_kwh": "CPU+DRAM kWh",
+    **{name: f.usage_heading for name, f in GPU_HOURS.items()},
 }
 CHART_GROUPS = 30
 
@@ -35,9 +37,7 @@ def usage_row(report: UsageReport, group: UsageGroup) -> dict[str, Any]:
         row["month"] = group.month
     row.update({"jobs": group.jobs, "gpu_hours": group.gpu_hours,
                 "busy_gpu_hours": group.busy_gpu_hours,
-                "sm_active_gpu_hours": group.sm_active_gpu_hours,
-                "tensor_active_gpu_hours": group.tensor_active_gpu_hours,
-                "dram_active_gpu_hours": group.dram_active_gpu_hours,
+                **{name: group.gpu_hours_of(f.job_column) for name, f in GPU_HOURS.items()},
                 "wasted_gpu_hours": group.wasted_gpu_hours, "busy_ratio": group.busy_ratio,
                 "energy_kwh": group.energy_kwh, "cpu_energy_kwh": group.cpu_energy_kwh,
                 "cpu_hours": group.cpu_hours})

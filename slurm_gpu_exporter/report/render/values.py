@@ -14,6 +14,7 @@ from slurm_gpu_exporter.report.figures.shapes import (
     LowUtilReport,
     Total,
 )
+from slurm_gpu_exporter.report.figures.table import gpm_activities
 
 GIB = 2**30
 
@@ -127,9 +128,8 @@ def job_summary(detail: JobDetail) -> list[tuple[str, str]]:
     if usage.sm_active_ratio is not None:
         sm_active = [("GPU SM active", f"{show('sm_active_ratio', usage.sm_active_ratio)} over "
                                        f"{usage.gpm_allocated_s / 3600:.2f} GPU-hours with GPM")]
-        sm_active += [(label, show("ratio", ratio)) for label, ratio in (
-            ("GPU tensor active", usage.tensor_active_ratio),
-            ("GPU DRAM active", usage.dram_active_ratio)) if ratio is not None]
+        sm_active += [(f.label, show("ratio", ratio)) for f in gpm_activities()
+                      if (ratio := usage.activity_ratio(f.job_attr)) is not None]
     return [
         ("GPU busy", f"{show('busy_ratio', usage.busy_ratio)} over {usage.gpu_hours:.2f} "
                      f"GPU-hours"),
@@ -176,8 +176,8 @@ def gpu_rows(detail: JobDetail) -> list[dict[str, Any]]:
             rows.append({
                 "node": node.node, "gpu": gpu.gpu, "uuid": gpu.uuid,
                 "busy_ratio": gpu.busy_ratio, "sm_active_ratio": gpu.sm_active_ratio,
-                "tensor_active_ratio": gpu.tensor_active_ratio,
-                "dram_active_ratio": gpu.dram_active_ratio, "power_mean_w": gpu.power_mean_w,
+                **{f.ratio: gpu.activity_ratio(f.attr) for f in gpm_activities()},
+                "power_mean_w": gpu.power_mean_w,
                 "allocated_hours": gpu.allocated_s / 3600,
                 "gpu_memory_peak_gib": gpu.memory_peak / GIB if gpu.memory_peak is not None
                 else None,

@@ -1,0 +1,61 @@
+"""The job figure table (``report/figures/table.py``): every row is whole, the places
+that read it agree with it, and a figure without a row cannot be asked for."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from slurm_gpu_exporter.mail.summary import summary_text
+from slurm_gpu_exporter.report.archive.rollup import SUMS
+from slurm_gpu_exporter.report.archive.schema import gpus, jobs, usage_monthly
+from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.figures.shapes import GpuDetail, JobUsage, NodeDetail
+from slurm_gpu_exporter.report.figures.table import COMBINE, FIGURES, SCOPES, SHAPES, figure
+from slurm_gpu_exporter.report.figures.window import Window
+from slurm_gpu_exporter.report.prometheus.job_figures import job_queries
+from slurm_gpu_exporter.report.prometheus.queries import Filters
+
+WINDOW = Window(1_796_000_000.0, 1_796_086_400.0)
+
+
+def test_a_figure_without_a_row_is_a_clear_error_not_none() -> None:
+    with pytest.raises(ReportError, match=r"no job figure 'gpu_temperature_peak'.*table\.py"):
+        figure("gpu_temperature_peak")
+
+
+@pytest.mark.parametrize("fig", FIGURES, ids=lambda f: f.name)
+def test_each_row_names_real_shapes_and_fields(fig) -> None:  # type: ignore[no-untyped-def]
+    assert fig.shape in SHAPES and fig.scope in SCOPES and fig.combine in COMBINE
+    assert fig.metric.startswith(("slurm_job_", "slurm_gpu_"))
+    detail = GpuDetail if fig.scope == "gpu" else NodeDetail
+    assert not fig.attr or fig.attr in {f.name for f in dataclasses.fields(detail)}
+    assert not fig.job_attr or fig.job_attr in {f.name for f in dataclasses.fields(JobUsage)}
+    assert bool(fig.combine) == bool(fig.job_attr)
+
+
+@pytest.mark.parametrize("fig", [f for f in FIGURES if f.archived], ids=lambda f: f.name)
+def test_each_archived_figure_has_its_columns(fig) -> None:  # type: ignore[no-untyped-def]
+    if fig.job_column:
+        assert fig.job_column in jobs.c
+    if fig.gpu_column:
+        assert fig.gpu_column in gpus.c and fig.scope == "gpu"
+    if fig.rollup:
+        assert fig.job_column in usage_monthly.c and fig.job_column in SUMS
+
+
+def test_job_asks_each_figure_once_and_each_counter_s_baseline() -> None:
+    queries = job_queries(WINDOW, ["7"], Filters())
+    for fig in FIGURES:
+        assert fig.metric in queries[fig.name]
+        assert (f"{fig.name}_base" in queries) == (fig.shape == "counter")
+
+
+@pytest.mark.parametrize("fig", [f for f in FIGURES if f.mail], ids=lambda f: f.name)
+def test_the_mail_carries_the_figures_the_table_says(fig) -> None:  # type: ignore[no-untyped-def]
+    # The mail wrapper reads the report's JSON (it imports no report code): its line
+    # for the figure is there when the JSON has the figure's ratio.
+    job = {"job": "7", "gpus": 1, "gpu_hours": 1.0, fig.ratio: 0.25}
+    assert f"  {fig.mail}:" in summary_text(job)
+    assert f"  {fig.mail}:" not in summary_text({**job, fig.ratio: None})
