@@ -19,7 +19,16 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 C = 'cluster=~"$cluster"'
 JOB = f'{C}, jobid="$jobid"'
 USER = f'{C}, user="$user"'
-NODE = f'{C}, instance="$node"'
+# The node dashboard selects by target: the hidden `instance` variable holds the targets
+# of the Slurm nodes picked in `node` (a selector on the target, not a join over every
+# node of the cluster).
+NODE = f'{C}, instance=~"$instance"'
+# The job dashboard's node variable: some of the job's Slurm nodes (All: every one).
+JOB_NODES = 'slurm_node=~"$node"'
+# The Slurm node of each agent's target (deploy/prometheus/rules, group
+# slurm-gpu-exporter.nodes): slurm_node is the name the agent publishes, or the target
+# where it names none. Dashboards show and pick nodes by it, never by `instance`.
+NODE_MAP = "instance:slurm_gpu_exporter_node_info:last1h"
 JOB_LINK = ("/d/slurm-gpu-job/slurm-gpu-job?var-cluster=${__data.fields.cluster}"
             "&var-jobid=${__data.fields.jobid}")
 
@@ -50,6 +59,18 @@ def panel(kind: str, title: str, targets: list[dict], w: int, h: int,
     return p
 
 
+def named(expr: str, nodes: str = "") -> str:
+    """``expr``'s series, each keeping ``cluster`` and ``instance``, with the Slurm node
+    of their target joined in as ``slurm_node``; only those of the picked nodes where
+    ``nodes`` (a matcher on slurm_node) is given. A target the recorded map lacks (the
+    rules not loaded, a time range before they were) keeps its series, named by the
+    target itself: no series is lost for want of a node name."""
+    picked = f"{NODE_MAP}{{{C}{', ' + nodes if nodes else ''}}}"
+    return (f"({expr}) * on (cluster, instance) group_left (slurm_node) {picked}"
+            f" or ignoring (slurm_node) label_join(({expr}) unless on (cluster, instance) "
+            f'{NODE_MAP}{{{C}}}, "slurm_node", "", "instance")')
+
+
 def ratio_thresholds() -> dict:
     """Red for a held GPU doing nothing, amber for low use, green above."""
     return {"mode": "absolute", "steps": [{"color": "red", "value": None},
@@ -63,13 +84,37 @@ def with_ratio_colours(p: Panel) -> Panel:
     return p
 
 
-def var_query(name: str, label: str, query: str, include_all: bool = False) -> dict:
+def var_query(name: str, label: str, query: str, include_all: bool = False,
+              **extra: Any) -> dict:
     v = {"name": name, "label": label, "type": "query", "datasource": DS,
          "query": {"query": query, "refId": f"{name}-var"}, "definition": query,
          "refresh": 2, "sort": 3 if name == "jobid" else 1, "current": {}}
     if include_all:
         v.update(includeAll=True, allValue=".*", multi=False)
+    v.update(extra)
     return v
+
+
+def job_nodes_var() -> dict:
+    """The Slurm nodes the job ran on, from the recorded node map (All: every one)."""
+    query = (f"query_result({NODE_MAP}{{{C}}} and on (cluster, instance) "
+             f"last_over_time(slurm_job_info{{{JOB}}}[$__range]))")
+    return var_query("node", "Node", query, include_all=True, multi=True,
+                     regex='/slurm_node="([^"]+)"/',
+                     current={"text": "All", "value": "$__all"},
+                     description="Narrows the per-GPU and per-node panels to some of the "
+                                 "job's Slurm nodes; the job's totals stay whole.")
+
+
+def node_vars() -> list[dict]:
+    """The Slurm nodes to show (by name), and, hidden, their scrape targets, which the
+    panels select by."""
+    return [var_query("node", "Node", f"label_values({NODE_MAP}{{{C}}}, slurm_node)",
+                      multi=True),
+            var_query("instance", "Targets",
+                      f'label_values({NODE_MAP}{{{C}, slurm_node=~"$node"}}, instance)',
+                      includeAll=True, multi=True, hide=2,
+                      current={"text": "All", "value": "$__all"})]
 
 
 def datasource_var() -> dict:
@@ -123,13 +168,13 @@ def dashboard(uid: str, title: str, description: str, variables: list[dict],
 
 
 def job_dashboard() -> dict:
-    per_gpu = "instance, gpu"
+    per_gpu = "cluster, instance, gpu"
     held = f"slurm_job_gpu_allocated_seconds_total{{{JOB}}}"
     busy = f"slurm_job_gpu_busy_seconds_total{{{JOB}}}"
     sm_active = f"slurm_job_gpu_sm_active_seconds_total{{{JOB}}}"
     # SM activity (NVML GPM) is over the time held on the GPUs that measure it.
     held_gpm = (f"last_over_time({held}[$__range])"
-                f" and on (instance, gpu) last_over_time({sm_active}[$__range])")
+                f" and on (cluster, instance, gpu) last_over_time({sm_active}[$__range])")
     panels = [
         panel("table", "Job", [target(
             f"max by (cluster, jobid, user, account, partition, name, array_job_id, "
@@ -162,41 +207,42 @@ def job_dashboard() -> dict:
             target(f"max(max_over_time(slurm_job_gpu_memory_peak_bytes{{{JOB}}}[$__range]))",
                    "GPU memory peak (one GPU)", instant=True)], 6, 5, "bytes"),
         with_ratio_colours(panel("timeseries", "GPU busy and SM active per GPU", [
-            target(f"sum by ({per_gpu}) (rate({busy}[$__rate_interval]))"
-                   f" / sum by ({per_gpu}) (rate({held}[$__rate_interval]))",
-                   "{{instance}} GPU {{gpu}} busy"),
-            target(f"sum by ({per_gpu}) (rate({sm_active}[$__rate_interval]))"
-                   f" / sum by ({per_gpu}) (rate({held}[$__rate_interval]))",
-                   "{{instance}} GPU {{gpu}} SM active")], 12, 8, "percentunit",
+            target(named(f"sum by ({per_gpu}) (rate({busy}[$__rate_interval]))"
+                         f" / sum by ({per_gpu}) (rate({held}[$__rate_interval]))",
+                         JOB_NODES), "{{slurm_node}} GPU {{gpu}} busy"),
+            target(named(f"sum by ({per_gpu}) (rate({sm_active}[$__rate_interval]))"
+                         f" / sum by ({per_gpu}) (rate({held}[$__rate_interval]))",
+                         JOB_NODES), "{{slurm_node}} GPU {{gpu}} SM active")],
+            12, 8, "percentunit",
             "Busy: some kernel ran. SM active: the share of SMs that did (NVML GPM, Hopper "
             "and later; on a GPU the job has to itself or a MIG instance).")),
         with_ratio_colours(panel("bargauge", "GPU busy per GPU over the job's life "
-            "(red: held idle)", [target(
-            f"sum by ({per_gpu}) (last_over_time({busy}[$__range]))"
-            f" / sum by ({per_gpu}) (last_over_time({held}[$__range]))",
-            "{{instance}} GPU {{gpu}}", instant=True)], 12, 8, "percentunit",
+            "(red: held idle)", [target(named(
+                f"sum by ({per_gpu}) (last_over_time({busy}[$__range]))"
+                f" / sum by ({per_gpu}) (last_over_time({held}[$__range]))", JOB_NODES),
+            "{{slurm_node}} GPU {{gpu}}", instant=True)], 12, 8, "percentunit",
             options={"displayMode": "basic", "orientation": "horizontal"})),
         panel("timeseries", "GPU memory used against total", [
-            target(f"sum by ({per_gpu}) (slurm_job_gpu_memory_used_bytes{{{JOB}}})",
-                   "{{instance}} GPU {{gpu}} used"),
-            target(f"max by ({per_gpu}) (slurm_gpu_memory_total_bytes{{{C}}}"
-                   f" and on (instance, gpu) slurm_job_gpu_memory_used_bytes{{{JOB}}})",
-                   "{{instance}} GPU {{gpu}} total")], 12, 8, "bytes"),
+            target(named(f"sum by ({per_gpu}) (slurm_job_gpu_memory_used_bytes{{{JOB}}})",
+                         JOB_NODES), "{{slurm_node}} GPU {{gpu}} used"),
+            target(named(f"max by ({per_gpu}) (slurm_gpu_memory_total_bytes{{{C}}} and on "
+                         f"(cluster, instance, gpu) slurm_job_gpu_memory_used_bytes{{{JOB}}})",
+                         JOB_NODES), "{{slurm_node}} GPU {{gpu}} total")], 12, 8, "bytes"),
         panel("timeseries", "GPU power", [
-            target(f"sum by ({per_gpu}) "
-                   f"(rate(slurm_job_gpu_energy_joules_total{{{JOB}}}[$__rate_interval]))",
-                   "{{instance}} GPU {{gpu}} job's share"),
-            target(f"max by ({per_gpu}) (slurm_gpu_power_watts{{{C}}}"
-                   f" and on (instance, gpu) slurm_job_gpu_allocated_seconds_total{{{JOB}}})",
-                   "{{instance}} GPU {{gpu}} device")], 12, 8, "watt"),
+            target(named(f"sum by ({per_gpu}) (rate("
+                         f"slurm_job_gpu_energy_joules_total{{{JOB}}}[$__rate_interval]))",
+                         JOB_NODES), "{{slurm_node}} GPU {{gpu}} job's share"),
+            target(named(f"max by ({per_gpu}) (slurm_gpu_power_watts{{{C}}} and on (cluster, "
+                         f"instance, gpu) slurm_job_gpu_allocated_seconds_total{{{JOB}}})",
+                         JOB_NODES), "{{slurm_node}} GPU {{gpu}} device")], 12, 8, "watt"),
         panel("timeseries", "CPU used against allocated", [
             target(f"sum(rate(slurm_job_cpu_seconds_total{{{JOB}}}[$__rate_interval]))",
                    "cores used"),
             target(f"sum(slurm_job_cpus{{{JOB}}})", "cores allocated")], 12, 8, "short"),
-        panel("timeseries", "CPU and DRAM power (the job's share)", [target(
-            f"sum by (instance, domain) "
+        panel("timeseries", "CPU and DRAM power (the job's share)", [target(named(
+            f"sum by (cluster, instance, domain) "
             f"(rate(slurm_job_cpu_energy_joules_total{{{JOB}}}[$__rate_interval]))",
-            "{{instance}} {{domain}}")], 12, 8, "watt",
+            JOB_NODES), "{{slurm_node}} {{domain}}")], 12, 8, "watt",
             "The node's RAPL energy times the job's share of the node's busy CPU time."),
         panel("timeseries", "Memory used against limit", [
             target(f"sum(slurm_job_memory_used_bytes{{{JOB}}})", "used"),
@@ -211,6 +257,7 @@ def job_dashboard() -> dict:
         "and the training progress its scripts publish.",
         [cluster_var(), var_query("jobid", "Job",
                                   'label_values(slurm_job_info{cluster=~"$cluster"}, jobid)'),
+         job_nodes_var(),
          {"name": "mlflow", "label": "MLflow", "type": "textbox", "query": "", "hide": 0,
           "current": {"text": "", "value": ""},
           "description": "The MLflow tracking server's URL: the MLflow runs table links there"}],
@@ -225,11 +272,11 @@ def gpu_events_row(busy: str) -> list[Panel]:
     throttled = f"slurm_job_gpu_throttled_seconds_total{{{JOB}}}"
     errors = "|".join(("ecc_errors", "remapped_rows", "pcie_replays", "nvlink_errors"))
     return [
-        panel("bargauge", "GPU slowed: share of its busy time, by reason", [target(
-            f"sum by (instance, gpu, reason) (last_over_time({throttled}[$__range]))"
-            f" / on (instance, gpu) group_left sum by (instance, gpu) "
-            f"(last_over_time({busy}[$__range]))",
-            "{{instance}} GPU {{gpu}} {{reason}}", instant=True)], 12, 8, "percentunit",
+        panel("bargauge", "GPU slowed: share of its busy time, by reason", [target(named(
+            f"sum by (cluster, instance, gpu, reason) (last_over_time({throttled}[$__range]))"
+            f" / on (cluster, instance, gpu) group_left sum by (cluster, instance, gpu) "
+            f"(last_over_time({busy}[$__range]))", JOB_NODES),
+            "{{slurm_node}} GPU {{gpu}} {{reason}}", instant=True)], 12, 8, "percentunit",
             "Seconds the GPU ran below its clocks for each reason (NVML's clock-event "
             "reasons: power, thermal, board_limit, reliability, sync_boost, "
             "low_utilization, app_clocks, base_clocks) over the seconds it was busy, over "
@@ -240,20 +287,24 @@ def gpu_events_row(busy: str) -> list[Panel]:
             fieldConfig={"defaults": {"unit": "percentunit", "min": 0, "max": 1},
                          "overrides": []}),
         panel("table", "GPU errors while the job held the GPU (Xid: last at)", [
-            target(f"max by (instance, gpu, xid) (last_over_time({XID_LAST}[$__range]))"
-                   " * 1000", instant=True),
-            target(f"max by (instance, gpu, xid) (last_over_time("
-                   f"slurm_job_gpu_xid_errors_total{{{JOB}}}[$__range]))", instant=True),
-            target(f"max by (__name__, instance, gpu, type, cause, kind) "
-                   f"({{__name__=~\"slurm_job_gpu_({errors})_total\", {JOB}}}) > 0",
+            target(named(f"max by (cluster, instance, gpu, xid) "
+                         f"(last_over_time({XID_LAST}[$__range])) * 1000", JOB_NODES),
+                   instant=True),
+            target(named(f"max by (cluster, instance, gpu, xid) (last_over_time("
+                         f"slurm_job_gpu_xid_errors_total{{{JOB}}}[$__range]))", JOB_NODES),
+                   instant=True),
+            # The counter's name as a label: the join drops __name__.
+            target(named(f"max by (counter, cluster, instance, gpu, type, cause, kind) "
+                         f"(label_join({{__name__=~\"slurm_job_gpu_({errors})_total\", "
+                         f'{JOB}}}, "counter", "", "__name__")) > 0', JOB_NODES),
                    instant=True)], 12, 8, "",
             "Xid codes with the time of the job's last one and how many; ECC errors, "
             "remapped rows, PCIe replays and NVLink errors where non-zero. Empty when "
             "nothing went wrong.",
             transformations=[{"id": "merge", "options": {}}, {"id": "organize", "options": {
-                "excludeByName": {"Time": True},
+                "excludeByName": {"Time": True, "instance": True},
                 "renameByName": {"Value #A": "last Xid at", "Value #B": "Xids",
-                                 "Value #C": "errors", "__name__": "counter"}}}],
+                                 "Value #C": "errors", "slurm_node": "node"}}}],
             fieldConfig={"defaults": {}, "overrides": [
                 {"matcher": {"id": "byName", "options": "last Xid at"},
                  "properties": [{"id": "unit", "value": "dateTimeAsIso"}]}]}),
@@ -263,9 +314,10 @@ def gpu_events_row(busy: str) -> list[Panel]:
 def xid_annotation() -> dict:
     """A mark on every time panel at each Xid's time, from the series' own value."""
     return {"name": "Xid", "datasource": DS, "enable": True, "iconColor": "red",
-            "expr": f"max by (instance, gpu, xid) ({XID_LAST}) * 1000",
+            "expr": named(f"max by (cluster, instance, gpu, xid) ({XID_LAST}) * 1000",
+                          JOB_NODES),
             "useValueForTime": True, "step": "60s",
-            "titleFormat": "Xid {{xid}}", "textFormat": "GPU {{gpu}} on {{instance}}",
+            "titleFormat": "Xid {{xid}}", "textFormat": "GPU {{gpu}} on {{slurm_node}}",
             "tagKeys": "xid,gpu"}
 
 
@@ -287,7 +339,8 @@ def training_row() -> list[Panel]:
                 {"color": "red", "value": 900}]}, "color": {"mode": "thresholds"}},
                 "overrides": []}),
         panel("timeseries", "Loss", [target(
-            f"max by (instance) (slurm_job_training_loss{{{JOB}}})", "{{instance}}")],
+            named(f"max by (cluster, instance) (slurm_job_training_loss{{{JOB}}})"),
+            "{{slurm_node}}")],
             6, 8, "short"),
         panel("timeseries", "Throughput", [
             target(f"sum(rate({samples}[$__rate_interval]))", "samples/s"),
@@ -295,8 +348,8 @@ def training_row() -> list[Panel]:
             "Samples and steps per second from the counters the script reports; the "
             "SlurmJobTrainingThroughputDrop alert compares samples/s with its 1-hour mean."),
         panel("timeseries", "Learning rate", [target(
-            f"max by (instance) (slurm_job_training_learning_rate{{{JOB}}})",
-            "{{instance}}")], 6, 8, "short"),
+            named(f"max by (cluster, instance) (slurm_job_training_learning_rate{{{JOB}}})"),
+            "{{slurm_node}}")], 6, 8, "short"),
         mlflow_runs(),
     ]
 
@@ -443,18 +496,25 @@ def cluster_dashboard() -> dict:
                       "{{cluster}} {{user}}")], 12, 9, "bytes",
               "GPU processes of no Slurm job (ssh sessions, daemons), by their owner."),
         panel("table", "Exporter health", [
-            target(f'up{{job="slurm-gpu-exporter", {C}}}', instant=True),
-            target(f"slurm_gpu_exporter_nvml_up{{{C}}}", instant=True),
-            target(f"time() - slurm_gpu_exporter_last_sample_timestamp_seconds{{{C}}}",
+            target(named(f'max by (cluster, instance) (up{{job="slurm-gpu-exporter", {C}}})'),
                    instant=True),
-            target(f"sum by (instance) (increase("
-                   f"slurm_gpu_exporter_sample_errors_total{{{C}}}[1h]))", instant=True)],
-            24, 8,
+            target(named(f"max by (cluster, instance) (slurm_gpu_exporter_nvml_up{{{C}}})"),
+                   instant=True),
+            target(named(f"max by (cluster, instance) (time() - "
+                         f"slurm_gpu_exporter_last_sample_timestamp_seconds{{{C}}})"),
+                   instant=True),
+            target(named(f"sum by (cluster, instance) (increase("
+                         f"slurm_gpu_exporter_sample_errors_total{{{C}}}[1h]))"),
+                   instant=True)],
+            24, 8, "Each agent by its Slurm node (its target where it names none) and its "
+            "scrape target.",
             transformations=[
                 {"id": "merge", "options": {}},
                 {"id": "organize", "options": {
+                    "indexByName": {"cluster": 0, "slurm_node": 1, "instance": 2},
                     "excludeByName": {"Time": True, "__name__": True, "job": True},
-                    "renameByName": {"Value #A": "up", "Value #B": "NVML up",
+                    "renameByName": {"slurm_node": "node", "instance": "target",
+                                     "Value #A": "up", "Value #B": "NVML up",
                                      "Value #C": "snapshot age (s)",
                                      "Value #D": "sample errors (1h)"}}}]),
     ]
@@ -465,70 +525,83 @@ def cluster_dashboard() -> dict:
 
 
 def node_dashboard() -> dict:
+    gpu = "{{slurm_node}} GPU {{gpu}}"
+    job_link = JOB_LINK.replace("${__data.fields.cluster}", "$cluster")
     panels = [
         with_ratio_colours(panel("timeseries", "GPU utilization", [target(
-            f"slurm_gpu_utilization_ratio{{{NODE}}}", "GPU {{gpu}}")], 12, 8,
-            "percentunit")),
-        panel("table", "Jobs on the GPUs now", [target(
-            f"max by (gpu, jobid, user) (slurm_job_gpu_utilization_ratio{{{NODE}}})",
-            instant=True)], 12, 8,
+            named(f"slurm_gpu_utilization_ratio{{{NODE}}}"), gpu)], 12, 8, "percentunit")),
+        panel("table", "Jobs on the GPUs now", [target(named(
+            f"max by (cluster, instance, gpu, jobid, user) "
+            f"(slurm_job_gpu_utilization_ratio{{{NODE}}})"), instant=True)], 12, 8,
+            transformations=[{"id": "organize", "options": {
+                "excludeByName": {"Time": True, "instance": True},
+                "renameByName": {"slurm_node": "node", "Value": "utilization"}}}],
             fieldConfig={"defaults": {"links": [{"title": "Job ${__data.fields.jobid}",
-                                                 "url": JOB_LINK.replace(
-                                                     "${__data.fields.cluster}", "$cluster")}]},
+                                                 "url": job_link}]},
                          "overrides": []}),
         panel("timeseries", "GPU memory used", [
-            target(f"slurm_gpu_memory_used_bytes{{{NODE}}}", "GPU {{gpu}}"),
-            target(f"max(slurm_gpu_memory_total_bytes{{{NODE}}})", "total")], 12, 8, "bytes"),
+            target(named(f"slurm_gpu_memory_used_bytes{{{NODE}}}"), gpu),
+            target(named(f"max by (cluster, instance) (slurm_gpu_memory_total_bytes{{{NODE}}})"),
+                   "{{slurm_node}} total")], 12, 8, "bytes"),
         panel("timeseries", "GPU temperature", [target(
-            f"slurm_gpu_temperature_celsius{{{NODE}}}", "GPU {{gpu}}")], 12, 8, "celsius"),
+            named(f"slurm_gpu_temperature_celsius{{{NODE}}}"), gpu)], 12, 8, "celsius"),
         panel("timeseries", "GPU power", [target(
-            f"slurm_gpu_power_watts{{{NODE}}}", "GPU {{gpu}}")], 12, 8, "watt"),
+            named(f"slurm_gpu_power_watts{{{NODE}}}"), gpu)], 12, 8, "watt"),
         panel("timeseries", "CPU and DRAM power: jobs and outside jobs", [
-            target(f"sum by (jobid) (rate(slurm_job_cpu_energy_joules_total{{{NODE}}}"
-                   "[$__rate_interval]))", "job {{jobid}}"),
-            target(f"sum(rate(slurm_cpu_outside_jobs_energy_joules_total{{{NODE}}}"
-                   "[$__rate_interval]))", "outside jobs", ref="B"),
-            target(f"sum(rate(slurm_cpu_energy_joules_total{{{NODE}}}[$__rate_interval]))",
-                   "measured (RAPL)", ref="C")], 12, 8, "watt",
+            target(named(f"sum by (cluster, instance, jobid) (rate("
+                         f"slurm_job_cpu_energy_joules_total{{{NODE}}}[$__rate_interval]))"),
+                   "{{slurm_node}} job {{jobid}}"),
+            target(named(f"sum by (cluster, instance) (rate("
+                         f"slurm_cpu_outside_jobs_energy_joules_total{{{NODE}}}"
+                         "[$__rate_interval]))"), "{{slurm_node}} outside jobs", ref="B"),
+            target(named(f"sum by (cluster, instance) "
+                         f"(rate(slurm_cpu_energy_joules_total{{{NODE}}}[$__rate_interval]))"),
+                   "{{slurm_node}} measured (RAPL)", ref="C")], 12, 8, "watt",
             "Measured: the sockets' RAPL counters. Each job's share is by its CPU time; the "
             "rest (idle power, processes outside jobs) is outside jobs."),
         panel("timeseries", "Node power: jobs and outside jobs", [
-            target(f"sum by (jobid) (rate(slurm_job_node_energy_joules_total{{{NODE}}}"
-                   "[$__rate_interval]))", "job {{jobid}}"),
-            target(f"sum(rate(slurm_node_outside_jobs_energy_joules_total{{{NODE}}}"
-                   "[$__rate_interval]))", "outside jobs", ref="B"),
-            target(f"sum(slurm_node_power_watts{{{NODE}}})", "measured (meter)", ref="C")],
+            target(named(f"sum by (cluster, instance, jobid) (rate("
+                         f"slurm_job_node_energy_joules_total{{{NODE}}}[$__rate_interval]))"),
+                   "{{slurm_node}} job {{jobid}}"),
+            target(named(f"sum by (cluster, instance) (rate("
+                         f"slurm_node_outside_jobs_energy_joules_total{{{NODE}}}"
+                         "[$__rate_interval]))"), "{{slurm_node}} outside jobs", ref="B"),
+            target(named(f"sum by (cluster, instance) (slurm_node_power_watts{{{NODE}}})"),
+                   "{{slurm_node}} measured (meter)", ref="C")],
             12, 8, "watt",
             "Measured: the node's power meter (hwmon or the site's command). Each job's share "
             "is by its GPU energy plus its CPU share, an estimate; the rest is outside jobs."),
-        panel("timeseries", "CPU cores used per job", [target(
-            f"sum by (jobid) (rate(slurm_job_cpu_seconds_total{{{NODE}}}[$__rate_interval]))",
-            "job {{jobid}}")], 12, 8, "short"),
+        panel("timeseries", "CPU cores used per job", [target(named(
+            f"sum by (cluster, instance, jobid) "
+            f"(rate(slurm_job_cpu_seconds_total{{{NODE}}}[$__rate_interval]))"),
+            "{{slurm_node}} job {{jobid}}")], 12, 8, "short"),
         panel("timeseries", "GPU processes outside Slurm jobs", [target(
-            f"slurm_gpu_unattributed_processes{{{NODE}}}", "GPU {{gpu}} {{user}}")],
+            named(f"slurm_gpu_unattributed_processes{{{NODE}}}"), gpu + " {{user}}")],
             12, 8, "short"),
         panel("table", "GPU errors in the time range", [
-            target(f"sum by (gpu) (increase(slurm_gpu_ecc_errors_total"
-                   f'{{{NODE}, type="uncorrected"}}[$__range]))', instant=True),
-            target(f"sum by (gpu) (increase(slurm_gpu_xid_errors_total{{{NODE}}}[$__range]))"
-                   f" or sum by (gpu) (slurm_gpu_info{{{NODE}}}) * 0", instant=True),
-            target(f"max by (gpu) (slurm_gpu_lost{{{NODE}}})", instant=True)], 12, 8,
+            target(named(f"sum by (cluster, instance, gpu) (increase(slurm_gpu_ecc_errors_total"
+                         f'{{{NODE}, type="uncorrected"}}[$__range]))'), instant=True),
+            target(named(f"sum by (cluster, instance, gpu) "
+                         f"(increase(slurm_gpu_xid_errors_total{{{NODE}}}[$__range]))"
+                         f" or sum by (cluster, instance, gpu) (slurm_gpu_info{{{NODE}}}) * 0"),
+                   instant=True),
+            target(named(f"max by (cluster, instance, gpu) (slurm_gpu_lost{{{NODE}}})"),
+                   instant=True)], 12, 8,
             transformations=[
                 {"id": "merge", "options": {}},
                 {"id": "organize", "options": {
-                    "excludeByName": {"Time": True},
-                    "renameByName": {"Value #A": "uncorrected ECC", "Value #B": "Xid",
-                                     "Value #C": "lost"}}}]),
+                    "excludeByName": {"Time": True, "instance": True},
+                    "renameByName": {"slurm_node": "node", "Value #A": "uncorrected ECC",
+                                     "Value #B": "Xid", "Value #C": "lost"}}}]),
         panel("timeseries", "Agent sample duration by source", [target(
-            f"slurm_gpu_exporter_sample_duration_seconds{{{NODE}}}", "{{source}}")],
-            24, 7, "s"),
+            named(f"slurm_gpu_exporter_sample_duration_seconds{{{NODE}}}"),
+            "{{slurm_node}} {{source}}")], 24, 7, "s"),
     ]
     return dashboard(
         "slurm-gpu-node", "Slurm GPU: node",
-        "One node's GPUs, the jobs on them, and the agent.",
-        [cluster_var(), var_query("node", "Node",
-                                  'label_values(slurm_gpu_info{cluster=~"$cluster"}, instance)')],
-        panels)
+        "Slurm nodes' GPUs, the jobs on them, and the agent. Nodes are picked and shown "
+        "by their Slurm names (an agent that publishes none: by its scrape target).",
+        [cluster_var(), *node_vars()], panels)
 
 
 DASHBOARDS = {"job": job_dashboard, "user": user_dashboard,

@@ -28,6 +28,8 @@ EMPTY_WHEN_HEALTHY = ("slurm_job_gpu_xid_", "ecc_errors", "remapped_rows", "pcie
 THROTTLED = "slurm_job_gpu_throttled_seconds_total"
 # What each dashboard's variables are filled with: every value the variable offers.
 SWEPT = {"slurm-gpu-job": "jobid", "slurm-gpu-user": "user", "slurm-gpu-node": "node"}
+# The simulated agent's Slurm node (the stack scrapes it as 127.0.0.1:PORT).
+SIM_NODE = "simnode"
 
 
 def test_dashboards_have_stable_uids_and_one_datasource_variable() -> None:
@@ -63,6 +65,23 @@ def test_job_links_point_at_the_job_dashboard_uid() -> None:
         assert "/d/slurm-gpu-job/" in text, name
 
 
+def dependent_variables(stack: Stack, board: dict, values: dict[str, str]) -> dict[str, str]:
+    """The variables that follow from the swept one, as Grafana fills them: the job's
+    nodes (checked: Slurm's name; then All), the picked node's targets (All of them)."""
+    queries = grafana.variable_queries(board)
+    regexes = grafana.variable_regexes(board)
+    out = {}
+    if board["uid"] == "slurm-gpu-job":
+        nodes = grafana.resolve_variable(stack.node, queries["node"], values, regexes["node"])
+        assert nodes == [SIM_NODE], f"job {values['jobid']}: node variable offers {nodes}"
+        out["node"] = ".*"
+    if board["uid"] == "slurm-gpu-node":
+        targets = grafana.resolve_variable(stack.node, queries["instance"], values)
+        assert targets == [f"127.0.0.1:{stack.agent.port}"], targets
+        out["instance"] = grafana.multi_value(targets)
+    return out
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_every_dashboard_query_returns_data(stack: Stack, name: str) -> None:
     board = grafana.load(DASHBOARDS / name)
@@ -81,14 +100,24 @@ def test_every_dashboard_query_returns_data(stack: Stack, name: str) -> None:
     if swept:
         choices = grafana.resolve_variable(stack.node, queries[swept], values)
         assert choices, f"{name}: variable {swept} offers nothing"
+    if swept == "node":  # Slurm's names, not the address the stack scrapes
+        assert choices == [SIM_NODE], f"{name}: node variable offers {choices}"
     failures = []
     capped: dict[str | None, bool] = {}  # job -> a GPU of it power-capped on the panel
     for choice in choices:
         filled = {**values, **({swept: choice} if swept else {})}
+        filled.update(dependent_variables(stack, board, filled))
         for target in grafana.targets(board):
             if grafana.relayed(target.expr):
                 continue  # the simulated node runs no training script: tests/training_relay
             result = grafana.run(stack.node, target, filled, start, end)
+            # Series shown now (a range's first seconds, before the rules first recorded
+            # the node map, show the target: what a range before an upgrade shows).
+            named = [grafana.legend(target.legend, s["metric"]) for s in result
+                     if "slurm_node" in target.legend
+                     and ("value" in s or float(s["values"][-1][0]) >= end - 2)]
+            if any(SIM_NODE not in n or "127.0.0.1" in n for n in named):
+                failures.append(f"{target.where()}: legends {named} do not name the node")
             if THROTTLED in target.expr and target.instant:  # the sim power-caps busy GPUs
                 capped[choice] = capped.get(choice, False) or any(
                     s["metric"].get("reason") == "power" and float(s["value"][1]) > 0
