@@ -143,7 +143,7 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         response = await handler(request)
     else:
         who = await identify(request, state.web_config, state.config.user_header,
-                             state.munge)
+                             state.munge, auth=state.basic_auth)
         if isinstance(who, Refusal):
             return refuse(request, who.status, who.reason, who.message, who.claimed,
                           "auth")

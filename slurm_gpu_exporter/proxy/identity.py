@@ -16,7 +16,8 @@ from slurm_gpu_exporter.model.munge_wire import credential_in
 from slurm_gpu_exporter.model.users import is_user_name
 from slurm_gpu_exporter.proxy.config import UserHeader
 from slurm_gpu_exporter.proxy.munge import MungeDecoder, MungeRefusal
-from slurm_gpu_exporter.web.config import AuthBusy, WebConfig
+from slurm_gpu_exporter.web.basic_auth import AuthBusy, BasicAuth
+from slurm_gpu_exporter.web.config import WebConfig
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,10 @@ def basic_auth_user(authorization: str) -> str:
 
 async def identify(request: web.Request, web_config: WebConfig,
                    user_header: UserHeader | None,
-                   munge: MungeDecoder | None = None) -> Caller | Refusal:
+                   munge: MungeDecoder | None = None, *, auth: BasicAuth) -> Caller | Refusal:
     """The caller, or why the request is refused (401; 403 for a disallowed certificate;
-    503 when too many password checks wait)."""
+    503 when too many password checks wait); ``auth`` checks basic-auth passwords
+    against ``web_config``."""
     transport = request.transport
     if not web_config.client_cert_allowed(
             transport.get_extra_info("peercert") if transport else None):
@@ -92,7 +94,7 @@ async def identify(request: web.Request, web_config: WebConfig,
     except (binascii.Error, UnicodeDecodeError):
         name = ""
     try:
-        verified = await web_config.check_basic_auth_async(authorization)
+        verified = await auth.check_async(web_config, authorization)
     except AuthBusy as exc:  # a wrong-password flood: a retry soon gets its turn
         return Refusal(503, "auth_busy", f"too many password checks at once ({exc}); "
                        "retry in a second", name)

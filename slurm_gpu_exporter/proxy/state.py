@@ -19,6 +19,7 @@ from slurm_gpu_exporter.proxy.observe import ProxyMetrics
 from slurm_gpu_exporter.proxy.query.check_pool import CheckPool
 from slurm_gpu_exporter.proxy.query.restrict import Scope
 from slurm_gpu_exporter.proxy.upstream import Upstream
+from slurm_gpu_exporter.web.basic_auth import BasicAuth
 from slurm_gpu_exporter.web.config import WebConfig
 
 # What a 503 (too busy: password checks or query checks) tells the client to wait.
@@ -50,6 +51,8 @@ class ProxyState:
     read_timeout: float
     munge: MungeDecoder | None = None
     archive: ArchiveReader | None = None
+    # The basic-auth checks against web_config and what they keep (web/basic_auth.py).
+    basic_auth: BasicAuth = field(default_factory=BasicAuth)
     upstream: URL = field(init=False)  # the store's base URL
 
     def __post_init__(self) -> None:

@@ -16,23 +16,21 @@ The same YAML that node_exporter and every other Go exporter read::
 Unknown keys are an error, as in exporter-toolkit, so a typo cannot silently
 turn security off. Go-only knobs (cipher_suites, curve_preferences,
 prefer_server_cipher_suites, http2) are accepted and ignored with a warning.
+
+The parsed config is a frozen value; checking passwords against it, and what that
+keeps at run time, is web/basic_auth.py's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import binascii
-import hashlib
 import hmac
 import logging
 import re
 import ssl
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -68,19 +66,10 @@ _RESERVED_HEADERS = {"authorization", "content-type", "content-encoding", "conte
 
 # A whole bcrypt hash: variant, cost 04-31, 22 characters of salt and 31 of hash.
 _BCRYPT_RE = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
-# bcrypt reads 72 bytes of a password at most; a longer one is refused, as
-# exporter-toolkit does, rather than checked by its first 72 bytes.
-MAX_PASSWORD_BYTES = 72
-# Password checks waiting or running at once; past that a request gets 503 at once.
-MAX_PENDING_CHECKS = 16
 
 
 class WebConfigError(Exception):
     """The web config file is missing, unreadable or invalid; the message says which."""
-
-
-class AuthBusy(Exception):
-    """Too many password checks are waiting: the request should be retried shortly."""
 
 
 @dataclass(frozen=True)
@@ -103,35 +92,24 @@ def _checkpw(password: bytes, hashed: bytes) -> bool:
     return bool(bcrypt.checkpw(password, hashed))
 
 
-@dataclass
+@dataclass(frozen=True)
 class WebConfig:
-    """A parsed web config: an optional TLS setup, extra headers and basic-auth users."""
+    """A parsed web config: an optional TLS setup, extra headers and basic-auth users.
+
+    A value: the servers share it across threads and a re-read replaces it whole. What
+    checking passwords keeps at run time (verified credentials, bcrypt threads) is the
+    server's own (web/basic_auth.py)."""
 
     tls: TlsSettings | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    users: dict[str, bytes] = field(default_factory=dict)
-    # Successful (user, password) checks, keyed by a hash, so bcrypt runs once per
-    # credential rather than once per scrape.
-    _verified: set[bytes] = field(default_factory=set)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    users: Mapping[str, bytes] = field(default_factory=dict)
     # bcrypt's check; tests pass a slow one to see that it does not block the server.
     password_check: Callable[[bytes, bytes], bool] = _checkpw
-    _executor: ThreadPoolExecutor | None = None
-    _pending: int = 0
-    # Checks running now, by cache key and event loop: the same credential sent on
-    # many connections at once (a report's concurrent queries) is checked once.
-    _inflight: dict[tuple[int, bytes], asyncio.Future[bool]] = field(default_factory=dict)
-    # A hash of the users' cost that an unknown user's password is checked against,
-    # so that the answer takes as long as for a known user with a wrong password.
-    _dummy: bytes | None = None
 
-    def adopt_verified(self, previous: WebConfig) -> None:
-        """Keep the credentials ``previous`` verified (a re-read): their cache key holds
-        the hash, so one whose user or hash changed is simply never found."""
-        with previous._lock:
-            verified = set(previous._verified)
-        with self._lock:
-            self._verified |= verified
+    def __post_init__(self) -> None:
+        # Read-only copies: no one can change the config in force under a request.
+        object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
+        object.__setattr__(self, "users", MappingProxyType(dict(self.users)))
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The server TLS context, or None for plain HTTP."""
@@ -155,101 +133,6 @@ class WebConfig:
                 raise WebConfigError(f"cannot load client CA file {tls.client_ca_file}: "
                                      f"{exc}") from None
         return ctx
-
-    def check_basic_auth(self, header: str | None) -> bool:
-        """True when basic auth is off, or the Authorization header names a valid user.
-
-        Blocks for a bcrypt check on a credential not seen before; the server uses
-        ``check_basic_auth_async``, which runs that check off the event loop."""
-        claim = self._to_verify(header)
-        return claim if isinstance(claim, bool) else self._verify(*claim)
-
-    async def check_basic_auth_async(self, header: str | None) -> bool:
-        """``check_basic_auth`` for the event loop: a credential already verified answers
-        at once; a new one is checked by bcrypt in a worker thread, so a wrong password
-        (which is never cached) cannot stall the scrapes of others."""
-        claim = self._to_verify(header)
-        if isinstance(claim, bool):
-            return claim
-        loop = asyncio.get_running_loop()
-        flight = (id(loop), claim[2])
-        running = self._inflight.get(flight)
-        if running is not None:
-            return await asyncio.shield(running)
-        with self._lock:
-            if self._pending >= MAX_PENDING_CHECKS:
-                raise AuthBusy(f"{self._pending} password checks are waiting")
-            self._pending += 1
-        check = loop.run_in_executor(self._bcrypt_workers(), self._verify, *claim)
-        self._inflight[flight] = check
-        try:
-            return await asyncio.shield(check)
-        finally:
-            if self._inflight.get(flight) is check:
-                del self._inflight[flight]
-            with self._lock:
-                self._pending -= 1
-
-    def _to_verify(self, header: str | None) -> bool | tuple[bytes, bytes | None, bytes]:
-        """The answer when no bcrypt check is needed (auth off, a malformed header or an
-        unknown user, a credential verified before); else the claim to check."""
-        if not self.users:
-            return True
-        claim = self._claim(header)
-        if claim is None:
-            return False
-        return True if self._known(claim[2]) else claim
-
-    def _claim(self, header: str | None) -> tuple[bytes, bytes | None, bytes] | None:
-        """(password, bcrypt hash, cache key) of a well-formed header; the hash is None
-        for an unknown user (checked against a dummy hash, then refused)."""
-        if not header or not header.startswith("Basic "):
-            return None
-        try:
-            decoded = base64.b64decode(header[6:], validate=True).decode()
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-        user, sep, password = decoded.partition(":")
-        if not sep:
-            return None
-        hashed = self.users.get(user)
-        key = hashlib.sha256(user.encode() + b"\0" + password.encode() + b"\0"
-                             + (hashed or b"")).digest()
-        return password.encode(), hashed, key
-
-    def _known(self, key: bytes) -> bool:
-        with self._lock:
-            return key in self._verified
-
-    def _verify(self, password: bytes, hashed: bytes | None, key: bytes) -> bool:
-        if len(password) > MAX_PASSWORD_BYTES:
-            return False
-        try:
-            right = self.password_check(password, hashed or self._dummy_hash())
-        except ValueError:  # bcrypt refusing its input is a wrong password, not a 500
-            return False
-        if not right or hashed is None:
-            return False
-        with self._lock:
-            self._verified.add(key)
-        return True
-
-    def _dummy_hash(self) -> bytes:
-        if self._dummy is None:
-            import bcrypt  # only a config with users needs it (memory: see _checkpw)
-
-            costs = [int(h[4:6]) for h in self.users.values()]
-            self._dummy = bcrypt.hashpw(b"no such user", bcrypt.gensalt(rounds=max(costs)))
-        return self._dummy
-
-    def _bcrypt_workers(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._executor is None:
-                # Two threads: bcrypt is CPU-bound, and a flood of wrong passwords must
-                # not take every core from the sampler.
-                self._executor = ThreadPoolExecutor(max_workers=2,
-                                                    thread_name_prefix="basic-auth")
-            return self._executor
 
     def client_cert_allowed(self, peercert: dict[str, Any] | None) -> bool:
         """True unless client_allowed_sans is set and the client certificate has none of them."""
@@ -283,7 +166,7 @@ def parse_web_config(data: Any, base: Path,
     if not isinstance(data, dict):
         raise WebConfigError("the web config must be a YAML mapping")
     _check_keys("web config", data, _TOP_KEYS, set())
-    config = WebConfig()
+    settings: TlsSettings | None = None
 
     tls = data.get("tls_server_config") or {}
     if not isinstance(tls, dict):
@@ -310,7 +193,7 @@ def parse_web_config(data: Any, base: Path,
         if not isinstance(sans, list) or not all(isinstance(s, str) for s in sans):
             raise WebConfigError("tls_server_config.client_allowed_sans must be a list of "
                                  "strings")
-        config.tls = TlsSettings(
+        settings = TlsSettings(
             cert_file=base / cert,
             key_file=base / key,
             client_auth_type=auth_type,
@@ -329,14 +212,16 @@ def parse_web_config(data: Any, base: Path,
     headers = http.get("headers") or {}
     if not isinstance(headers, dict):
         raise WebConfigError("http_server_config.headers must be a mapping")
+    extra: dict[str, str] = {}
     for name, value in headers.items():
         if str(name).lower() in _RESERVED_HEADERS:
             raise WebConfigError(f"http_server_config.headers: {name} cannot be set here")
-        config.headers[str(name)] = str(value)
+        extra[str(name)] = str(value)
 
     users = data.get("basic_auth_users") or {}
     if not isinstance(users, dict):
         raise WebConfigError("basic_auth_users must be a mapping of user: bcrypt hash")
+    hashes: dict[str, bytes] = {}
     for user, hashed in users.items():
         if not isinstance(hashed, str) or not _BCRYPT_RE.fullmatch(hashed):
             line = user_lines().get(str(user)) if user_lines else None
@@ -344,8 +229,8 @@ def parse_web_config(data: Any, base: Path,
             raise WebConfigError(f"basic_auth_users.{user}{where}: not a bcrypt hash, or a cut "
                                  "one "
                                  "(make one with: htpasswd -nBC 10 USER)")
-        config.users[str(user)] = hashed.encode()
-    return config
+        hashes[str(user)] = hashed.encode()
+    return WebConfig(tls=settings, headers=extra, users=hashes)
 
 
 def load_web_config(path: Path) -> WebConfig:

@@ -13,7 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
-from slurm_gpu_exporter.web.config import AuthBusy, WebConfig
+from slurm_gpu_exporter.web.basic_auth import AuthBusy, BasicAuth
+from slurm_gpu_exporter.web.config import WebConfig
 from slurm_gpu_exporter.web.connections import ConnectionGuard
 
 GUARD_KEY = web.AppKey("connection_guard", ConnectionGuard)
@@ -47,7 +48,11 @@ def guarded_app(guard: ConnectionGuard, *middlewares: Middleware,
 def auth_middleware(config_of: Callable[[], WebConfig], realm: str,
                     open_paths: frozenset[str] = frozenset()) -> Middleware:
     """The web config's client certificates and basic auth, and its response headers,
-    on every path but ``open_paths`` (health probes that say nothing but "up")."""
+    on every path but ``open_paths`` (health probes that say nothing but "up"). Each
+    request is checked against the config ``config_of`` gives then; what the checks
+    keep (verified credentials, bcrypt threads) is this middleware's own, across
+    re-reads of the config."""
+    auth = BasicAuth()
 
     @web.middleware
     async def authenticated(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -59,7 +64,7 @@ def auth_middleware(config_of: Callable[[], WebConfig], realm: str,
         if not config.client_cert_allowed(peercert):
             return web.Response(status=403, text="client certificate not allowed\n")
         try:
-            allowed = await config.check_basic_auth_async(request.headers.get("Authorization"))
+            allowed = await auth.check_async(config, request.headers.get("Authorization"))
         except AuthBusy:
             return web.Response(status=503, text="too many password checks in progress; "
                                 "retry in a second\n", headers={"Retry-After": "1"})

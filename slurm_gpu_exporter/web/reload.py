@@ -118,7 +118,6 @@ class LiveWebConfig:
                 log.warning("web config %s re-read without basic_auth_users: /metrics is now "
                             "served without a password; restore the users if that is not "
                             "meant", self.path)
-            config.adopt_verified(self.current)  # no new bcrypt check for known scrapers
             after = self._fingerprint(config)
             # The same files changed while being read: read them again next time.
             self._seen = after if len(after) != len(before) or after[0] == before[0] else ()

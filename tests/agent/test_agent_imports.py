@@ -39,8 +39,9 @@ def test_a_web_config_with_users_brings_yaml_and_bcrypt_in(tmp_path) -> None:  #
     (tmp_path / "web.yml").write_text(f"basic_auth_users:\n  alice: '{hashed}'\n")
     loaded = _modules_after(
         "from pathlib import Path\n"
+        "from slurm_gpu_exporter.web.basic_auth import BasicAuth\n"
         "from slurm_gpu_exporter.web.config import load_web_config\n"
         f"c = load_web_config(Path({str(tmp_path / 'web.yml')!r}))\n"
-        f"assert c.check_basic_auth('Basic {good}') is True\n"
-        f"assert c.check_basic_auth('Basic {bad}') is False\n")
+        f"assert BasicAuth().check(c, 'Basic {good}') is True\n"
+        f"assert BasicAuth().check(c, 'Basic {bad}') is False\n")
     assert {"yaml", "bcrypt"} <= loaded

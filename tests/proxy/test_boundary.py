@@ -1,8 +1,9 @@
 """The proxy is its own product: it reaches the agent's code only for the web layer
-every server shares (listening, the connection guard, the web config, stopping,
-logging), the report's code only for the job archive (``--archive.url``), loaded inside
-functions of proxy/archive.py so that a plain install (no ``archive`` extra) runs it,
-and shares with both only the bottom layer every product may import (``model/``)."""
+every server shares (listening, the connection guard, the web config and its basic
+auth, stopping, logging), the report's code only for the job archive
+(``--archive.url``), loaded inside functions of proxy/archive.py so that a plain
+install (no ``archive`` extra) runs it, and shares with both only the bottom layer
+every product may import (``model/``)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ PROXY = ROOT / "slurm_gpu_exporter" / "proxy"
 ALLOWED = {"slurm_gpu_exporter", "slurm_gpu_exporter.web.config",
            "slurm_gpu_exporter.web.connections", "slurm_gpu_exporter.web.listen",
            "slurm_gpu_exporter.web.middleware", "slurm_gpu_exporter.web.serve",
-           "slurm_gpu_exporter.web.logging_setup"}
+           "slurm_gpu_exporter.web.logging_setup", "slurm_gpu_exporter.web.basic_auth"}
 # The bottom layer of every product: job identity, user names, the munge wire format.
 SHARED_BOTTOM = "slurm_gpu_exporter.model."
 # What archive.py may load, inside its functions only.

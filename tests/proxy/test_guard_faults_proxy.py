@@ -16,6 +16,7 @@ from slurm_gpu_exporter.proxy.identity import Caller, Refusal, _munge_caller, id
 from slurm_gpu_exporter.proxy.munge import MungeDecoder, MungeRefusal, MungeUser
 from slurm_gpu_exporter.proxy.query.check_pool import CheckPool
 from slurm_gpu_exporter.proxy.query.restrict import QueryRefused, Scope
+from slurm_gpu_exporter.web.basic_auth import BasicAuth
 from slurm_gpu_exporter.web.config import WebConfig
 from tests.support import basic_auth
 
@@ -139,21 +140,24 @@ def test_a_basic_auth_user_whose_name_is_no_user_name_is_refused() -> None:
     config = WebConfig(users={"al ice": b"h", "alice": b"h"},
                        password_check=lambda _pw, _hash: True)
     bad_name = {"Authorization": basic_auth("al ice", "pw")}
-    who = asyncio.run(identify(_request(bad_name), config, None))
+    who = asyncio.run(identify(_request(bad_name), config, None, auth=BasicAuth()))
     assert isinstance(who, Refusal) and (who.status, who.reason) == (401, "bad_credentials")
     good_name = {"Authorization": basic_auth("alice", "pw")}
-    who = asyncio.run(identify(_request(good_name), config, None))
+    who = asyncio.run(identify(_request(good_name), config, None, auth=BasicAuth()))
     assert who == Caller("alice", "basic")
 
 
 def test_a_user_header_from_a_client_that_did_not_prove_itself_is_refused() -> None:
     header = UserHeader("X-Grafana-User", secret_header="X-Proxy-Secret", secret=b"s3cret")
     config = WebConfig()
-    forged = asyncio.run(identify(_request({"X-Grafana-User": "admin"}), config, header))
+    forged = asyncio.run(identify(_request({"X-Grafana-User": "admin"}), config, header,
+                                  auth=BasicAuth()))
     assert isinstance(forged, Refusal) and forged.reason == "forged_user_header"
     wrong = asyncio.run(identify(_request({"X-Grafana-User": "admin",
-                                           "X-Proxy-Secret": "guess"}), config, header))
+                                           "X-Proxy-Secret": "guess"}), config, header,
+                                 auth=BasicAuth()))
     assert isinstance(wrong, Refusal) and wrong.reason == "forged_user_header"
     proven = asyncio.run(identify(_request({"X-Grafana-User": "alice",
-                                            "X-Proxy-Secret": "s3cret"}), config, header))
+                                            "X-Proxy-Secret": "s3cret"}), config, header,
+                                  auth=BasicAuth()))
     assert proven == Caller("alice", "header")

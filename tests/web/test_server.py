@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import socket
 import threading
@@ -21,6 +22,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from slurm_gpu_exporter.exposition.rendered import render
 from slurm_gpu_exporter.exposition.snapshot import Snapshot
+from slurm_gpu_exporter.web.basic_auth import BasicAuth
 from slurm_gpu_exporter.web.config import WebConfig, parse_web_config
 from slurm_gpu_exporter.web.listen import ListenError, parse_listen_address, start
 from slurm_gpu_exporter.web.middleware import GUARD_KEY
@@ -336,7 +338,7 @@ def test_a_wrong_password_being_checked_does_not_stall_other_scrapes() -> None:
         return False
 
     config = parse_web_config({"basic_auth_users": {"prom": HASH}}, Path("."))
-    config.password_check = slow_on_wrong
+    config = dataclasses.replace(config, password_check=slow_on_wrong)
     good = basic_auth("prom", "good")
 
     def scrape(name: str, auth: str, url: str) -> int:
@@ -366,11 +368,12 @@ def test_a_wrong_password_being_checked_does_not_stall_other_scrapes() -> None:
 
 def test_the_synchronous_check_gives_the_same_answers() -> None:
     config = WebConfig(users={"prom": HASH.encode()})
-    assert config.check_basic_auth(basic_auth("prom", "good"))
-    assert not config.check_basic_auth(basic_auth("prom", "wrong"))
+    auth = BasicAuth()
+    assert auth.check(config, basic_auth("prom", "good"))
+    assert not auth.check(config, basic_auth("prom", "wrong"))
 
     async def both() -> tuple[bool, bool]:
-        return (await config.check_basic_auth_async(basic_auth("prom", "good")),
-                await config.check_basic_auth_async(basic_auth("prom", "wrong")))
+        return (await auth.check_async(config, basic_auth("prom", "good")),
+                await auth.check_async(config, basic_auth("prom", "wrong")))
 
     assert asyncio.run(both()) == (True, False)

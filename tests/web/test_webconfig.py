@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from pathlib import Path
 
 import bcrypt
 import pytest
 
+from slurm_gpu_exporter.web.basic_auth import MAX_PENDING_CHECKS, AuthBusy, BasicAuth
 from slurm_gpu_exporter.web.config import (
-    MAX_PENDING_CHECKS,
-    AuthBusy,
     WebConfigError,
     load_web_config,
     parse_web_config,
@@ -22,20 +22,22 @@ HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
 
 
 def test_empty_config_means_plain_http_and_no_auth(tmp_path: Path) -> None:
+    auth = BasicAuth()
     config = parse_web_config(None, tmp_path)
     assert config.ssl_context() is None
-    assert config.check_basic_auth(None)
+    assert auth.check(config, None)
 
 
 def test_basic_auth_accepts_the_right_password_only() -> None:
+    auth = BasicAuth()
     config = parse_web_config({"basic_auth_users": {"prom": HASH}}, Path("."))
-    assert config.check_basic_auth(basic_auth("prom", "s3cret"))
-    assert config.check_basic_auth(basic_auth("prom", "s3cret")), "cached answer stays right"
-    assert not config.check_basic_auth(basic_auth("prom", "wrong"))
-    assert not config.check_basic_auth(basic_auth("other", "s3cret"))
-    assert not config.check_basic_auth(None)
-    assert not config.check_basic_auth("Basic !!!notbase64")
-    assert not config.check_basic_auth("Bearer abc")
+    assert auth.check(config, basic_auth("prom", "s3cret"))
+    assert auth.check(config, basic_auth("prom", "s3cret")), "cached answer stays right"
+    assert not auth.check(config, basic_auth("prom", "wrong"))
+    assert not auth.check(config, basic_auth("other", "s3cret"))
+    assert not auth.check(config, None)
+    assert not auth.check(config, "Basic !!!notbase64")
+    assert not auth.check(config, "Bearer abc")
 
 
 @pytest.mark.parametrize(
@@ -103,14 +105,15 @@ def test_a_web_config_that_is_not_utf8_is_refused_in_one_line(tmp_path: Path) ->
 
 
 def test_a_password_over_72_bytes_is_refused_not_an_error_nor_cut() -> None:
+    auth = BasicAuth()
     long = "p" * 72
     config = parse_web_config(
         {"basic_auth_users": {"prom": bcrypt.hashpw(long.encode(), bcrypt.gensalt(4)).decode()}},
         Path("."))
-    assert config.check_basic_auth(basic_auth("prom", long))
+    assert auth.check(config, basic_auth("prom", long))
     # Same first 72 bytes: bcrypt 4 would accept it, bcrypt 5 raises (a 500 before).
-    assert not config.check_basic_auth(basic_auth("prom", long + "tail"))
-    assert not config.check_basic_auth(basic_auth("prom", "x" * 100))
+    assert not auth.check(config, basic_auth("prom", long + "tail"))
+    assert not auth.check(config, basic_auth("prom", "x" * 100))
 
 
 @pytest.mark.parametrize("bad", [HASH[:-1], HASH[:7] + "$" + HASH[8:], "$2y$99$" + HASH[7:],
@@ -123,6 +126,7 @@ def test_a_malformed_hash_is_refused_at_load_with_its_line(tmp_path: Path, bad: 
 
 
 def test_an_unknown_user_is_checked_against_a_dummy_hash_of_the_same_cost() -> None:
+    auth = BasicAuth()
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=5))
     config = parse_web_config({"basic_auth_users": {"prom": hashed.decode()}}, Path("."))
     checked: list[bytes] = []
@@ -131,19 +135,21 @@ def test_an_unknown_user_is_checked_against_a_dummy_hash_of_the_same_cost() -> N
         checked.append(against)
         return bcrypt.checkpw(password, against)
 
-    config.password_check = check
-    assert not config.check_basic_auth(basic_auth("nobody", "s3cret"))
-    assert not config.check_basic_auth(basic_auth("prom", "wrong"))
+    config = dataclasses.replace(config, password_check=check)
+    assert not auth.check(config, basic_auth("nobody", "s3cret"))
+    assert not auth.check(config, basic_auth("prom", "wrong"))
     assert len(checked) == 2 and checked[0] != hashed and checked[0][:7] == b"$2b$05$"
 
 
 def test_the_queue_of_password_checks_is_bounded() -> None:
+    auth = BasicAuth()
     config = parse_web_config({"basic_auth_users": {"prom": HASH}}, Path("."))
     release = threading.Event()
-    config.password_check = lambda password, hashed: release.wait(10) and False
+    config = dataclasses.replace(
+        config, password_check=lambda password, hashed: release.wait(10) and False)
 
     async def flood() -> tuple[int, int]:
-        tasks = [asyncio.create_task(config.check_basic_auth_async(basic_auth("prom", f"w{i}")))
+        tasks = [asyncio.create_task(auth.check_async(config, basic_auth("prom", f"w{i}")))
                  for i in range(MAX_PENDING_CHECKS + 5)]
         await asyncio.sleep(0.1)
         release.set()
@@ -158,6 +164,7 @@ def test_the_queue_of_password_checks_is_bounded() -> None:
 def test_one_credential_sent_on_many_connections_at_once_is_checked_once() -> None:
     """A report's concurrent queries carry the same new credential: one bcrypt check
     answers them all, and they do not fill the queue of checks."""
+    auth = BasicAuth()
     config = parse_web_config({"basic_auth_users": {"prom": HASH}}, Path("."))
     release = threading.Event()
     calls: list[bytes] = []
@@ -167,10 +174,10 @@ def test_one_credential_sent_on_many_connections_at_once_is_checked_once() -> No
         release.wait(10)
         return bcrypt.checkpw(password, hashed)
 
-    config.password_check = check
+    config = dataclasses.replace(config, password_check=check)
 
     async def together() -> list[object]:
-        tasks = [asyncio.create_task(config.check_basic_auth_async(basic_auth("prom", "s3cret")))
+        tasks = [asyncio.create_task(auth.check_async(config, basic_auth("prom", "s3cret")))
                  for _ in range(MAX_PENDING_CHECKS * 3)]
         await asyncio.sleep(0.1)
         release.set()
