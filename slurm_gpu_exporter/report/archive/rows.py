@@ -17,7 +17,7 @@ from slurm_gpu_exporter.report.figures.shapes import (
     JobUsage,
     NodeDetail,
 )
-from slurm_gpu_exporter.report.figures.table import Figure, archived
+from slurm_gpu_exporter.report.figures.table import Figure, archived, set_value, value_of
 
 # What the archive keeps of each job, node and GPU (figures/table.py). A node's
 # figures go in the job row's ``nodes`` JSON under their field names.
@@ -46,7 +46,7 @@ def job_row(record: ArchiveRecord, archived_at: float) -> dict[str, Any]:
     return {
         "jobid": u.jobid, "cluster": u.cluster, "username": u.user,
         "account": u.account or acct.account, "partition": u.partition, "job_name": u.name,
-        "nodes": json.dumps([{"node": n.node, **{f.attr: getattr(n, f.attr)
+        "nodes": json.dumps([{"node": n.node, **{f.attr: value_of(n, f.attr)
                                                  for f in NODE_FIGURES}}
                              for n in d.nodes]),
         "node_count": len(d.nodes), "gpus": sum(len(n.gpus) for n in d.nodes),
@@ -70,10 +70,10 @@ def _job_value(detail: JobDetail, fig: Figure) -> float | None:
     """A figure of the whole job: the job's own (``job_attr``), else the sum of its
     nodes' or GPUs' known values (None where none is known)."""
     if fig.job_attr:
-        return getattr(detail.usage, fig.job_attr)  # type: ignore[no-any-return]
+        return value_of(detail.usage, fig.job_attr)  # type: ignore[no-any-return]
     if fig.scope == "node":
-        return _sum([getattr(n, fig.attr) for n in detail.nodes])
-    return _sum([getattr(g, fig.attr) for n in detail.nodes for g in n.gpus])
+        return _sum([value_of(n, fig.attr) for n in detail.nodes])
+    return _sum([value_of(g, fig.attr) for n in detail.nodes for g in n.gpus])
 
 
 def _gpu_events(detail: JobDetail) -> dict[str, Any]:
@@ -129,26 +129,31 @@ def gpu_rows_of(record: ArchiveRecord) -> list[dict[str, Any]]:
     u = record.detail.usage
     return [{"jobid": u.jobid, "cluster": u.cluster, "node": n.node, "gpu": g.gpu,
              "uuid": g.uuid, "model": record.gpu_models.get((n.node, g.gpu), ""),
-             **{f.gpu_column: getattr(g, f.attr) for f in GPU_FIGURES},
+             **{f.gpu_column: value_of(g, f.attr) for f in GPU_FIGURES},
              **_gpu_event_columns(g)}
             for n in record.detail.nodes for g in n.gpus]
 
 
 def usage_of(row: Any) -> JobUsage:
     """A job row as the usage the reports read."""
-    return JobUsage(
+    usage = JobUsage(
         jobid=row["jobid"], user=row["username"], account=row["account"],
         partition=row["partition"], name=row["job_name"], cluster=row["cluster"],
         gpus=row["gpus"], idle_gpus=row["idle_gpus"], gpm_allocated_s=row["gpm_allocated_s"],
-        array_job_id=row["array_job_id"], array_task_id=row["array_task_id"],
-        **{f.job_attr: row[f.job_column] for f in JOB_FIGURES if f.job_attr})
+        array_job_id=row["array_job_id"], array_task_id=row["array_task_id"])
+    for f in JOB_FIGURES:
+        if f.job_attr:
+            set_value(usage, f.job_attr, row[f.job_column])
+    return usage
 
 
 def detail_of(row: Any, gpu_rows: list[Any]) -> JobDetail:
     """A job row and its GPU rows as the detail ``job`` renders."""
     # a figure newer than the row (CPU energy before version 3) is absent: None
-    nodes = [NodeDetail(node=n["node"], **{f.attr: n.get(f.attr) for f in NODE_FIGURES})
-             for n in json.loads(row["nodes"])]
+    nodes = [NodeDetail(node=n["node"]) for n in json.loads(row["nodes"])]
+    for node, saved in zip(nodes, json.loads(row["nodes"]), strict=True):
+        for f in NODE_FIGURES:
+            set_value(node, f.attr, saved.get(f.attr))
     by_node = {n.node: n for n in nodes}
     for g in sorted(gpu_rows, key=lambda g: (g["node"], _gpu_order(g["gpu"]))):
         node = by_node.get(g["node"])
@@ -156,9 +161,10 @@ def detail_of(row: Any, gpu_rows: list[Any]) -> JobDetail:
             node = by_node[g["node"]] = NodeDetail(node=g["node"])
             nodes.append(node)
         throttled, gpu_faults = _gpu_events_of(g)
-        node.gpus.append(GpuDetail(
-            gpu=g["gpu"], uuid=g["uuid"], throttled=throttled, faults=gpu_faults,
-            **{f.attr: g[f.gpu_column] for f in GPU_FIGURES}))
+        gpu = GpuDetail(gpu=g["gpu"], uuid=g["uuid"], throttled=throttled, faults=gpu_faults)
+        for f in GPU_FIGURES:
+            set_value(gpu, f.attr, g[f.gpu_column])
+        node.gpus.append(gpu)
     accounting = Accounting(
         state=row["state"], time_limit_s=row["time_limit_s"],
         requested_memory=row["requested_memory"], cpus=row["cpus"], nodes=row["node_count"],

@@ -35,8 +35,10 @@ class DetailDataError(ValueError):
 # Fields added since the first release, left out of the data while they hold their
 # default, so that a reader of an older release still takes the detail whole.
 _LATER_USAGE_FIELDS = {"array_job_id": "", "array_task_id": "", "slowed_s": None,
-                       "slowed_reason": ""}
-_LATER_GPU_FIELDS = {"throttled": [], "faults": []}
+                       "slowed_reason": "", "more": {}}
+_LATER_GPU_FIELDS = {"throttled": [], "faults": [], "more": {}}
+_LATER_NODE_FIELDS = {"more": {}}
+MAX_MORE = 100  # figures without a field of their own (figures/table.py), per part
 
 
 def detail_to_data(detail: JobDetail) -> dict[str, Any]:
@@ -44,6 +46,7 @@ def detail_to_data(detail: JobDetail) -> dict[str, Any]:
     data = dataclasses.asdict(detail)
     _drop_defaults(data["usage"], _LATER_USAGE_FIELDS)
     for node in data["nodes"]:
+        _drop_defaults(node, _LATER_NODE_FIELDS)
         for gpu in node["gpus"]:
             _drop_defaults(gpu, _LATER_GPU_FIELDS)
     return data
@@ -93,6 +96,12 @@ def _value(hint: Any, value: Any, where: str) -> Any:
     for option in options:
         if option is type(None):
             continue
+        if typing.get_origin(option) is dict:
+            if not isinstance(value, dict) or len(value) > MAX_MORE:
+                raise DetailDataError(f"{where}: not an object of at most {MAX_MORE} figures")
+            key_hint, item = typing.get_args(option)
+            return {_value(key_hint, k, f"{where} key"): _value(item, v, f"{where}[{k!r}]")
+                    for k, v in value.items()}
         if typing.get_origin(option) is list:
             if not isinstance(value, list):
                 raise DetailDataError(f"{where}: not a list")

@@ -20,7 +20,8 @@ denominator), ``max``, ``min``; ``""`` leaves it on the node or GPU alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
 
@@ -48,7 +49,10 @@ class Figure:
     gpu_column: str = ""  # its archive_gpus column
     rollup: bool = False  # summed in archive_usage_monthly (and `usage`)
     since: int = 1  # the archive schema version its columns came with
-    label: str = ""  # its line in the `job` summary (a GPM ratio line), "" for none
+    label: str = ""  # its line in the `job` summary, "" for none
+    text: str = ""  # how that line shows its value (``{:.0f} °C``); a GPM ratio: a share
+    json: str = ""  # its key in `job --format json` (the job's and each GPU's); a GPM
+    # activity's is its ratio's
     usage_heading: str = ""  # its `usage` column heading (GPU-hours), "" for none
     mlflow: str = ""  # its MLflow metric (under ``slurm.``), "" for none
     mail: str = ""  # its line in the job-end mail, "" for none
@@ -120,6 +124,36 @@ def figure(name: str) -> Figure:
     except KeyError:
         raise ReportError(f"no job figure {name!r}: declare it in report/figures/table.py "
                           f"(known: {', '.join(BY_NAME)})") from None
+
+
+def value_of(holder: Any, attr: str) -> Any:
+    """A figure's value on a JobUsage, NodeDetail or GpuDetail: its field, or its entry
+    in ``more`` where the figure has no field of its own."""
+    if attr in _fields(type(holder)):
+        return getattr(holder, attr)
+    return holder.more.get(attr)
+
+
+def set_value(holder: Any, attr: str, value: Any) -> None:
+    """Set a figure's value (see ``value_of``)."""
+    if attr in _fields(type(holder)):
+        setattr(holder, attr, value)
+    else:
+        holder.more[attr] = value
+
+
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def _fields(kind: type) -> frozenset[str]:
+    if kind not in _FIELDS:
+        _FIELDS[kind] = frozenset(f.name for f in fields(kind))
+    return _FIELDS[kind]
+
+
+def shown() -> tuple[Figure, ...]:
+    """The figures other than the GPM activities that `job` shows (``json``)."""
+    return tuple(f for f in FIGURES if f.json and f.combine != "gpm")
 
 
 def archived() -> tuple[Figure, ...]:

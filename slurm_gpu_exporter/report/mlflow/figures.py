@@ -11,7 +11,7 @@ import math
 import re
 
 from slurm_gpu_exporter.report.figures.shapes import JobDetail
-from slurm_gpu_exporter.report.figures.table import FIGURES
+from slurm_gpu_exporter.report.figures.table import FIGURES, value_of
 
 PREFIX = "slurm."
 # A throttle reason as part of a metric's name: what MLflow keys allow, bounded.
@@ -40,8 +40,10 @@ def run_metrics(detail: JobDetail) -> dict[str, float]:
         "gpu_busy_ratio": usage.busy_ratio,
         "wasted_gpu_hours": usage.wasted_gpu_hours,
         "idle_gpus": usage.idle_gpus,
-        # the GPM activities, as shares of the time held on GPUs that measure them
-        **{f.mlflow: usage.activity_ratio(f.job_attr) for f in FIGURES if f.mlflow},
+        # the GPM activities as shares of the time held on GPUs that measure them, the
+        # other figures of the table as the job's values
+        **{f.mlflow: usage.activity_ratio(f.job_attr) if f.combine == "gpm"
+           else value_of(usage, f.job_attr) for f in FIGURES if f.mlflow},
         "gpu_memory_peak_bytes": usage.gpu_memory_peak,
         "gpu_energy_joules": detail.energy_j,
         "cpu_energy_joules": detail.cpu_energy_j,

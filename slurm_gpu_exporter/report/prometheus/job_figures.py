@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from slurm_gpu_exporter.report.figures.shapes import GpuDetail, JobUsage, NodeDetail
-from slurm_gpu_exporter.report.figures.table import FIGURES, Figure, figure
+from slurm_gpu_exporter.report.figures.table import FIGURES, Figure, figure, set_value, value_of
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample, gather
 from slurm_gpu_exporter.report.prometheus.gpu_events import events_query, gpu_events
@@ -166,7 +166,7 @@ def _fill(detail: NodeDetail | GpuDetail, scope: str,
         where = (key[1], key[3]) if fig.shape == "device" else key
         if where in values[fig.name]:
             value = values[fig.name][where]
-            setattr(detail, fig.attr, int(value) if fig.whole else value)
+            set_value(detail, fig.attr, int(value) if fig.whole else value)
 
 
 def _gpu_order(key: tuple[str, ...]) -> tuple[int, ...]:
@@ -185,14 +185,15 @@ def add_node(usage: JobUsage, node: NodeDetail, node_values: dict[str, float]) -
             known = [node_values[fig.name]] if fig.name in node_values else []
         else:
             gpus = measured if fig.combine == "gpm" else node.gpus
-            known = [v for g in gpus if (v := getattr(g, fig.attr)) is not None]
+            known = [v for g in gpus if (v := value_of(g, fig.attr)) is not None]
         if not known:
             continue
-        now = getattr(usage, fig.job_attr)
+        now = value_of(usage, fig.job_attr)
         if fig.combine in ("sum", "gpm"):
-            setattr(usage, fig.job_attr, (now or 0.0) + sum(known))
+            total = (now or 0.0) + sum(known)
         elif fig.combine == "max":
-            setattr(usage, fig.job_attr, max([*known, now or 0.0]))
+            total = max([*known, now or 0.0])
         else:  # min
-            setattr(usage, fig.job_attr, min(known) if now is None else min([*known, now]))
+            total = min(known) if now is None else min([*known, now])
+        set_value(usage, fig.job_attr, total)
     usage.idle_gpus += sum(1 for g in node.gpus if g.allocated_s > 0 and g.busy_s <= 0)

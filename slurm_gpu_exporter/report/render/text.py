@@ -13,7 +13,7 @@ from rich.table import Table
 
 from slurm_gpu_exporter.report.figures.job_events import fault_lines, throttle_lines
 from slurm_gpu_exporter.report.figures.shapes import JobDetail, LowUtilReport
-from slurm_gpu_exporter.report.figures.table import gpm_activities
+from slurm_gpu_exporter.report.figures.table import gpm_activities, shown, value_of
 from slurm_gpu_exporter.report.render.inert import csv_cell, markdown, terminal
 from slurm_gpu_exporter.report.render.values import (
     GPU_COLUMNS,
@@ -209,6 +209,7 @@ def _job_values(detail: JobDetail) -> dict[str, Any]:
         # what slowed the GPUs and what went wrong on them, as the report's lines say it
         "gpu_throttled": [f"GPU {name}: {text}" for name, text in throttle_lines(detail)],
         "gpu_errors": fault_lines(detail),
+        **{f.json: value_of(usage, f.job_attr) for f in shown() if f.job_attr},
     }
 
 

@@ -14,7 +14,7 @@ from slurm_gpu_exporter.report.figures.shapes import (
     LowUtilReport,
     Total,
 )
-from slurm_gpu_exporter.report.figures.table import gpm_activities
+from slurm_gpu_exporter.report.figures.table import gpm_activities, shown, value_of
 
 GIB = 2**30
 
@@ -130,6 +130,8 @@ def job_summary(detail: JobDetail) -> list[tuple[str, str]]:
                                        f"{usage.gpm_allocated_s / 3600:.2f} GPU-hours with GPM")]
         sm_active += [(f.label, show("ratio", ratio)) for f in gpm_activities()
                       if (ratio := usage.activity_ratio(f.job_attr)) is not None]
+    sm_active += [(f.label, f.text.format(value)) for f in shown()
+                  if f.label and (value := value_of(usage, f.job_attr)) is not None]
     return [
         ("GPU busy", f"{show('busy_ratio', usage.busy_ratio)} over {usage.gpu_hours:.2f} "
                      f"GPU-hours"),
@@ -186,6 +188,7 @@ def gpu_rows(detail: JobDetail) -> list[dict[str, Any]]:
                 "slowed_ratio": slowed_ratio(gpu), "throttled": throttled_data(gpu),
                 "errors": [{"kind": f.kind, "detail": f.detail, "count": f.count,
                             "last": f.last} for f in gpu.faults],
+                **{f.json: value_of(gpu, f.attr) for f in shown() if f.scope == "gpu"},
             })
     return rows
 

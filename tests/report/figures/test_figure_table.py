@@ -29,10 +29,13 @@ def test_a_figure_without_a_row_is_a_clear_error_not_none() -> None:
 def test_each_row_names_real_shapes_and_fields(fig) -> None:  # type: ignore[no-untyped-def]
     assert fig.shape in SHAPES and fig.scope in SCOPES and fig.combine in COMBINE
     assert fig.metric.startswith(("slurm_job_", "slurm_gpu_"))
+    # A figure without a field of its own lives in the holder's ``more``.
     detail = GpuDetail if fig.scope == "gpu" else NodeDetail
-    assert not fig.attr or fig.attr in {f.name for f in dataclasses.fields(detail)}
-    assert not fig.job_attr or fig.job_attr in {f.name for f in dataclasses.fields(JobUsage)}
+    assert "more" in {f.name for f in dataclasses.fields(detail)}
+    assert "more" in {f.name for f in dataclasses.fields(JobUsage)}
     assert bool(fig.combine) == bool(fig.job_attr)
+    assert not fig.label or fig.combine == "gpm" or (fig.text and fig.json)
+    assert not fig.mlflow or fig.job_attr
 
 
 @pytest.mark.parametrize("fig", [f for f in FIGURES if f.archived], ids=lambda f: f.name)
@@ -59,3 +62,16 @@ def test_the_mail_carries_the_figures_the_table_says(fig) -> None:  # type: igno
     job = {"job": "7", "gpus": 1, "gpu_hours": 1.0, fig.ratio: 0.25}
     assert f"  {fig.mail}:" in summary_text(job)
     assert f"  {fig.mail}:" not in summary_text({**job, fig.ratio: None})
+
+
+def test_a_figure_without_a_field_travels_in_more_through_the_detail_data() -> None:
+    from slurm_gpu_exporter.report.figures.detail_data import detail_from_data, detail_to_data
+    from slurm_gpu_exporter.report.figures.shapes import JobDetail
+
+    gpu = GpuDetail(gpu="0", uuid="GPU-a", more={"temperature_peak": 83.0})
+    detail = JobDetail(usage=JobUsage(jobid="7", more={"gpu_temperature_peak": 83.0}),
+                       nodes=[NodeDetail(node="n1", gpus=[gpu])], accounting=None, now=0.0)
+    assert detail_from_data(detail_to_data(detail)) == detail
+    plain = JobDetail(usage=JobUsage(jobid="7"), nodes=[NodeDetail(node="n1")],
+                      accounting=None, now=0.0)
+    assert "more" not in detail_to_data(plain)["usage"]  # an older reader takes it whole
