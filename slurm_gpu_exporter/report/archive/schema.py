@@ -244,12 +244,19 @@ def _add_gpu_events_v5(conn: Connection) -> None:
     _add_columns(conn, ADDED_IN_V5)
 
 
+def added_in(version: int) -> list[tuple[Table, str]]:
+    """The (table, column) pairs that version ``version`` (2 on) added."""
+    shipped = {2: ADDED_IN_V2, 3: ADDED_IN_V3, 4: ADDED_IN_V4, 5: ADDED_IN_V5}
+    if version in shipped:
+        return shipped[version]
+    return [pair for fig in archived() if fig.since == version for pair in figure_columns(fig)]
+
+
 def _add_figures(version: int, conn: Connection) -> None:
     """The columns of the job figures that came with ``version`` (figures/table.py); old
     rows keep NULL (not measured). A summed one joins the covering index and the
     roll-up, rebuilt from the job rows."""
-    added = [pair for fig in archived() if fig.since == version
-             for pair in figure_columns(fig)]
+    added = added_in(version)
     _add_columns(conn, added)
     if any(table is usage_monthly for table, _ in added):
         conn.execute(text(f"DROP INDEX IF EXISTS {USAGE_INDEX.name}"))

@@ -138,6 +138,8 @@ def set_value(holder: Any, attr: str, value: Any) -> None:
     """Set a figure's value (see ``value_of``)."""
     if attr in _fields(type(holder)):
         setattr(holder, attr, value)
+    elif value is None:  # not measured: absent, as in a detail that never had it
+        holder.more.pop(attr, None)
     else:
         holder.more[attr] = value
 

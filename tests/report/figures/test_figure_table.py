@@ -21,8 +21,8 @@ WINDOW = Window(1_796_000_000.0, 1_796_086_400.0)
 
 
 def test_a_figure_without_a_row_is_a_clear_error_not_none() -> None:
-    with pytest.raises(ReportError, match=r"no job figure 'gpu_temperature_peak'.*table\.py"):
-        figure("gpu_temperature_peak")
+    with pytest.raises(ReportError, match=r"no job figure 'gpu_fan_speed'.*table\.py"):
+        figure("gpu_fan_speed")
 
 
 @pytest.mark.parametrize("fig", FIGURES, ids=lambda f: f.name)
