@@ -7,7 +7,7 @@ outputs name it (the ``job`` summary, ``usage``, MLflow, the mail). The queries,
 answers' reading, the archive's schema, rows and upserts, the renderers and the MLflow
 writer read these rows; a figure no row names cannot be asked for (``figure()``).
 
-Shapes (the PromQL of each is in ``report/prometheus/figure_queries.py``):
+Shapes (the PromQL of each is in ``report/prometheus/job_figures.py``):
 - ``counter``: a per-job counter that starts at 0 with the job; its largest value in
   the window, less its value at the window's start (``job``; ``archive`` needs none);
 - ``peak``/``first``: a gauge's largest/smallest value in the window;
