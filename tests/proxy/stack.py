@@ -20,7 +20,8 @@ import yaml
 
 from tests.support import free_port
 from tests.support.agent import Agent
-from tests.support.daemons import DEPLOY, Daemon, Prometheus, tool
+from tests.support.daemons import DEPLOY, Daemon, Prometheus
+from tests.support.rig import Rig, Scrape
 
 RULES = DEPLOY / "prometheus" / "rules" / "slurm-gpu-exporter.rules.yml"
 CLUSTER = "testcluster"
@@ -99,11 +100,18 @@ class Client:
 
 @dataclass
 class ProxyStack:
-    agent: Agent
-    prometheus: Prometheus
+    rig: Rig
     proxy: Daemon
     secret: str
     direct: Client
+
+    @property
+    def agent(self) -> Agent:
+        return self.rig.agent
+
+    @property
+    def prometheus(self) -> Prometheus:
+        return self.rig.prom
 
     def as_user(self, user: str) -> Client:
         return Client(self.proxy.url, basic(user))
@@ -112,19 +120,15 @@ class ProxyStack:
         return Client(self.proxy.url, {USER_HEADER: user, SECRET_HEADER: self.secret})
 
     def stop(self) -> None:
-        for thing in (self.proxy, self.prometheus, self.agent):
-            thing.stop()
+        self.proxy.stop()
+        self.rig.stop()
 
 
-def prometheus_config(agent: Agent) -> dict:
-    return {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(RULES)],
-        "scrape_configs": [{
-            "job_name": "slurm-gpu-exporter", "scrape_timeout": "1s",
-            "static_configs": [{"targets": [f"127.0.0.1:{agent.port}"],
-                                "labels": {"cluster": CLUSTER}}]}],
-    }
+def simulated_rig(base: Path) -> Rig:
+    """An agent on a simulated node, and a Prometheus that scrapes it every second as
+    cluster CLUSTER and runs the shipped rules; ready."""
+    return Rig(base, simulate=True, rule_files=[RULES], scrape=Scrape(
+        "slurm-gpu-exporter", {"cluster": CLUSTER}, timeout="1s"))
 
 
 def write_configs(base: Path, users: tuple[str, ...] = USERS) -> tuple[Path, Path, str]:
@@ -147,27 +151,21 @@ def write_configs(base: Path, users: tuple[str, ...] = USERS) -> tuple[Path, Pat
 
 def start(base: Path, users: tuple[str, ...] = USERS) -> ProxyStack:
     """Start everything (ended by PID through ``stop``); wait until each is ready."""
-    tool("prometheus", package="prometheus")
     base.mkdir(parents=True, exist_ok=True)
     web, proxy_config, secret = write_configs(base, users)
-    started: list[Any] = []
+    rig = simulated_rig(base)
+    proxy = None
     try:
-        agent = Agent(["--simulate", "--sample-interval", "1"], log_path=base / "agent.log")
-        started.append(agent)
-        prometheus = Prometheus("prometheus", prometheus_config(agent), base / "prometheus")
-        started.append(prometheus)
         port = free_port()
         proxy = Daemon("proxy", [
             str(Path(sys.executable).parent / "slurm-gpu-proxy"),
-            "--prometheus-url", prometheus.url, "--web.listen-address", f"127.0.0.1:{port}",
+            "--prometheus-url", rig.prom.url, "--web.listen-address", f"127.0.0.1:{port}",
             "--web.config.file", str(web), "--config", str(proxy_config), "--admin", "root",
         ], port, base)
-        started.append(proxy)
-        agent.wait_ready()
-        prometheus.wait_ready()
         proxy.wait_ready()
     except BaseException:
-        for thing in reversed(started):
-            thing.stop()
+        if proxy is not None:
+            proxy.stop()
+        rig.stop()
         raise
-    return ProxyStack(agent, prometheus, proxy, secret, Client(prometheus.url))
+    return ProxyStack(rig, proxy, secret, Client(rig.prom.url))

@@ -21,10 +21,9 @@ from slurm_gpu_exporter.proxy.munge import MungeDecoder, MungeRefusal
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.prometheus.client import Connection, PrometheusClient
 from slurm_gpu_exporter.report.slurm.munge import munge_credential
-from tests.proxy.stack import Answer, prometheus_config, request, write_configs
+from tests.proxy.stack import Answer, request, simulated_rig, write_configs
 from tests.support import free_port, wait_until
-from tests.support.agent import Agent
-from tests.support.daemons import Daemon, Prometheus, tool
+from tests.support.daemons import Daemon
 from tests.support.munge import SITE_SOCKET, OwnMunged, credential, for_proxy
 from tests.support.slurmcluster import SlurmCluster
 
@@ -36,16 +35,12 @@ JOBS_BY_USER = "count by (user) (slurm_job_info)"
 
 class Stack:
     def __init__(self, base: Path) -> None:
-        tool("prometheus", package="prometheus")
         web, proxy_config, _ = write_configs(base)
-        self.agent = Agent(["--simulate", "--sample-interval", "1"],
-                           log_path=base / "agent.log")
-        self.prometheus = Prometheus("prometheus", prometheus_config(self.agent),
-                                     base / "prometheus")
+        self.rig = simulated_rig(base)
         port = free_port()
         self.proxy = Daemon("proxy", [
             str(Path(sys.executable).parent / "slurm-gpu-proxy"),
-            "--prometheus-url", self.prometheus.url,
+            "--prometheus-url", self.rig.prom.url,
             "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web),
             "--config", str(proxy_config), "--admin", "root",
             "--munge", f"--munge.socket={SITE_SOCKET}"], port, base)
@@ -59,8 +54,8 @@ class Stack:
         return for_proxy(user, self.proxy.url, **options)
 
     def stop(self) -> None:
-        for thing in (self.proxy, self.prometheus, self.agent):
-            thing.stop()
+        self.proxy.stop()
+        self.rig.stop()
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +63,10 @@ def stack(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[Stack]:
     running = Stack(tmp_path_factory.mktemp("munge-proxy"))
     try:
-        for thing in (running.agent, running.prometheus, running.proxy):
-            thing.wait_ready()
-        wait_until(lambda: running.prometheus.query(JOBS_BY_USER)["data"]["result"], 60,
-                   "the simulated jobs in Prometheus", log=running.prometheus.log)
+        running.proxy.wait_ready()
+        prometheus = running.rig.prom
+        wait_until(lambda: prometheus.query(JOBS_BY_USER)["data"]["result"], 60,
+                   "the simulated jobs in Prometheus", log=prometheus.log)
         yield running
     finally:
         running.stop()

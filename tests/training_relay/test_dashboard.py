@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from slurm_gpu_exporter.sim.synthnode import SynthNode
-from tests.support.agent import Agent
-from tests.support.daemons import DEPLOY, Prometheus, tool
+from tests.support.daemons import DEPLOY, tool
+from tests.support.rig import Rig, Scrape
 from tests.system.observe import grafana
 from tests.training_relay.conftest import Sender
 
@@ -22,14 +22,18 @@ pytestmark = pytest.mark.prometheus
 JOB_DASHBOARD = DEPLOY / "grafana" / "dashboards" / "slurm-gpu-job.json"
 
 
-def _scrape_config(agent: Agent) -> tuple[dict, str]:
-    """The node tier's scrape job (with its cluster label) pointed at ``agent``."""
+def _node_tier() -> tuple[Scrape, str]:
+    """The node tier's scrape job (with its cluster label), every second, pointed at the
+    rig's agent; and that cluster label."""
     tier = yaml.safe_load((DEPLOY / "prometheus" / "federation" / "node-tier.yml").read_text())
     (scrape,) = tier["scrape_configs"]
     scrape.update(scrape_interval="1s", scrape_timeout="1s")
-    scrape["static_configs"][0]["targets"] = [f"127.0.0.1:{agent.port}"]
-    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [scrape]}
-    return config, scrape["static_configs"][0]["labels"]["cluster"]
+
+    def configs(address: str) -> list[dict]:
+        scrape["static_configs"][0]["targets"] = [address]
+        return [scrape]
+
+    return Scrape(configs=configs), scrape["static_configs"][0]["labels"]["cluster"]
 
 
 @pytest.fixture
@@ -50,29 +54,24 @@ def test_every_training_panel_of_the_job_dashboard_shows_the_jobs_progress(
     run = "0123456789abcdef0123456789abcdef"
     mlflow = Sender(str(node.spool_dir), "mlflow", run, "60")  # a script with a run
     node.add_job(4242, [sender.pid, mlflow.pid], user="alice")
-    agent = Agent(node.agent_args(0.5), log_path=tmp_path / "agent.log")
-    started = [agent]
+    scrape, cluster = _node_tier()
     try:
-        config, cluster = _scrape_config(agent)
-        prometheus = Prometheus("training", config, tmp_path / "prometheus")
-        started.append(prometheus)
-        agent.wait_ready()
-        prometheus.wait_ready()
-        sender.go()
-        mlflow.go()
-        first = prometheus.wait_for('slurm_job_training_steps_total{jobid="4242"}')
-        prometheus.wait_for(f'slurm_job_mlflow_run_info{{jobid="4242",run_id="{run}"}}')
-        assert first[0]["metric"]["user"] == "alice"
-        assert first[0]["metric"]["cluster"] == cluster
-        # Rates over $__rate_interval (4 s) need a few scrapes.
-        time.sleep(6)
-        end = time.time()
-        values = {"cluster": cluster, "jobid": "4242"}
-        empty = [f"{t.where()}: {t.expr}" for t in training
-                 if not grafana.run(prometheus, t, values, end - 30, end)]
-        assert not empty, "\n".join(empty)
+        with Rig(tmp_path, devices=None, args=node.agent_args(0.5), scrapes={
+                "training": scrape}) as rig:
+            prometheus = rig.prom
+            sender.go()
+            mlflow.go()
+            first = prometheus.wait_for('slurm_job_training_steps_total{jobid="4242"}')
+            prometheus.wait_for(f'slurm_job_mlflow_run_info{{jobid="4242",run_id="{run}"}}')
+            assert first[0]["metric"]["user"] == "alice"
+            assert first[0]["metric"]["cluster"] == cluster
+            # Rates over $__rate_interval (4 s) need a few scrapes.
+            time.sleep(6)
+            end = time.time()
+            values = {"cluster": cluster, "jobid": "4242"}
+            empty = [f"{t.where()}: {t.expr}" for t in training
+                     if not grafana.run(prometheus, t, values, end - 30, end)]
+            assert not empty, "\n".join(empty)
     finally:
         sender.kill()
         mlflow.kill()
-        for daemon in reversed(started):
-            daemon.stop()
