@@ -6,7 +6,6 @@ import gzip
 import json
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -123,6 +122,11 @@ def _wait_for_query(port: int, query: str, timeout: float) -> list[dict]:  # typ
     return wait_until(result, timeout, f"Prometheus to answer {query}", poll=0.5)
 
 
+def _sample_errors(text: str, source: str) -> float:
+    errors = series(text, "slurm_gpu_exporter_sample_errors_total")
+    return {labels["source"]: value for labels, value in errors}.get(source, 0.0)
+
+
 def test_an_unwritable_state_dir_is_counted_while_the_agent_keeps_serving(
         tmp_path: Path) -> None:
     from slurm_gpu_exporter.sim.synthnode import SynthNode
@@ -136,15 +140,8 @@ def test_an_unwritable_state_dir_is_counted_while_the_agent_keeps_serving(
     agent = Agent(args, log_path=tmp_path / "agent.log")
     try:
         agent.wait_ready()
-        deadline = time.monotonic() + 20
-        while True:
-            text = agent.metrics()
-            errors = series(text, "slurm_gpu_exporter_sample_errors_total")
-            counted = {labels["source"]: value for labels, value in errors}
-            if counted.get("state", 0) >= 2 or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert counted.get("state", 0) >= 2, agent.log()
+        text = agent.wait_metrics(lambda t: _sample_errors(t, "state") >= 2, 20,
+                                  "two state dir errors counted")
         assert ({"source": "state"}, 0.0) in series(text, "slurm_gpu_exporter_source_up")
         assert any(labels["jobid"] == "4101" for labels, _ in series(text, "slurm_job_info"))
         assert agent.get("/-/healthy")[0] == 200

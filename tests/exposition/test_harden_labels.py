@@ -54,12 +54,8 @@ def test_hostile_label_values_never_break_the_exposition(tmp_path: Path) -> None
     agent = Agent(node.agent_args(1.0), env=fake.env(), log_path=tmp_path / "agent.log")
     try:
         agent.wait_ready()
-        deadline = time.monotonic() + 20
-        while True:
-            text = agent.metrics()
-            if text.count("slurm_job_info{") == len(HOSTILE) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        text = agent.wait_metrics(lambda t: t.count("slurm_job_info{") == len(HOSTILE), 20,
+                                  f"the {len(HOSTILE)} jobs' info series")
         status, _, om = agent.get(headers={"Accept": "application/openmetrics-text"})
     finally:
         agent.stop()

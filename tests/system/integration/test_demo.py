@@ -6,7 +6,6 @@ import errno
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, free_port, require
+from tests.support import REPO, free_port, require, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -50,16 +49,18 @@ def test_demo_moves_to_the_given_address_when_the_default_port_is_busy(
                                  f"127.0.0.1:{port}", "--sample-interval", "1"],
                                 stdout=out, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 60
-            status = None
-            while time.monotonic() < deadline and proc.poll() is None:
+            def answered() -> int | None:
+                if proc.poll() is not None:
+                    return -1  # it exited: the assert below shows its log
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready",
                                                 timeout=2) as resp:
-                        status = resp.status
-                        break
+                        return resp.status
                 except (urllib.error.URLError, ConnectionError):
-                    time.sleep(0.2)
+                    return None
+
+            status = wait_until(answered, 60, "the demo to answer /-/ready", poll=0.2,
+                                log=log.read_text)
             assert status == 200, log.read_text()
         finally:
             if proc.poll() is None:
