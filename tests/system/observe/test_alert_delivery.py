@@ -11,6 +11,8 @@ from tests.system.observe.conftest import Stack
 
 pytestmark = pytest.mark.prometheus
 
+SIM_NODE = "simnode"  # the simulated agent's Slurm node (slurm_gpu_exporter_node_info)
+
 
 def wait_for_alert(stack: Stack, want: dict[str, str], timeout: float) -> tuple[str, dict]:
     def received() -> tuple[str, dict] | None:
@@ -41,6 +43,10 @@ def test_idle_gpu_alert_reaches_the_users_receiver_with_job_user_and_gpu(stack: 
     assert got["cluster"] == stack.cluster  # the node tier's external label
     assert got["account"] and got["partition"]  # joined from slurm_job_info
     assert f"job {jobid} of user {labels['user']}" in alert["annotations"]["description"]
+    # The agent is scraped by address; the texts name its Slurm node, and the target.
+    assert got["instance"] == f"127.0.0.1:{stack.agent.port}"
+    assert f"holds GPU {got['gpu']} on {SIM_NODE} without" in alert["annotations"]["summary"]
+    assert f"on {SIM_NODE} (target {got['instance']})," in alert["annotations"]["description"]
     assert alert["status"] == "firing"
     # Only GPUs that never worked: no busy or bursty job's GPU is reported idle.
     reported = {(a["labels"]["jobid"], a["labels"]["gpu"]) for _, a in stack.webhook.alerts()
