@@ -33,7 +33,7 @@ from slurm_gpu_exporter.report.figures.shapes import JobDetail, LowUtilReport
 from slurm_gpu_exporter.report.figures.window import Window, make_window
 from slurm_gpu_exporter.report.notify.notices import NotifyState, messages
 from slurm_gpu_exporter.report.notify.relay import RelayLogin
-from slurm_gpu_exporter.report.notify.relay_settings import login_for, sends_smtp
+from slurm_gpu_exporter.report.notify.run_login import login_for, sends_smtp
 from slurm_gpu_exporter.report.notify.send import dry_run_text, send
 from slurm_gpu_exporter.report.prometheus.archived import archived_jobs
 from slurm_gpu_exporter.report.prometheus.array_tasks import resolve_array_tasks

@@ -16,20 +16,16 @@ from slurm_gpu_exporter.report.cli.flags import DEFAULT_SMTP
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.shapes import LowUtilReport
 from slurm_gpu_exporter.report.notify.relay import PLAIN_SMTP, RelayLogin
-from slurm_gpu_exporter.report.notify.relay_settings import (
-    NO_SETTINGS,
-    RelaySettings,
-    login_for,
-    sends_smtp,
-)
 from slurm_gpu_exporter.report.notify.review import (
     parse_recipients,
     review_file_name,
     review_html,
     review_message,
 )
+from slurm_gpu_exporter.report.notify.run_login import login_for, sends_smtp
 from slurm_gpu_exporter.report.notify.send import send_mail, smtp_server
 from slurm_gpu_exporter.report.private_file import write_private
+from slurm_gpu_exporter.report.relay_settings import NO_SETTINGS, RelaySettings
 
 # Read by the admins' group (a web server that serves the directory, say), no one else:
 # it names users and their jobs.

@@ -16,8 +16,8 @@ from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.rules import render_template
-from slurm_gpu_exporter.report.notify.relay_settings import KEYS as RELAY_KEYS
-from slurm_gpu_exporter.report.notify.relay_settings import (
+from slurm_gpu_exporter.report.relay_settings import KEYS as RELAY_KEYS
+from slurm_gpu_exporter.report.relay_settings import (
     NO_SETTINGS,
     RelaySettings,
     parse_relay_settings,

@@ -21,7 +21,7 @@ from slurm_gpu_exporter.report.figures.defaults import DEFAULT_CONFIG
 from slurm_gpu_exporter.report.figures.gpu_events import WORDING
 from slurm_gpu_exporter.report.figures.job_events import fault_lines, slowdown, xid_errors
 from slurm_gpu_exporter.report.figures.shapes import JobDetail, JobUsage
-from slurm_gpu_exporter.report.notify.relay_settings import (
+from slurm_gpu_exporter.report.relay_settings import (
     NO_SETTINGS,
     RelaySettings,
     parse_relay_settings,

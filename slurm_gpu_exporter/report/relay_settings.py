@@ -1,6 +1,7 @@
 """The mail relay's login as a site writes it once: the ``smtp_*`` keys of a ``[notify]``
 section (the report's ``--config``, enforce's ``--policy``), each overridden by its
-``--smtp-*`` flag on the command line.
+``--smtp-*`` flag on the command line (``notify/run_login.py``). Here, below the
+config parsers: the keys and their checked values, nothing of mail.
 
 A timer unit then carries no login flags, and the password stays in its own file
 (``smtp_password_file``): a config file names the file, never the password.
@@ -8,13 +9,10 @@ A timer unit then carries no login flags, and the password stays in its own file
 
 from __future__ import annotations
 
-import argparse
-import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
-from slurm_gpu_exporter.report.notify.relay import PLAIN_SMTP, RelayLogin, relay_login
 
 # key in [notify] -> (its flag, the type its value must have)
 KEYS: dict[str, tuple[str, type]] = {
@@ -54,32 +52,3 @@ def parse_relay_settings(section: dict[str, Any], where: str) -> RelaySettings:
     return RelaySettings(starttls=values.get("smtp_starttls", False),
                          ca_file=values.get("smtp_ca_file"), user=values.get("smtp_user"),
                          password_file=values.get("smtp_password_file"))
-
-
-def login_for(args: argparse.Namespace, settings: RelaySettings, mails_by_smtp: bool,
-              dry_run: bool = False) -> RelayLogin:
-    """The login for this run: each ``--smtp-*`` flag given wins over its key, checked
-    and the password file read (before any query). Plain SMTP when neither says
-    anything, or for a dry run, which sends nothing. ReportError (exit 2) when login
-    flags come without mail through SMTP (``mails_by_smtp``): a config's keys then
-    simply do not apply."""
-    flags = [flag for flag, value in (
-        ("--smtp-starttls", args.smtp_starttls), ("--smtp-ca-file", args.smtp_ca_file),
-        ("--smtp-user", args.smtp_user), ("--smtp-password-file", args.smtp_password_file))
-        if value]
-    if dry_run:
-        return PLAIN_SMTP
-    if flags and not mails_by_smtp:
-        raise ReportError(f"{flags[0]} is for mail through an SMTP server: add --report-to "
-                          "ADDR[,ADDR…] or --notify smtp://host[:port]")
-    if not mails_by_smtp:
-        return PLAIN_SMTP
-    return relay_login(args.smtp_starttls or settings.starttls,
-                       args.smtp_ca_file or settings.ca_file,
-                       args.smtp_user or settings.user,
-                       args.smtp_password_file or settings.password_file)
-
-
-def sends_smtp(target: str | None) -> bool:
-    """Whether a ``--notify`` target is a mail server."""
-    return urllib.parse.urlsplit(target or "").scheme == "smtp"
