@@ -20,7 +20,7 @@ denominator), ``max``, ``min``; ``""`` leaves it on the node or GPU alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
@@ -129,28 +129,17 @@ def figure(name: str) -> Figure:
 def value_of(holder: Any, attr: str) -> Any:
     """A figure's value on a JobUsage, NodeDetail or GpuDetail: its field, or its entry
     in ``more`` where the figure has no field of its own."""
-    if attr in _fields(type(holder)):
-        return getattr(holder, attr)
-    return holder.more.get(attr)
+    return getattr(holder, attr) if hasattr(holder, attr) else holder.more.get(attr)
 
 
 def set_value(holder: Any, attr: str, value: Any) -> None:
     """Set a figure's value (see ``value_of``)."""
-    if attr in _fields(type(holder)):
+    if hasattr(holder, attr):
         setattr(holder, attr, value)
     elif value is None:  # not measured: absent, as in a detail that never had it
         holder.more.pop(attr, None)
     else:
         holder.more[attr] = value
-
-
-_FIELDS: dict[type, frozenset[str]] = {}
-
-
-def _fields(kind: type) -> frozenset[str]:
-    if kind not in _FIELDS:
-        _FIELDS[kind] = frozenset(f.name for f in fields(kind))
-    return _FIELDS[kind]
 
 
 def shown() -> tuple[Figure, ...]:

@@ -101,16 +101,18 @@ def _values(got: dict[str, list[Sample]], fig: Figure) -> dict[tuple[str, ...], 
     and the differences summed)."""
     keys = DEVICE_KEYS if fig.shape == "device" else GPU_KEYS if fig.scope == "gpu" \
         else NODE_KEYS
-    split = (fig.split,) if fig.split else ()
+    labels = (*keys, fig.split) if fig.split else keys
 
     def per(name: str) -> dict[tuple[str, ...], float]:
-        return {tuple(s.labels.get(k, "") for k in (*keys, *split)): s.value
+        return {tuple([s.labels.get(k, "") for k in labels]): s.value
                 for s in got.get(name, [])}
 
     now = per(fig.name)
     if fig.shape != "counter":
         return now
     before = per(f"{fig.name}_base")
+    if not fig.split:
+        return {key: max(0.0, value - before.get(key, 0.0)) for key, value in now.items()}
     out: dict[tuple[str, ...], float] = {}
     for key, value in now.items():
         out[key[:len(keys)]] = (out.get(key[:len(keys)], 0.0)
@@ -152,21 +154,25 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
             gpu.throttled, gpu.faults = events.get(gkey, ([], []))
             node.gpus.append(gpu)
         nodes.append(node)
-        add_node(usage, node, {f.name: values[f.name][key] for f in FIGURES
-                               if f.scope == "node" and key in values[f.name]})
+        add_node(usage, node, {f.name: values[f.name][key] for f in _NODE_FIGURES
+                               if key in values[f.name]})
     return found
+
+
+# Per scope, the figures a node or GPU detail holds (read once per detail).
+_HELD_BY = {scope: tuple(f for f in FIGURES if f.scope == scope and f.attr)
+            for scope in ("node", "gpu")}
+_COMBINED = tuple(f for f in FIGURES if f.combine)
+_NODE_FIGURES = tuple(f for f in FIGURES if f.scope == "node")
 
 
 def _fill(detail: NodeDetail | GpuDetail, scope: str,
           values: dict[str, dict[tuple[str, ...], float]], key: tuple[str, ...]) -> None:
     """The node's or GPU's fields from the figures of its scope that it has."""
-    for fig in FIGURES:
-        if fig.scope != scope or not fig.attr:
-            continue
-        where = (key[1], key[3]) if fig.shape == "device" else key
-        if where in values[fig.name]:
-            value = values[fig.name][where]
-            set_value(detail, fig.attr, int(value) if fig.whole else value)
+    for fig in _HELD_BY[scope]:
+        found = values[fig.name].get((key[1], key[3]) if fig.shape == "device" else key)
+        if found is not None:
+            set_value(detail, fig.attr, int(found) if fig.whole else found)
 
 
 def _gpu_order(key: tuple[str, ...]) -> tuple[int, ...]:
@@ -178,9 +184,7 @@ def add_node(usage: JobUsage, node: NodeDetail, node_values: dict[str, float]) -
     usage.gpus += len(node.gpus)
     measured = [g for g in node.gpus if g.sm_active_s is not None]  # GPUs with GPM
     usage.gpm_allocated_s += sum(g.allocated_s for g in measured)
-    for fig in FIGURES:
-        if not fig.combine:
-            continue
+    for fig in _COMBINED:
         if fig.scope == "node":
             known = [node_values[fig.name]] if fig.name in node_values else []
         else:

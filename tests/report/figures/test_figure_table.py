@@ -33,6 +33,10 @@ def test_each_row_names_real_shapes_and_fields(fig) -> None:  # type: ignore[no-
     detail = GpuDetail if fig.scope == "gpu" else NodeDetail
     assert "more" in {f.name for f in dataclasses.fields(detail)}
     assert "more" in {f.name for f in dataclasses.fields(JobUsage)}
+    # ... and never under the name of a property or method (value_of would read that)
+    for holder, attr in ((detail, fig.attr), (JobUsage, fig.job_attr)):
+        assert not attr or attr in {f.name for f in dataclasses.fields(holder)} \
+            or not hasattr(holder, attr)
     assert bool(fig.combine) == bool(fig.job_attr)
     assert not fig.label or fig.combine == "gpm" or (fig.text and fig.json)
     assert not fig.mlflow or fig.job_attr
