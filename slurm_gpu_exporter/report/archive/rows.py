@@ -17,13 +17,19 @@ from slurm_gpu_exporter.report.figures.shapes import (
     JobUsage,
     NodeDetail,
 )
-from slurm_gpu_exporter.report.figures.table import Figure, archived, set_value, value_of
+from slurm_gpu_exporter.report.figures.table import Figure, archived, reader, set_value
 
 # What the archive keeps of each job, node and GPU (figures/table.py). A node's
 # figures go in the job row's ``nodes`` JSON under their field names.
 JOB_FIGURES = tuple(f for f in archived() if f.job_column)
 NODE_FIGURES = tuple(f for f in archived() if f.scope == "node" and f.attr)
 GPU_FIGURES = tuple(f for f in archived() if f.gpu_column)
+# Each figure's value on the detail it is kept from, read the same way every time
+_NODE_READ = {f.attr: reader(NodeDetail, f.attr) for f in NODE_FIGURES}
+_GPU_READ = {f.gpu_column: reader(GpuDetail, f.attr) for f in GPU_FIGURES}
+_JOB_READ = {f.job_column: reader(JobUsage, f.job_attr) if f.job_attr
+             else reader(NodeDetail if f.scope == "node" else GpuDetail, f.attr)
+             for f in JOB_FIGURES}
 
 
 @dataclass
@@ -46,8 +52,8 @@ def job_row(record: ArchiveRecord, archived_at: float) -> dict[str, Any]:
     return {
         "jobid": u.jobid, "cluster": u.cluster, "username": u.user,
         "account": u.account or acct.account, "partition": u.partition, "job_name": u.name,
-        "nodes": json.dumps([{"node": n.node, **{f.attr: value_of(n, f.attr)
-                                                 for f in NODE_FIGURES}}
+        "nodes": json.dumps([{"node": n.node, **{attr: read(n)
+                                                 for attr, read in _NODE_READ.items()}}
                              for n in d.nodes]),
         "node_count": len(d.nodes), "gpus": sum(len(n.gpus) for n in d.nodes),
         "gpu_model": ",".join(models),
@@ -69,11 +75,12 @@ def job_row(record: ArchiveRecord, archived_at: float) -> dict[str, Any]:
 def _job_value(detail: JobDetail, fig: Figure) -> float | None:
     """A figure of the whole job: the job's own (``job_attr``), else the sum of its
     nodes' or GPUs' known values (None where none is known)."""
+    read = _JOB_READ[fig.job_column]
     if fig.job_attr:
-        return value_of(detail.usage, fig.job_attr)  # type: ignore[no-any-return]
+        return read(detail.usage)  # type: ignore[no-any-return]
     if fig.scope == "node":
-        return _sum([value_of(n, fig.attr) for n in detail.nodes])
-    return _sum([value_of(g, fig.attr) for n in detail.nodes for g in n.gpus])
+        return _sum([read(n) for n in detail.nodes])
+    return _sum([read(g) for n in detail.nodes for g in n.gpus])
 
 
 def _gpu_events(detail: JobDetail) -> dict[str, Any]:
@@ -129,7 +136,7 @@ def gpu_rows_of(record: ArchiveRecord) -> list[dict[str, Any]]:
     u = record.detail.usage
     return [{"jobid": u.jobid, "cluster": u.cluster, "node": n.node, "gpu": g.gpu,
              "uuid": g.uuid, "model": record.gpu_models.get((n.node, g.gpu), ""),
-             **{f.gpu_column: value_of(g, f.attr) for f in GPU_FIGURES},
+             **{column: read(g) for column, read in _GPU_READ.items()},
              **_gpu_event_columns(g)}
             for n in record.detail.nodes for g in n.gpus]
 

@@ -20,7 +20,9 @@ denominator), ``max``, ``min``; ``""`` leaves it on the node or GPU alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
@@ -130,6 +132,14 @@ def value_of(holder: Any, attr: str) -> Any:
     """A figure's value on a JobUsage, NodeDetail or GpuDetail: its field, or its entry
     in ``more`` where the figure has no field of its own."""
     return getattr(holder, attr) if hasattr(holder, attr) else holder.more.get(attr)
+
+
+def reader(kind: type, attr: str) -> Callable[[Any], Any]:
+    """``value_of`` for one figure of one dataclass, picked once (the reports read
+    figures per GPU of thousands of jobs)."""
+    if attr in {f.name for f in fields(kind)}:
+        return attrgetter(attr)
+    return lambda holder: holder.more.get(attr)
 
 
 def set_value(holder: Any, attr: str, value: Any) -> None:

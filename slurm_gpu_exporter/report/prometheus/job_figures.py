@@ -9,10 +9,19 @@ The answers become the per-node and per-GPU detail by the rows alone: a figure's
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from slurm_gpu_exporter.report.figures.shapes import GpuDetail, JobUsage, NodeDetail
-from slurm_gpu_exporter.report.figures.table import FIGURES, Figure, figure, set_value, value_of
+from slurm_gpu_exporter.report.figures.table import (
+    FIGURES,
+    Figure,
+    figure,
+    reader,
+    set_value,
+    value_of,
+)
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample, gather
 from slurm_gpu_exporter.report.prometheus.gpu_events import events_query, gpu_events
@@ -146,13 +155,12 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
                 array_task_id=info.labels.get("array_task_id", ""), cluster=cluster), [])
         usage, nodes = found[cluster, jobid]
         key = (jobid, instance)
-        node = NodeDetail(node=shown[instance], target=instance)
-        _fill(node, "node", values, key)
+        node = NodeDetail(node=shown[instance], target=instance,
+                          **_found("node", values, key))
         for gkey in sorted(gpus_of.get(key, []), key=_gpu_order):
-            gpu = GpuDetail(gpu=gkey[2], uuid=gkey[3])
-            _fill(gpu, "gpu", values, gkey)
-            gpu.throttled, gpu.faults = events.get(gkey, ([], []))
-            node.gpus.append(gpu)
+            throttled, faults = events.get(gkey, ([], []))
+            node.gpus.append(GpuDetail(gpu=gkey[2], uuid=gkey[3], throttled=throttled,
+                                       faults=faults, **_found("gpu", values, gkey)))
         nodes.append(node)
         add_node(usage, node, {f.name: values[f.name][key] for f in _NODE_FIGURES
                                if key in values[f.name]})
@@ -162,17 +170,28 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
 # Per scope, the figures a node or GPU detail holds (read once per detail).
 _HELD_BY = {scope: tuple(f for f in FIGURES if f.scope == scope and f.attr)
             for scope in ("node", "gpu")}
+_FIELDS = {"node": {f.name for f in dataclasses.fields(NodeDetail)},
+           "gpu": {f.name for f in dataclasses.fields(GpuDetail)}}
 _COMBINED = tuple(f for f in FIGURES if f.combine)
 _NODE_FIGURES = tuple(f for f in FIGURES if f.scope == "node")
+_GPU_READ = {f.name: reader(GpuDetail, f.attr) for f in _COMBINED if f.scope == "gpu"}
 
 
-def _fill(detail: NodeDetail | GpuDetail, scope: str,
-          values: dict[str, dict[tuple[str, ...], float]], key: tuple[str, ...]) -> None:
-    """The node's or GPU's fields from the figures of its scope that it has."""
+def _found(scope: str, values: dict[str, dict[tuple[str, ...], float]],
+           key: tuple[str, ...]) -> dict[str, Any]:
+    """The node's or GPU's figures that the answers hold, by field (``more`` holds the
+    others): the detail's constructor arguments."""
+    fields: dict[str, Any] = {}
+    more: dict[str, float] = {}
     for fig in _HELD_BY[scope]:
         found = values[fig.name].get((key[1], key[3]) if fig.shape == "device" else key)
         if found is not None:
-            set_value(detail, fig.attr, int(found) if fig.whole else found)
+            value = int(found) if fig.whole else found
+            if fig.attr in _FIELDS[scope]:
+                fields[fig.attr] = value
+            else:
+                more[fig.attr] = value
+    return {**fields, "more": more} if more else fields
 
 
 def _gpu_order(key: tuple[str, ...]) -> tuple[int, ...]:
@@ -189,7 +208,8 @@ def add_node(usage: JobUsage, node: NodeDetail, node_values: dict[str, float]) -
             known = [node_values[fig.name]] if fig.name in node_values else []
         else:
             gpus = measured if fig.combine == "gpm" else node.gpus
-            known = [v for g in gpus if (v := value_of(g, fig.attr)) is not None]
+            read = _GPU_READ[fig.name]
+            known = [v for g in gpus if (v := read(g)) is not None]
         if not known:
             continue
         now = value_of(usage, fig.job_attr)
