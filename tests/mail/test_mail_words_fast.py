@@ -153,7 +153,8 @@ def test_check_needs_check_and_names_itself(capsys: pytest.CaptureFixture[str]) 
         check_main(["--check", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert out.startswith("usage: slurm-gpu-mail --check [-h] --check [--config CONFIG] ")
-    assert "Check slurm-gpu-mail's config: one line per problem, exit 1 if any." in out
+    assert ("[--config CONFIG] Check slurm-gpu-mail's config: one line per problem, exit 1 "
+            "if any. options:") in out
     assert ("--config CONFIG the file to check (default $SLURM_GPU_MAIL_CONFIG or "
             "/etc/slurm-gpu-report/mail.toml)") in out
 
@@ -187,8 +188,8 @@ def failing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[An
     monkeypatch.setattr(cli, "_slurms_body", lambda: b"text")
     monkeypatch.setattr(cli, "deliver", lambda mailer, argv, message, timeout:
                         handed.append((argv, timeout)) or (75, "the mailer /m exited with 75"))
-    monkeypatch.setattr(cli, "report_json", lambda config, jobid, timeout: {"job": jobid,
-                                                                             "gpus": 1})
+    monkeypatch.setattr(cli, "report_json", lambda config, jobid, timeout:
+                        handed.append(("report", timeout)) or {"job": jobid, "gpus": 1})
     monkeypatch.setattr(cli, "SYSLOG", str(tmp_path / "no-syslog"))
     config = tmp_path / "mail.toml"
     config.write_text(f'log_file = "{tmp_path}/mail.log"\nmailr = "x"\n')
@@ -214,8 +215,10 @@ def test_a_mail_the_mailer_refused_is_logged_as_not_sent(
     monkeypatch.setenv("SLURM_JOB_ID", jobid)
     monkeypatch.setenv("SLURM_JOB_STATE", "COMPLETED")
     assert cli.main() == 75
-    ((argv, timeout),) = failing
+    (argv, timeout) = failing[-1]
     assert argv == ["-s", "Job", "alice"] and 39.0 < timeout <= 40.0
+    if jobid == "42":  # the summary's own time: its default, 10 s, less what passed
+        assert failing[0][0] == "report" and 9.0 < failing[0][1] <= 10.0
     err = capsys.readouterr().err.splitlines()
     assert err[0] == (f"slurm-gpu-mail: {tmp_path}/mail.toml: mailr: unknown key, ignored "
                       "(did you mean 'mailer'?)")
@@ -255,3 +258,10 @@ def test_slurms_body_is_read_from_stdin_unless_a_person_types(
     closed.close()
     monkeypatch.setattr(sys, "stdin", closed)
     assert cli._slurms_body() == b""
+
+
+def test_main_hands_a_check_to_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                     ) -> None:
+    missing = tmp_path / "mial.toml"
+    assert cli.main(["--check", "--config", str(missing)]) == 1
+    assert capsys.readouterr().err.splitlines()[0] == f"{missing}: does not exist"
