@@ -4,6 +4,7 @@ last 15 s whatever the test's start-up took), and a job that ended."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -194,9 +195,10 @@ def test_an_unknown_job_or_a_bad_interval_is_one_line_and_an_error(
 def test_a_running_job_is_redrawn_every_interval_until_interrupted(
         prom: tuple[Prometheus, int]) -> None:
     server, _ = prom
+    # PYTHONFAULTHANDLER: were ^C ever not to end it, SIGABRT below shows where it was.
     proc = subprocess.Popen([REPORT, "top", "8880001", "--interval", "1", "--prometheus-url",
                              server.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")),  # type: ignore[union-attr]
                               daemon=True)
@@ -208,7 +210,13 @@ def test_a_running_job_is_redrawn_every_interval_until_interrupted(
         assert frames
         assert any("every 1 s" in x for x in lines)
         proc.send_signal(signal.SIGINT)  # ^C: the way out of a live view
-        assert proc.wait(timeout=30) == 0
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # the faulthandler's stacks on stderr
+            _, err = proc.communicate(timeout=30)
+            raise AssertionError(f"top did not end 30 s after ^C; its stacks:\n{err}") from None
+        assert code == 0
     finally:
         if proc.poll() is None:
             proc.kill()
