@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakenvml import Device, FakeNvml, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.fakenvml import Pattern, Process
 from tests.support import wait_until
-from tests.support.agent import Agent
-from tests.support.daemons import Prometheus
+from tests.support.rig import Rig
 from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.every_release,
@@ -47,9 +46,7 @@ class Mails:
     cluster: SlurmCluster
     inbox: Path
     log_file: Path
-    prometheus: Prometheus
-    agent: Agent
-    fake: FakeNvml
+    rig: Rig
 
     def of(self, jobid: int, timeout: float = 60) -> dict:
         def found() -> dict | None:
@@ -74,37 +71,24 @@ def mails(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     recorder = work / "record-mail"
     recorder.write_text(RECORDER.format(out=str(inbox)))
     recorder.chmod(0o755)
-    fake = fake_nvml_or_skip(work / "nvml")
-    fake.write(NvmlState(devices=[Device(index=i, minor=i) for i in range(4)]))
-    agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir),
-                   "--state-dir", str(work / "state"), "--sample-interval", "1",
-                   "--slurm-lookup", "cli", "--node-name", slurm_cluster.node_name],
-                  env={**fake.env(), **slurm_cluster.env}, log_path=work / "agent.log",
-                  command=slurm_cluster.site_command("slurm-gpu-exporter"))
-    prom = Prometheus("prometheus", {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "slurm-gpu", "static_configs": [
-            {"targets": [f"127.0.0.1:{agent.port}"]}]}]}, work / "prom")
-    log_file = work / "slurm-gpu-mail.log"
-    config = work / "mail.toml"
-    config.write_text(f'mailer = "{recorder}"\nprometheus_url = "{prom.url}"\n'
-                      f'log_file = "{log_file}"\n')
-    # slurmctld runs MailProg with SLURM_* variables only: the hook names the config
-    # and the test cluster's slurm.conf, as /etc would on a real controller.
-    slurm_cluster.mail_hook.write_text(
-        f"#!/bin/sh\nexport SLURM_GPU_MAIL_CONFIG={config} "
-        f"SLURM_CONF={slurm_cluster.slurm_conf} PATH={slurm_cluster.node_path}\n"
-        f'exec {slurm_cluster.site_bin / "slurm-gpu-mail"} "$@"\n')
-    slurm_cluster.mail_hook.chmod(0o755)
+    rig = Rig(work, cluster=slurm_cluster,
+              command=slurm_cluster.site_command("slurm-gpu-exporter"))
     try:
-        agent.wait_ready()
-        prom.wait_ready()
-        yield Mails(slurm_cluster, inbox, log_file, prom, agent, fake)
+        log_file = work / "slurm-gpu-mail.log"
+        config = work / "mail.toml"
+        config.write_text(f'mailer = "{recorder}"\nprometheus_url = "{rig.prom.url}"\n'
+                          f'log_file = "{log_file}"\n')
+        # slurmctld runs MailProg with SLURM_* variables only: the hook names the config
+        # and the test cluster's slurm.conf, as /etc would on a real controller.
+        slurm_cluster.mail_hook.write_text(
+            f"#!/bin/sh\nexport SLURM_GPU_MAIL_CONFIG={config} "
+            f"SLURM_CONF={slurm_cluster.slurm_conf} PATH={slurm_cluster.node_path}\n"
+            f'exec {slurm_cluster.site_bin / "slurm-gpu-mail"} "$@"\n')
+        slurm_cluster.mail_hook.chmod(0o755)
+        yield Mails(slurm_cluster, inbox, log_file, rig)
     finally:
         slurm_cluster.mail_hook.unlink(missing_ok=True)
-        prom.stop()
-        agent.stop()
-        fake.write(NvmlState(devices=[Device(index=i, minor=i) for i in range(4)]))
+        rig.stop()
 
 
 @dataclass(frozen=True)
@@ -123,9 +107,11 @@ def _run_job(mails: Mails, seconds: int, busy: bool) -> JobRun:
         if busy:
             pid = wait_until(lambda: cluster.command_pid(jobid, "sleep"), 15, "the job's sleep")
             gpus = wait_until(lambda: cluster.spool_gpus(jobid), 15, "the job's GPUs")
-            devices = [Device(index=i, minor=i) for i in range(4)]
-            devices[gpus[0]].processes = [Process(pid, 2 << 30, sm=Pattern.constant(100))]
-            mails.fake.write(NvmlState(devices=devices))
+            for device in mails.rig.devices:
+                device.processes = []
+            mails.rig.devices[gpus[0]].processes = [Process(pid, 2 << 30,
+                                                            sm=Pattern.constant(100))]
+            mails.rig.write_nvml()
             busy_from = time.time()
         cluster.wait_finished(jobid, timeout=seconds + 60)
     except BaseException:
@@ -199,12 +185,12 @@ def test_end_mail_carries_the_jobs_summary_then_goes_unchanged_without_prometheu
     low, high = _true_busy_percent(mails, run)
     assert low - 1 <= busy <= high + 1, (busy, (low, high), body)
     assert high < 60, (low, high)  # a whole GPU's share (or both) would fall outside
-    later = _report("job", str(jobid), "--prometheus-url", mails.prometheus.url)
+    later = _report("job", str(jobid), "--prometheus-url", mails.rig.prom.url)
     for note in later["notes"]:
         # a run time in a note may differ by a second
         assert re.sub(r"\d", "0", note) in re.sub(r"\d", "0", body), (note, body)
 
-    mails.prometheus.stop()
+    mails.rig.prom.stop()
     plain = _run_job(mails, 3, busy=False).jobid
     seen = time.time()
     unchanged = mails.of(plain, timeout=30)

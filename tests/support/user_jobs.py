@@ -7,15 +7,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from tests.fakenvml import Device, FakeNvml, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.fakenvml import Pattern, Process
 from tests.proxy.stack import write_configs
 from tests.support import REPO, free_port, wait_until
-from tests.support.agent import Agent
 from tests.support.daemons import Daemon, Prometheus
 from tests.support.munge import SITE_SOCKET
+from tests.support.rig import Rig
 from tests.support.slurmcluster import SlurmCluster
 
 BIN = Path(sys.executable).parent
@@ -44,44 +43,20 @@ def report_as_user(cluster: SlurmCluster, user: str, client: Path, *args: str
                           text=True, timeout=120, check=False, cwd="/")
 
 
-@dataclass
-class Monitored:
-    """The fake NVML's 4 GPUs under an agent, scraped every second by a Prometheus."""
-
-    fake: FakeNvml
-    devices: list[Device]
-    prom: Prometheus
-
-    def busy(self, cluster: SlurmCluster, jobid: int, percent: float) -> list[int]:
-        """Make the job's first GPU ``percent`` busy from now on (its ``sleep`` process
-        runs there with 2 GiB); returns the job's GPU indices."""
-        pid = wait_until(lambda: cluster.command_pid(jobid, "sleep"), 15, "the sleep")
-        gpus = wait_until(lambda: cluster.spool_gpus(jobid), 15, "the GPUs")
-        self.devices[gpus[0]].processes = [Process(pid, 2 << 30,
-                                                   sm=Pattern.constant(percent))]
-        self.fake.write(NvmlState(devices=self.devices))
-        return gpus
+def make_busy(rig: Rig, cluster: SlurmCluster, jobid: int, percent: float) -> list[int]:
+    """Make the job's first GPU ``percent`` busy from now on (its ``sleep`` process runs
+    there with 2 GiB); returns the job's GPU indices."""
+    pid = wait_until(lambda: cluster.command_pid(jobid, "sleep"), 15, "the sleep")
+    gpus = wait_until(lambda: cluster.spool_gpus(jobid), 15, "the GPUs")
+    rig.devices[gpus[0]].processes = [Process(pid, 2 << 30, sm=Pattern.constant(percent))]
+    rig.write_nvml()
+    return gpus
 
 
-def start_monitoring(cluster: SlurmCluster, work: Path, started: list) -> Monitored:
-    """The agent over the fake NVML and its Prometheus, ready; both go on ``started``."""
-    fake = fake_nvml_or_skip(work / "nvml")
-    devices = [Device(index=i, minor=i) for i in range(4)]
-    fake.write(NvmlState(devices=devices))
-    agent = Agent(["--spool-dir", str(cluster.spool_dir), "--state-dir", str(work / "state"),
-                   "--sample-interval", "1", "--slurm-lookup", "cli",
-                   "--node-name", cluster.node_name],
-                  env={**fake.env(), **cluster.env}, log_path=work / "agent.log",
-                  command=cluster.site_command("slurm-gpu-exporter"))
-    started.append(agent)
-    prom = Prometheus("prometheus", {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "slurm-gpu", "static_configs": [
-            {"targets": [f"127.0.0.1:{agent.port}"]}]}]}, work / "prom")
-    started.append(prom)
-    agent.wait_ready()
-    prom.wait_ready()
-    return Monitored(fake, devices, prom)
+def monitor(cluster: SlurmCluster, work: Path) -> Rig:
+    """The site's agent over the fake NVML's 4 GPUs, scraped every second by a
+    Prometheus, ready."""
+    return Rig(work, cluster=cluster, command=cluster.site_command("slurm-gpu-exporter"))
 
 
 def run_gpu_jobs(cluster: SlurmCluster, work: Path, started: list, seconds: int
@@ -93,16 +68,17 @@ def run_gpu_jobs(cluster: SlurmCluster, work: Path, started: list, seconds: int
     # running, so their GPU time counts from its first sample, busy GPU or not.
     jobs = {user: cluster.submit(f"sleep {seconds}\n", user=user, gres=gres)
             for user, gres in ((OWNER, "gpu:2"), (OTHER, "gpu:1"))}
-    monitored = start_monitoring(cluster, work, started)
+    rig = monitor(cluster, work)
+    started.append(rig)
     for jobid in jobs.values():
         cluster.wait_state(jobid, "RUNNING", timeout=30)
-    monitored.busy(cluster, jobs[OWNER], 100)
+    make_busy(rig, cluster, jobs[OWNER], 100)
     for jobid in jobs.values():
         cluster.wait_finished(jobid, timeout=60)
     ids = "|".join(map(str, jobs.values()))
-    monitored.prom.wait_for(f'count(last_over_time(slurm_job_end_time_seconds'
-                            f'{{jobid=~"{ids}"}}[10m])) == 2', timeout=30)
-    return jobs, monitored.prom
+    rig.prom.wait_for(f'count(last_over_time(slurm_job_end_time_seconds'
+                      f'{{jobid=~"{ids}"}}[10m])) == 2', timeout=30)
+    return jobs, rig.prom
 
 
 def start_proxy(prometheus_url: str, work: Path, *extra: str) -> Daemon:

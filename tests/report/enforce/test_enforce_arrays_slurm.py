@@ -26,10 +26,9 @@ from typing import Any
 
 import pytest
 
-from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.fakenvml import Pattern, Process
 from tests.support import wait_until
-from tests.support.agent import Agent
-from tests.support.daemons import Prometheus
+from tests.support.rig import Rig, Scrape
 from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.every_release,
@@ -49,17 +48,15 @@ BUSY = Pattern.constant(80)
 
 
 @dataclass
-class Rig:
+class Arrays:
     cluster: SlurmCluster
-    fake: Any
-    nvml: NvmlState
-    prom: Prometheus
+    rig: Rig
     base: Path
 
     def enforce(self, *extra: str) -> dict[str, Any]:
         """One enforce run (JSON); its decisions by job id, its exit code and stderr."""
         argv = [str(REPORT), "enforce", "--policy", str(self.base / "policy.toml"),
-                "--format", "json", "--prometheus-url", self.prom.url, "--timeout", "5",
+                "--format", "json", "--prometheus-url", self.rig.prom.url, "--timeout", "5",
                 "--node-label", "node", "--state-file", str(self.base / "enforce.json"),
                 *extra]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False,
@@ -77,64 +74,44 @@ class Rig:
     def load(self, busy: dict[int, int], idle: list[int]) -> None:
         """Each job's GPU: busy (a process of the job at 80 % SM) or idle (none)."""
         for jobid, pid in busy.items():
-            self.nvml.devices[self.gpu_of(jobid)].processes = [Process(pid, 1 << 30, sm=BUSY)]
+            self.rig.devices[self.gpu_of(jobid)].processes = [Process(pid, 1 << 30, sm=BUSY)]
         for jobid in idle:
-            self.nvml.devices[self.gpu_of(jobid)].processes = []
-        self.fake.write(self.nvml)
+            self.rig.devices[self.gpu_of(jobid)].processes = []
+        self.rig.write_nvml()
 
 
 @pytest.fixture(scope="module")
-def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
-        ) -> Iterator[Rig]:
+def arrays(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[Arrays]:
     base = tmp_path_factory.mktemp("enforce-arrays")
-    fake = fake_nvml_or_skip(base / "nvml")
-    nvml = NvmlState(devices=[Device(index=i) for i in range(4)])
-    fake.write(nvml)
     (base / "policy.toml").write_text(POLICY)
-    started: list[Any] = []
-    try:
-        agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir), "--state-dir",
-                       str(base / "state"), "--sample-interval", "1", "--slurm-lookup", "cli",
-                       "--node-name", slurm_cluster.node_name],
-                      env={**fake.env(), **slurm_cluster.env}, log_path=base / "agent.log",
-                      command=slurm_cluster.site_command("slurm-gpu-exporter"))
-        started.append(agent)
-        prom = Prometheus("prometheus", {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "slurm-gpu-exporter", "scrape_timeout": "1s",
-                                "static_configs": [{
-                                    "targets": [f"127.0.0.1:{agent.port}"],
-                                    "labels": {"node": slurm_cluster.node_name}}]}],
-        }, base / "prometheus")
-        started.append(prom)
-        agent.wait_ready()
-        prom.wait_ready()
+    with Rig(base, cluster=slurm_cluster,
+             command=slurm_cluster.site_command("slurm-gpu-exporter"),
+             scrape=Scrape("slurm-gpu-exporter", {"node": slurm_cluster.node_name},
+                           timeout="1s")) as rig:
         slurm_cluster.wait_no_jobs()
-        yield Rig(slurm_cluster, fake, nvml, prom, base)
-    finally:
-        for thing in reversed(started):
-            thing.stop()
+        yield Arrays(slurm_cluster, rig, base)
 
 
-def _array_of_two(rig: Rig) -> tuple[int, dict[int, int], dict[int, int]]:
+def _array_of_two(arrays: Arrays) -> tuple[int, dict[int, int], dict[int, int]]:
     """An array of two one-GPU tasks, both running: (array id, task -> job id,
     job id -> batch pid)."""
-    array = rig.cluster.submit("sleep 300\n", gres="gpu:1", extra_args=["--array=0-1"])
-    tasks = wait_until(lambda: len(t := rig.cluster.array_task_job_ids(array)) == 2 and t,
+    array = arrays.cluster.submit("sleep 300\n", gres="gpu:1", extra_args=["--array=0-1"])
+    tasks = wait_until(lambda: len(t := arrays.cluster.array_task_job_ids(array)) == 2 and t,
                        30, f"both tasks of array {array} split off")
     pids = {}
     for jobid in tasks.values():
-        rig.cluster.wait_state(jobid, "RUNNING", timeout=30)
-        pids[jobid] = min(rig.cluster.wait_for_process(jobid, "batch"))
+        arrays.cluster.wait_state(jobid, "RUNNING", timeout=30)
+        pids[jobid] = min(arrays.cluster.wait_for_process(jobid, "batch"))
     return array, tasks, pids
 
 
-def _cancel_due(rig: Rig, jobid: int, what: str) -> dict[str, Any]:
+def _cancel_due(arrays: Arrays, jobid: int, what: str) -> dict[str, Any]:
     """Runs of enforce --cancel until one cancels ``jobid``; that run."""
     runs: list[dict[str, Any]] = []
 
     def probe() -> dict[str, Any] | None:
-        run = rig.enforce("--cancel")
+        run = arrays.enforce("--cancel")
         runs.append(run)
         decision = run["decisions"].get(str(jobid), {})
         return run if decision.get("action") == "cancel" else None
@@ -144,23 +121,23 @@ def _cancel_due(rig: Rig, jobid: int, what: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("idle_task", ["holder", "sibling"])
-def test_enforce_cancels_the_idle_array_task_alone(rig: Rig, idle_task: str) -> None:
+def test_enforce_cancels_the_idle_array_task_alone(arrays: Arrays, idle_task: str) -> None:
     """The task that holds the array's id idle and its sibling busy (the issue's case:
     ``scancel <array id>`` took both), and the other way round: the idle task alone ends,
     the busy one still runs."""
-    array, tasks, pids = _array_of_two(rig)
+    array, tasks, pids = _array_of_two(arrays)
     try:
         holder = array  # the task that started last kept the array's id
         assert holder in tasks.values(), tasks
         sibling = next(j for j in tasks.values() if j != holder)
         idle, busy = (holder, sibling) if idle_task == "holder" else (sibling, holder)
-        rig.load(busy={busy: pids[busy]}, idle=[idle])
-        run = _cancel_due(rig, idle, f"a run that cancels the idle task {idle}")
-        rig.cluster.wait_finished(idle, timeout=30)
+        arrays.load(busy={busy: pids[busy]}, idle=[idle])
+        run = _cancel_due(arrays, idle, f"a run that cancels the idle task {idle}")
+        arrays.cluster.wait_finished(idle, timeout=30)
         time.sleep(2)  # a cancel of the whole array would reach the busy task by now
-        assert rig.cluster.state(idle) == "CANCELLED"
-        assert rig.cluster.state(busy) == "RUNNING"
-        running = rig.cluster.run(["squeue", "-h", "-t", "R", "-o", "%A %i"]).split("\n")
+        assert arrays.cluster.state(idle) == "CANCELLED"
+        assert arrays.cluster.state(busy) == "RUNNING"
+        running = arrays.cluster.run(["squeue", "-h", "-t", "R", "-o", "%A %i"]).split("\n")
         task_of = {j: t for t, j in tasks.items()}
         assert f"{busy} {array}_{task_of[busy]}" in running
         decision = run["decisions"][str(idle)]
@@ -174,22 +151,22 @@ def test_enforce_cancels_the_idle_array_task_alone(rig: Rig, idle_task: str) -> 
         # The reports show each task as users know it, from the agent's labels.
         report = subprocess.run(
             [str(REPORT), "job", str(busy), str(idle), "--no-sacct", "--format", "json",
-             "--prometheus-url", rig.prom.url, "--since", "10m"],
+             "--prometheus-url", arrays.rig.prom.url, "--since", "10m"],
             capture_output=True, text=True, timeout=60, check=False,
-            env={**os.environ, **rig.cluster.env})
+            env={**os.environ, **arrays.cluster.env})
         assert report.returncode == 0, report.stderr
         shown = [job["job"] for job in json.loads(report.stdout)["jobs"]]
         assert sorted(shown) == sorted(f"{array}_{t}" for t in tasks)
         # ... and take an array task by that name: the busy task, not the array's id.
         by_name = subprocess.run(
             [str(REPORT), "job", f"{array}_{task_of[busy]}", "--no-sacct", "--format",
-             "json", "--prometheus-url", rig.prom.url, "--since", "10m"],
+             "json", "--prometheus-url", arrays.rig.prom.url, "--since", "10m"],
             capture_output=True, text=True, timeout=60, check=False,
-            env={**os.environ, **rig.cluster.env})
+            env={**os.environ, **arrays.cluster.env})
         assert by_name.returncode == 0, by_name.stderr
         (job,) = json.loads(by_name.stdout)["jobs"]
         assert job["job"] == f"{array}_{task_of[busy]}"
         assert job["busy_ratio"] > 0.05, job  # the busy task's figures: the idle one reads 0
     finally:
-        rig.cluster.cancel(array)
-        rig.cluster.wait_no_jobs()
+        arrays.cluster.cancel(array)
+        arrays.cluster.wait_no_jobs()

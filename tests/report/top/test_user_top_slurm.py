@@ -26,9 +26,10 @@ from tests.support.slurmcluster import SlurmCluster
 from tests.support.user_jobs import (
     OTHER,
     OWNER,
+    make_busy,
+    monitor,
     report_argv,
     report_as_user,
-    start_monitoring,
     start_proxy,
     write_client_config,
 )
@@ -64,10 +65,11 @@ def setup(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     started: list = []
     jobs: dict[str, int] = {}
     try:
-        monitored = start_monitoring(slurm_cluster, work, started)
+        rig = monitor(slurm_cluster, work)
+        started.append(rig)
         # the GPUs' sizes, the targets' Slurm nodes and the temperature carry no user
         # label: public, so the user's frame shows them as root's does
-        proxy = start_proxy(monitored.prom.url, work, "--public-metric",
+        proxy = start_proxy(rig.prom.url, work, "--public-metric",
                             "slurm_gpu_memory_total_bytes", "slurm_gpu_exporter_node_info",
                             "slurm_gpu_temperature_celsius")
         started.append(proxy)
@@ -78,11 +80,11 @@ def setup(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
         for jobid in jobs.values():
             slurm_cluster.wait_state(jobid, "RUNNING", timeout=60)
         gpus = wait_until(lambda: slurm_cluster.spool_gpus(jobs[OWNER]), 15, "the GPUs")
-        monitored.devices[gpus[0]].temperature_c = TEMP_C
-        monitored.busy(slurm_cluster, jobs[OWNER], BUSY_PCT)
+        rig.devices[gpus[0]].temperature_c = TEMP_C
+        make_busy(rig, slurm_cluster, jobs[OWNER], BUSY_PCT)
         busy_since = time.time()
         # top starts on a job Prometheus has (else: unknown job, exit 5)
-        monitored.prom.wait_for(f'count(slurm_job_gpu_allocated_seconds_total'
+        rig.prom.wait_for(f'count(slurm_job_gpu_allocated_seconds_total'
                                 f'{{jobid="{jobs[OWNER]}"}}) == 2', timeout=30)
         yield Setup(slurm_cluster, proxy, client, jobs, gpus, busy_since)
     finally:
