@@ -226,6 +226,16 @@ def wait_scrape(
     return wait_until(probe, timeout, what, poll=poll, log=agent.log)
 
 
+def scrape_until_gone(agent: Agent, jobid: int, scrapes: list[Scrape], timeout: float) -> None:
+    """Scrape until the job's series are gone, each scrape added to ``scrapes``."""
+
+    def gone() -> bool:
+        scrapes.append(scrape(agent))
+        return not scrapes[-1].mentions(jobid)
+
+    wait_until(gone, timeout, f"job {jobid}'s series to go", poll=0.1, log=agent.log)
+
+
 def wait_samples(agent: Agent, count: int = 2) -> Scrape:
     """A scrape taken after the agent published ``count`` more samples."""
     first = scrape(agent).value("slurm_gpu_exporter_last_sample_timestamp_seconds")
@@ -748,11 +758,7 @@ def test_discovered_job_keeps_its_start_time_and_info_series_while_it_lingers_af
         assert start is not None
         cluster.cancel(jobid)
         scrapes = [first]
-        deadline = time.monotonic() + 20
-        while scrapes[-1].mentions(jobid):
-            assert time.monotonic() < deadline, f"job {jobid} never went\n{agent.log()}"
-            time.sleep(0.1)
-            scrapes.append(scrape(agent))
+        scrape_until_gone(agent, jobid, scrapes, 20)
         lingering = [s for s in scrapes if s.job("slurm_job_end_time_seconds", jobid) is not None]
         assert lingering, "slurm_job_end_time_seconds never appeared"
         record = cluster.spool_dir / f"{jobid}.json"
@@ -824,11 +830,7 @@ def test_job_whose_epilog_never_reaches_the_spool_ends_after_cgroup_grace_keepin
             )
         assert json.loads(record.read_bytes())["end_time"] is None
         scrapes = [running]
-        deadline = time.monotonic() + GRACE + LINGER + 10
-        while scrapes[-1].mentions(jobid):
-            assert time.monotonic() < deadline, f"job {jobid} never went\n{agent.log()}"
-            time.sleep(0.1)
-            scrapes.append(scrape(agent))
+        scrape_until_gone(agent, jobid, scrapes, GRACE + LINGER + 10)
         assert "cgroup gone without an epilog" in agent.log()
         assert not record.exists(), "the expired record is still in the spool"
 

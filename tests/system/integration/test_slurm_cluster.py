@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.support import wait_until
 from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.every_release
@@ -34,18 +34,21 @@ exec sleep 60
 
 def _wait_for_sole_sleep(cluster: SlurmCluster, jobid: int, timeout: float = 10.0) -> int:
     """The batch step's one process once `exec sleep` replaced the batch shell."""
-    deadline = time.monotonic() + timeout
-    while True:
+    pids: set[int] = set()
+
+    def sole_sleep() -> int | None:
+        nonlocal pids
         pids = cluster.job_pids(jobid, "batch")
-        if len(pids) == 1:
-            (pid,) = pids
-            try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
-                    return pid
-            except FileNotFoundError:
-                pass
-        assert time.monotonic() < deadline, f"batch step of job {jobid} is {pids}"
-        time.sleep(0.05)
+        if len(pids) != 1:
+            return None
+        (pid,) = pids
+        try:
+            return pid if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep" else None
+        except FileNotFoundError:
+            return None
+
+    return wait_until(sole_sleep, timeout, f"the sleep alone in job {jobid}'s batch step",
+                      log=lambda: f"batch step of job {jobid} is {pids}")
 
 
 @pytest.mark.slurm
