@@ -128,7 +128,7 @@ def job_summary(detail: JobDetail) -> list[tuple[str, str]]:
     if usage.sm_active_ratio is not None:
         sm_active = [("GPU SM active", f"{show('sm_active_ratio', usage.sm_active_ratio)} over "
                                        f"{usage.gpm_allocated_s / 3600:.2f} GPU-hours with GPM")]
-        sm_active += [(f.label, show("ratio", ratio)) for f in gpm_activities()
+        sm_active += [(f.label, show("activity_ratio", ratio)) for f in gpm_activities()
                       if (ratio := usage.activity_ratio(f.job_attr)) is not None]
     sm_active += [(f.label, f.text.format(value)) for f in shown()
                   if f.label and (value := value_of(usage, f.job_attr)) is not None]
