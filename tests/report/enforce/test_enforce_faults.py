@@ -35,10 +35,9 @@ from typing import Any
 
 import pytest
 
-from tests.fakenvml import Device, NvmlState, Process, fake_nvml_or_skip
+from tests.fakenvml import Process
 from tests.support import free_port, wait_until
-from tests.support.agent import Agent
-from tests.support.daemons import Prometheus
+from tests.support.rig import Rig, Scrape
 from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.fakenvml,
@@ -58,12 +57,12 @@ max_cancels_per_run = 1
 
 
 class PrometheusProxy:
-    """Forwards the Prometheus API to ``upstream``; ``mode`` breaks it on purpose:
+    """Forwards the Prometheus API to the rig's Prometheus; ``mode`` breaks it on purpose:
     ``warnings`` adds a warning to every answer, ``slow`` answers after 4 s, ``kill``
     kills Prometheus at the run's third query (that one and the rest get no answer)."""
 
-    def __init__(self, prometheus: Prometheus) -> None:
-        self.prometheus = prometheus
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
         self.mode = "pass"
         self.queries = 0
         proxy = self
@@ -97,9 +96,9 @@ class PrometheusProxy:
         if self.mode == "slow":
             time.sleep(4)
         if self.mode == "kill" and self.queries >= 3:
-            self.prometheus.proc.kill()
+            self.rig.prom.proc.kill()
             return None
-        request = urllib.request.Request(self.prometheus.url + path, data=body, method="POST",
+        request = urllib.request.Request(self.rig.prom.url + path, data=body, method="POST",
                                          headers={"Content-Type":
                                                   "application/x-www-form-urlencoded"})
         try:
@@ -147,9 +146,6 @@ def faults(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[Faults]:
     began = time.monotonic()
     base = tmp_path_factory.mktemp("enforce-faults")
-    fake = fake_nvml_or_skip(base / "nvml")
-    nvml = NvmlState(devices=[Device(index=i) for i in range(4)])
-    fake.write(nvml)
     policy = base / "policy.toml"
     policy.write_text(POLICY)
     squeue, scancel = shutil.which("squeue"), shutil.which("scancel")
@@ -168,32 +164,19 @@ def faults(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     started: list[Any] = []
     jobid = None
     try:
-        agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir), "--state-dir",
-                       str(base / "state"), "--sample-interval", "1", "--slurm-lookup", "cli",
-                       "--node-name", slurm_cluster.node_name],
-                      env={**fake.env(), **slurm_cluster.env}, log_path=base / "agent.log")
-        started.append(agent)
-        prom_config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "slurm-gpu-exporter", "scrape_timeout": "1s",
-                                "static_configs": [{
-                                    "targets": [f"127.0.0.1:{agent.port}"],
-                                    "labels": {"node": slurm_cluster.node_name,
-                                               "decoy": "gpu-elsewhere"}}]}],
-        }
-        prom = Prometheus("prometheus", prom_config, base / "prometheus")
-        started.append(prom)
-        proxy = PrometheusProxy(prom)
+        rig = Rig(base, cluster=slurm_cluster, scrape=Scrape(
+            "slurm-gpu-exporter", {"node": slurm_cluster.node_name, "decoy": "gpu-elsewhere"},
+            timeout="1s"))
+        started.append(rig)
+        proxy = PrometheusProxy(rig)
         started.append(proxy)
-        agent.wait_ready()
-        prom.wait_ready()
         jobid = str(slurm_cluster.submit("sleep 600\n", gres="gpu:1",
                                          extra_args=["--job-name=idle-faults"]))
         slurm_cluster.wait_state(int(jobid), "RUNNING", timeout=30)
         pid = min(slurm_cluster.wait_for_process(int(jobid), "batch"))
         record = wait_until(lambda: slurm_cluster.gpu_record(jobid), 15, "the spool record")
-        nvml.devices[int(record["job_gpus"])].processes = [Process(pid, 1 << 30)]
-        fake.write(nvml)
+        rig.devices[int(record["job_gpus"])].processes = [Process(pid, 1 << 30)]
+        rig.write_nvml()
         found = Faults(slurm_cluster, jobid, state_file=base / "enforce.json")
 
         def enforce(label: str, *extra: str, cancel: bool = True, path: Path | None = None,
@@ -229,9 +212,7 @@ def faults(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
         fault("scancel fails", path=failing)
         fault("prometheus killed", "kill")
         # Started again on its data (as systemd would): the job is due again.
-        proxy.prometheus = Prometheus("prometheus", prom_config, base / "prometheus")
-        started.append(proxy.prometheus)
-        proxy.prometheus.wait_ready()
+        rig.restart_prometheus()
         # Last: Slurm holds a requeued job back for a while (BeginTime).
         # Up to three tries: after the restart a run can still find the job's counters
         # short of the window (doubtful, exit 7, nothing cancelled) and then never

@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.fakenvml import Pattern, Process
 from tests.support import wait_until
-from tests.support.agent import Agent
 from tests.support.daemons import Prometheus, WebhookReceiver
+from tests.support.rig import Rig, Scrape
 from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.every_release,
@@ -108,33 +108,20 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
              ) -> Iterator[Scenario]:
     began = time.monotonic()
     base = tmp_path_factory.mktemp("enforce")
-    fake = fake_nvml_or_skip(base / "nvml")
-    state = NvmlState(devices=[Device(index=i) for i in range(4)])
-    fake.write(state)
     policy, exempt_policy = base / "policy.toml", base / "exempt.toml"
     policy.write_text(POLICY.format(exempt='"keep-*"'))
     exempt_policy.write_text(POLICY.format(exempt='"idle-*"'))
     started: list[Any] = []
     jobids: list[int] = []
     try:
-        agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir), "--state-dir",
-                       str(base / "state"), "--sample-interval", "1", "--slurm-lookup", "cli",
-                       "--node-name", slurm_cluster.node_name],
-                      env={**fake.env(), **slurm_cluster.env}, log_path=base / "agent.log",
-                      command=slurm_cluster.site_command("slurm-gpu-exporter"))
-        started.append(agent)
-        prom = Prometheus("prometheus", {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "slurm-gpu-exporter", "scrape_timeout": "1s",
-                                "static_configs": [{
-                                    "targets": [f"127.0.0.1:{agent.port}"],
-                                    "labels": {"node": slurm_cluster.node_name}}]}],
-        }, base / "prometheus")
-        started.append(prom)
+        rig = Rig(base, cluster=slurm_cluster,
+                  command=slurm_cluster.site_command("slurm-gpu-exporter"),
+                  scrape=Scrape("slurm-gpu-exporter", {"node": slurm_cluster.node_name},
+                                timeout="1s"))
+        started.append(rig)
+        prom = rig.prom
         webhook = WebhookReceiver()
         started.append(webhook)
-        agent.wait_ready()
-        prom.wait_ready()
         for name in (HOSTILE_NAME, "idle-b", "phase-c", "busy-d"):
             jobids.append(slurm_cluster.submit("sleep 300\n", gres="gpu:1",
                                                extra_args=[f"--job-name={name}"]))
@@ -149,8 +136,8 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
             gpu_of[role] = int(record["job_gpus"])
         for role, sm in (("a", None), ("b", None), ("c", Pattern.constant(80)),
                          ("d", Pattern.constant(80))):
-            state.devices[gpu_of[role]].processes = [Process(pid_of[role], 1 << 30, sm=sm)]
-        fake.write(state)
+            rig.devices[gpu_of[role]].processes = [Process(pid_of[role], 1 << 30, sm=sm)]
+        rig.write_nvml()
         prom.wait_for("slurm_job_gpu_allocated_seconds_total", timeout=30, min_results=4)
         sc = Scenario(slurm_cluster, jobs, webhook, base / "enforce.json")
         url = prom.url
@@ -183,8 +170,8 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
         for role in "ab":
             slurm_cluster.wait_finished(int(jobs[role]), timeout=30)
         # C, busy so far, goes idle: warned from its idle window, then due for its cancel.
-        state.devices[gpu_of["c"]].processes = [Process(pid_of["c"], 1 << 30)]
-        fake.write(state)
+        rig.devices[gpu_of["c"]].processes = [Process(pid_of["c"], 1 << 30)]
+        rig.write_nvml()
         wait_until(lambda: cancel_run("warnings c") and sc.warned("c") == 2, 60,
                    "both warnings to C", poll=0.5)
         sc.marks["dry_c"] = wait_until(
@@ -193,11 +180,11 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
             poll=0.5, log=lambda: f"last run: {sc.runs[-1].stdout[-2000:]}"
                                   f"{sc.runs[-1].stderr[-1000:]}")
         # Now break the data under C, due for its cancel: nothing may be cancelled.
-        state.errors = {"*": "UNKNOWN"}
-        fake.write(state)
+        rig.nvml.errors = {"*": "UNKNOWN"}
+        rig.write_nvml()
         prom.wait_for('slurm_gpu_exporter_source_up{source="nvml"} == 0', timeout=30)
         sc.marks["nvml_down"] = cancel_run("nvml down")
-        agent.stop()
+        rig.agent.stop()
         prom.wait_for('up{job="slurm-gpu-exporter"} == 0', timeout=30)
         sc.marks["target_down"] = cancel_run("target down")
         prom.stop()
