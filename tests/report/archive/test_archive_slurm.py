@@ -21,11 +21,11 @@ import pytest
 
 from slurm_gpu_exporter.report.archive.store import ArchiveStore
 from slurm_gpu_exporter.report.slurm.accounting import parse_reqmem, parse_timelimit
-from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.fakenvml import Pattern, Process
 from tests.report.pgserver import PostgresServer
 from tests.support import wait_until
-from tests.support.agent import Agent
 from tests.support.daemons import Prometheus
+from tests.support.rig import Rig
 from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = [pytest.mark.process, pytest.mark.slurm, pytest.mark.every_release,
@@ -95,12 +95,9 @@ def _gpu_of(cluster: SlurmCluster, jobid: int) -> int | None:
 def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[Scenario]:
     work = tmp_path_factory.mktemp("archive-slurm")
-    fake = fake_nvml_or_skip(work / "nvml")
-    devices = [Device(index=i, minor=i) for i in range(4)]
-    fake.write(NvmlState(devices=devices))
     _slurm_env.update(slurm_cluster.env)
     ids: dict[str, int] = {}
-    agent = prom = empty = pg = None
+    rig = empty = pg = None
     try:
         # A job an earlier test cancelled may still be ending: it would end in the window.
         slurm_cluster.wait_no_jobs()
@@ -110,18 +107,10 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
         submitted_at = time.time()
         user, extra, script, _ = JOBS["timeout"]
         ids["timeout"] = slurm_cluster.submit(script, user=user, gres="gpu:1", extra_args=extra)
-        agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir),
-                       "--state-dir", str(work / "state"), "--sample-interval", "1",
-                       "--slurm-lookup", "cli", "--node-name", slurm_cluster.node_name],
-                      env={**fake.env(), **slurm_cluster.env}, log_path=work / "agent.log",
-                      command=slurm_cluster.site_command("slurm-gpu-exporter"))
-        prom = Prometheus("prometheus", {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "slurm-gpu", "static_configs": [
-                {"targets": [f"127.0.0.1:{agent.port}"]}]}]}, work / "prom-live")
         pg = PostgresServer()
-        agent.wait_ready()
-        prom.wait_ready()
+        rig = Rig(work, cluster=slurm_cluster,
+                  command=slurm_cluster.site_command("slurm-gpu-exporter"))
+        prom = rig.prom
         # The others start once the agent samples: it counts a GPU's time from its first
         # sample, while the truth below counts from the job's start (a loaded machine
         # took over a second to start the agent, and the idle part of a job's first
@@ -140,9 +129,9 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
         for name, pid in pids.items():
             busy = JOBS[name][3]
             if busy is not None:
-                devices[gpus[name]].processes = [Process(pid, 2 << 30,
-                                                         sm=Pattern.constant(busy))]
-        fake.write(NvmlState(devices=devices))
+                rig.devices[gpus[name]].processes = [Process(pid, 2 << 30,
+                                                             sm=Pattern.constant(busy))]
+        rig.write_nvml()
         busy_from = time.time()
         time.sleep(max(0.0, started + CANCEL_AFTER_S - time.monotonic()))  # cancel time
         slurm_cluster.cancel(ids["cancelled"])
@@ -176,11 +165,9 @@ def scenario(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFacto
                        rows_after_each_run=rows, empty_prometheus=empty.url,
                        submitted_at=submitted_at, busy_from=busy_from)
     finally:
-        for daemon in (empty, prom):
-            if daemon is not None:
-                daemon.stop()
-        if agent is not None:
-            agent.stop()
+        for thing in (empty, rig):
+            if thing is not None:
+                thing.stop()
         if pg is not None:
             pg.stop()
         for jobid in ids.values():

@@ -27,11 +27,12 @@ from typing import Any
 import pytest
 
 from slurm_gpu_exporter.report.figures.gpu_events import clock
-from tests.fakenvml import Device, NvmlState, Pattern, Process, XidEvent, fake_nvml_or_skip
+from tests.fakenvml import Device, Pattern, Process, XidEvent
 from tests.mail.test_mail_slurm import RECORDER
 from tests.support import wait_until
 from tests.support.agent import Agent, series
 from tests.support.daemons import DEPLOY, Prometheus
+from tests.support.rig import Rig
 from tests.support.slurmcluster import SlurmCluster
 from tests.system.observe import grafana
 
@@ -124,24 +125,13 @@ def _mail_hook(cluster: SlurmCluster, work: Path, prom: Prometheus) -> tuple[Pat
 def chain(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[Chain]:
     work = tmp_path_factory.mktemp("gpu-events-slurm")
-    fake = fake_nvml_or_skip(work / "nvml")
     # Every GPU reports power and thermal counters; only GPU 0's power one ever runs.
     devices = [Device(index=i, throttle={"power": 0.0, "thermal": 0.0}) for i in range(4)]
     devices[0].throttle = {"power": SHARE, "thermal": 0.0}
-    state = NvmlState(devices=devices)
-    fake.write(state)
-    agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir), "--state-dir",
-                   str(work / "state"), "--sample-interval", f"{SAMPLE_S:g}",
-                   "--slurm-lookup", "cli", "--node-name", slurm_cluster.node_name],
-                  env={**fake.env(), **slurm_cluster.env}, log_path=work / "agent.log")
-    prom = Prometheus("prometheus", {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "slurm-gpu", "static_configs": [
-            {"targets": [f"127.0.0.1:{agent.port}"]}]}]}, work / "prom")
+    rig = Rig(work, cluster=slurm_cluster, devices=devices, sample_interval=SAMPLE_S)
+    agent, prom = rig.agent, rig.prom
     jobs: list[int] = []
     try:
-        agent.wait_ready()
-        prom.wait_ready()
         inbox, mail_log = _mail_hook(slurm_cluster, work, prom)
         slurm_cluster.wait_no_jobs()  # an empty node: the first job gets GPU 0
         for name, mail in (("gpu-capped", True), ("gpu-plain", False)):
@@ -153,8 +143,8 @@ def chain(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
             assert gpus == [gpu], f"job {jobid} got GPUs {gpus}, not [{gpu}]"
             pid = wait_until(lambda j=jobid: slurm_cluster.command_pid(j, "sleep"), 15,
                              f"job {jobid}'s sleep")
-            devices[gpu].processes = [Process(pid, 2 << 30, sm=Pattern.constant(100))]
-        fake.write(state)
+            rig.devices[gpu].processes = [Process(pid, 2 << 30, sm=Pattern.constant(100))]
+        rig.write_nvml()
         busy_from = time.time()
         # Mid-job: both jobs counted for a while (not waiting on what the tests check).
         prom.wait_for(f'{ALLOCATED}{{jobid=~"{capped}|{plain}"}} > 5', timeout=30,
@@ -163,8 +153,8 @@ def chain(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
         # moment later) is the one written here.
         wait_until(lambda: time.gmtime().tm_sec <= 50, 15, "a time well inside a minute")
         xid_at = time.time()
-        devices[0].xid_events = [XidEvent(seq=1, xid=XID)]
-        fake.write(state)
+        rig.devices[0].xid_events = [XidEvent(seq=1, xid=XID)]
+        rig.write_nvml()
         for jobid in jobs:
             slurm_cluster.wait_finished(jobid, timeout=RUN_S + 60)
         accounted = slurm_cluster.wait_accounted(jobs)
@@ -181,8 +171,7 @@ def chain(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
         slurm_cluster.mail_hook.unlink(missing_ok=True)
         for jobid in jobs:
             slurm_cluster.cancel(jobid)
-        prom.stop()
-        agent.stop()
+        rig.stop()
 
 
 def test_the_job_report_gives_the_power_capped_share_and_the_xid_of_the_capped_job(

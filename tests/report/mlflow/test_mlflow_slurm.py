@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 
 import slurm_gpu_exporter
-from tests.fakenvml import Device, NvmlState, Pattern, Process, fake_nvml_or_skip
+from tests.fakenvml import Device, Pattern, Process
 from tests.support import wait_until
-from tests.support.agent import Agent, series
-from tests.support.daemons import Prometheus
+from tests.support.agent import series
 from tests.support.mlflow_server import MlflowServer
+from tests.support.rig import Rig
 from tests.support.slurmcluster import SBIN_PATH, SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.fakenvml, pytest.mark.prometheus,
@@ -83,26 +83,17 @@ def _report(*args: str) -> subprocess.CompletedProcess[str]:
 def test_a_jobs_mlflow_run_is_named_by_the_agent_and_gets_its_figures_once(
         slurm_cluster: SlurmCluster, client_dir: Path, tmp_path: Path) -> None:
     cluster = slurm_cluster
-    fake = fake_nvml_or_skip(tmp_path / "nvml")
-    devices = [Device(index=i, minor=3 - i) for i in range(4)]
-    fake.write(NvmlState(devices=devices))
     mlflow = MlflowServer(tmp_path / "mlflow")
     path = os.environ.get("PATH", "")
-    agent = Agent(["--spool-dir", str(cluster.spool_dir), "--state-dir", str(tmp_path / "state"),
-                   "--cgroup-root", str(cluster.cgroup_root), "--proc-root", "/proc",
-                   "--sample-interval", "1", "--job-linger", "5", "--slurm-lookup", "cli",
-                   "--node-name", cluster.node_name],
-                  fake.env({**os.environ, "SLURM_CONF": str(cluster.slurm_conf),
-                            "PATH": f"{path}:{SBIN_PATH}"}), tmp_path / "agent.log")
-    prom = None
-    jobid = None
+    rig = jobid = None
     try:
-        agent.wait_ready()
-        prom = Prometheus("prometheus", {
-            "global": {"scrape_interval": "1s"},
-            "scrape_configs": [{"job_name": "slurm-gpu", "static_configs": [
-                {"targets": [f"127.0.0.1:{agent.port}"]}]}]}, tmp_path / "prom")
-        prom.wait_ready()
+        # Slurm's GPU indices (minor numbers) run the other way round from NVML's.
+        devices = [Device(index=i, minor=3 - i) for i in range(4)]
+        rig = Rig(tmp_path, cluster=cluster, devices=devices,
+                  extra_args=["--cgroup-root", str(cluster.cgroup_root), "--proc-root", "/proc",
+                              "--job-linger", "5"],
+                  env={"PATH": f"{path}:{SBIN_PATH}"})
+        agent, prom = rig.agent, rig.prom
         mlflow.wait_ready()
         script = (f"#!/bin/sh\nexport SLURM_GPU_EXPORTER_SPOOL_DIR={cluster.spool_dir}\n"
                   f"export PYTHONPATH={client_dir}\nexport HOME=$(mktemp -d)\n"
@@ -115,8 +106,9 @@ def test_a_jobs_mlflow_run_is_named_by_the_agent_and_gets_its_figures_once(
         record = json.loads((cluster.spool_dir / f"{jobid}.json").read_text())
         held = int(record["job_gpus"])
         pids = sorted(cluster.job_pids(jobid, "batch"))
-        devices[3 - held].processes = [Process(pids[-1], 1 << 30, sm=Pattern.constant(60))]
-        fake.write(NvmlState(devices=devices))
+        rig.devices[3 - held].processes = [Process(pids[-1], 1 << 30,
+                                                   sm=Pattern.constant(60))]
+        rig.write_nvml()
 
         def named() -> list[dict[str, str]]:
             return [labels for labels, _ in series(agent.metrics(), RUN_INFO)
@@ -160,7 +152,6 @@ def test_a_jobs_mlflow_run_is_named_by_the_agent_and_gets_its_figures_once(
     finally:
         if jobid is not None:
             cluster.cancel(jobid)
-        agent.stop()
+        if rig is not None:
+            rig.stop()
         mlflow.stop()
-        if prom is not None:
-            prom.stop()
