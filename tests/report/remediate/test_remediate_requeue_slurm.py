@@ -19,23 +19,24 @@ import bcrypt
 import pytest
 import yaml
 
-from tests.fakenvml import Device, FakeNvml, NvmlState, XidEvent, fake_nvml_or_skip
+from tests.fakenvml import XidEvent
 from tests.report.remediate.test_remediate_slurm import (
     ACTED_ON,
     PASSWORD,
     REPORT,
     USER,
+    alerting,
     auth_headers,
     drained,
     firing_payload,
+    node_scrape,
     post,
     resume,
-    start_alerting,
     with_slurm_env,
 )
 from tests.support import free_port, wait_until
-from tests.support.agent import Agent
 from tests.support.daemons import Alertmanager, Daemon, Prometheus
+from tests.support.rig import Rig
 from tests.support.slurmcluster import SlurmCluster
 from tests.system.observe.conftest import generate_alerts
 
@@ -61,22 +62,25 @@ while true; do sleep 1; done
 
 
 @dataclass
-class Rig:
+class Requeue:
     cluster: SlurmCluster
     remediate: Daemon
-    alertmanager: Alertmanager
-    prometheus: Prometheus
-    fake: FakeNvml
-    nvml: NvmlState
+    stack: Rig  # the agent over the fake NVML, Prometheus with the rules, Alertmanager
+
+    @property
+    def prometheus(self) -> Prometheus:
+        return self.stack.prom
+
+    @property
+    def alertmanager(self) -> Alertmanager:
+        assert self.stack.alertmanager is not None
+        return self.stack.alertmanager
 
 
 @pytest.fixture(scope="module")
 def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
-        ) -> Iterator[Rig]:
+        ) -> Iterator[Requeue]:
     base = tmp_path_factory.mktemp("requeue")
-    fake = fake_nvml_or_skip(base / "nvml")
-    state = NvmlState(devices=[Device(index=i) for i in range(4)])
-    fake.write(state)
     web_config = base / "web-config.yml"
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
     web_config.write_text(yaml.safe_dump({"basic_auth_users": {USER: hashed}}))
@@ -87,14 +91,16 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     resume(slurm_cluster)
     started: list[Any] = []
     try:
-        agent = Agent(["--spool-dir", str(slurm_cluster.spool_dir), "--state-dir",
-                       str(base / "state"), "--sample-interval", "1"], env=fake.env(),
-                      log_path=base / "agent.log",
-                      command=slurm_cluster.site_command("slurm-gpu-exporter"))
-        started.append(agent)
         port = free_port()
-        am, prom = start_alerting(started, base, f"http://127.0.0.1:{port}", password_file,
-                                  alerts, agent.port, slurm_cluster.node_name)
+        am_config, sink = alerting(f"http://127.0.0.1:{port}", password_file)
+        started.append(sink)
+        # The site's agent on the cluster's spool, without Slurm look-ups.
+        stack = Rig(base, spool_dir=slurm_cluster.spool_dir,
+                    command=slurm_cluster.site_command("slurm-gpu-exporter"),
+                    rule_files=[alerts], alertmanager=am_config,
+                    scrape=node_scrape(slurm_cluster.node_name))
+        started.append(stack)
+        prom = stack.prom
         remediate = Daemon("remediate", [
             *with_slurm_env(slurm_cluster), str(REPORT), "remediate",
             "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web_config),
@@ -103,12 +109,9 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
             "--requeue-opt", "all", "--requeue-signal", "USR1",
             "--requeue-grace", str(GRACE_S), "--requeue-signal-to", "full"], port, base)
         started.append(remediate)
-        agent.wait_ready()
         remediate.wait_ready("/-/healthy")
-        am.wait_ready()
-        prom.wait_ready()
         prom.wait_for('up{job="slurm-gpu-exporter"} == 1', timeout=30)
-        yield Rig(slurm_cluster, remediate, am, prom, fake, state)
+        yield Requeue(slurm_cluster, remediate, stack)
     finally:
         for thing in reversed(started):
             thing.stop()
@@ -129,7 +132,7 @@ def admin_comment(cluster: SlurmCluster, jobid: int) -> str:
         if "AdminComment=" in line else ""
 
 
-def counted(rig: Rig, action: str, reason: str = "") -> float:
+def counted(rig: Requeue, action: str, reason: str = "") -> float:
     request = urllib.request.Request(f"{rig.remediate.url}/metrics", headers=auth_headers())
     with urllib.request.urlopen(request, timeout=10) as resp:
         text = resp.read().decode()
@@ -141,7 +144,7 @@ def counted(rig: Rig, action: str, reason: str = "") -> float:
 
 
 def test_a_gpu_fault_requeues_the_job_on_that_gpu_which_resumes_from_its_checkpoint(
-        rig: Rig) -> None:
+        rig: Requeue) -> None:
     cluster = rig.cluster
     training = cluster.submit(TRAINING, gres="gpu:1",
                               extra_args=["--requeue", "--open-mode=append"])
@@ -153,8 +156,8 @@ def test_a_gpu_fault_requeues_the_job_on_that_gpu_which_resumes_from_its_checkpo
         gpu, other = gpu_of(rig.prometheus, training), gpu_of(rig.prometheus, bystander)
         assert gpu != other, "both jobs on one GPU: nothing tested"
         began = time.monotonic()
-        rig.nvml.devices[int(gpu)].xid_events = [XidEvent(seq=1, xid=79)]
-        rig.fake.write(rig.nvml)
+        rig.stack.devices[int(gpu)].xid_events = [XidEvent(seq=1, xid=79)]
+        rig.stack.write_nvml()
         wait_until(lambda: drained(cluster), 90, "remediate to drain the node", poll=0.5,
                    log=rig.remediate.log)
         drained_at = time.monotonic()
@@ -195,7 +198,7 @@ def test_a_gpu_fault_requeues_the_job_on_that_gpu_which_resumes_from_its_checkpo
 
 
 def test_an_interactive_job_on_a_faulty_gpu_is_neither_signalled_nor_requeued(
-        rig: Rig) -> None:
+        rig: Requeue) -> None:
     cluster = rig.cluster
     resume(cluster)
     skipped = counted(rig, "skipped", "not_batch")
@@ -208,9 +211,9 @@ def test_an_interactive_job_on_a_faulty_gpu_is_neither_signalled_nor_requeued(
             min_results=2)
         # A GPU no earlier test faulted: its alert is a new firing.
         gpu = min(s["metric"]["gpu"] for s in found
-                  if not rig.nvml.devices[int(s["metric"]["gpu"])].xid_events)
-        rig.nvml.devices[int(gpu)].xid_events = [XidEvent(seq=2, xid=79)]
-        rig.fake.write(rig.nvml)
+                  if not rig.stack.devices[int(s["metric"]["gpu"])].xid_events)
+        rig.stack.devices[int(gpu)].xid_events = [XidEvent(seq=2, xid=79)]
+        rig.stack.write_nvml()
         wait_until(lambda: drained(cluster), 90, "remediate to drain the node", poll=0.5,
                    log=rig.remediate.log)
         wait_until(lambda: f"job {session}: not a batch job" in rig.remediate.log(), 30,

@@ -26,10 +26,11 @@ import bcrypt
 import pytest
 import yaml
 
-from tests.fakenvml import Device, FakeNvml, NvmlState, XidEvent, fake_nvml_or_skip
+from tests.fakenvml import XidEvent
 from tests.support import free_port, wait_until
 from tests.support.agent import Agent
 from tests.support.daemons import Alertmanager, Daemon, Prometheus, WebhookReceiver, http_json
+from tests.support.rig import Rig, Scrape
 from tests.support.slurmcluster import SlurmCluster
 from tests.system.observe.conftest import alertmanager_config, generate_alerts
 
@@ -43,18 +44,27 @@ ALERT = "SlurmGpuXidResetRequired"
 
 
 @dataclass
-class Rig:
+class Remediation:
     cluster: SlurmCluster
-    agent: Agent
+    stack: Rig  # the agent over the fake NVML, Prometheus with the rules, Alertmanager
     remediate: Daemon
-    alertmanager: Alertmanager
-    prometheus: Prometheus
     drained_reason: str
-    fake: FakeNvml  # the fake NVML, and the state it serves
-    nvml: NvmlState
     alerts: Path  # the rule file Prometheus runs
     remediate_argv: list[str]
     started: list[Any]  # stopped by the fixture, last first
+
+    @property
+    def agent(self) -> Agent:
+        return self.stack.agent
+
+    @property
+    def prometheus(self) -> Prometheus:
+        return self.stack.prom
+
+    @property
+    def alertmanager(self) -> Alertmanager:
+        assert self.stack.alertmanager is not None
+        return self.stack.alertmanager
 
 
 def auth_headers() -> dict[str, str]:
@@ -62,7 +72,7 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
-def post(rig: Rig, payload: Any, auth: bool = True) -> tuple[int, dict[str, Any] | str]:
+def post(rig: Remediation, payload: Any, auth: bool = True) -> tuple[int, dict[str, Any] | str]:
     headers = {"Content-Type": "application/json", **(auth_headers() if auth else {})}
     request = urllib.request.Request(f"{rig.remediate.url}/alerts", method="POST",
                                      data=json.dumps(payload).encode(), headers=headers)
@@ -91,44 +101,31 @@ def resume(cluster: SlurmCluster) -> None:
         cluster.run(["scontrol", "update", f"NodeName={cluster.node_name}", "State=RESUME"])
 
 
-
-def start_alerting(started: list, base: Path, remediate_url: str, password_file: Path,
-                   alerts: Path, agent_port: int, node: str
-                   ) -> tuple[Alertmanager, Prometheus]:
-    """A real Alertmanager whose ``remediate`` receiver posts to ``remediate_url`` (basic
-    auth), and a Prometheus that scrapes the agent every second, evaluates ``alerts``
-    and sends them there; each goes on ``started`` as it starts."""
+def alerting(remediate_url: str, password_file: Path) -> tuple[dict[str, Any], WebhookReceiver]:
+    """The shipped Alertmanager config, its ``remediate`` receiver posting to
+    ``remediate_url`` (basic auth), the others to a webhook sink (returned too)."""
     sink = WebhookReceiver()
-    started.append(sink)
-    am_config = alertmanager_config(sink)
-    for receiver in am_config["receivers"]:
+    config = alertmanager_config(sink)
+    for receiver in config["receivers"]:
         if receiver["name"] == "remediate":
             receiver["webhook_configs"] = [{
                 "url": f"{remediate_url}/alerts", "send_resolved": False,
                 "http_config": {"basic_auth": {"username": USER,
                                                "password_file": str(password_file)}}}]
-    am = Alertmanager(am_config, base / "alertmanager")
-    started.append(am)
-    prom = Prometheus("prometheus", {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(alerts)],
-        "alerting": {"alertmanagers": [{"static_configs": [
-            {"targets": [f"127.0.0.1:{am.port}"]}]}]},
-        "scrape_configs": [{"job_name": "slurm-gpu-exporter", "scrape_timeout": "1s",
-                            "static_configs": [{"targets": [f"127.0.0.1:{agent_port}"],
-                                                "labels": {"node": node}}]}],
-    }, base / "prometheus")
-    started.append(prom)
-    return am, prom
+    return config, sink
+
+
+def node_scrape(node: str) -> Scrape:
+    """The agent scraped every second (timing out at 1 s), its target labelled ``node``:
+    the alert names that node."""
+    return Scrape("slurm-gpu-exporter", {"node": node}, timeout="1s")
+
 
 @pytest.fixture(scope="module")
 def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
-        ) -> Iterator[Rig]:
+        ) -> Iterator[Remediation]:
     began = time.monotonic()
     base = tmp_path_factory.mktemp("remediate")
-    fake = fake_nvml_or_skip(base / "nvml")
-    state = NvmlState(devices=[Device(index=0), Device(index=1)])
-    fake.write(state)
     web_config = base / "web-config.yml"
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
     web_config.write_text(yaml.safe_dump({"basic_auth_users": {USER: hashed}}))
@@ -139,15 +136,15 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
     resume(slurm_cluster)  # a node left drained by someone else would prove nothing
     started: list[Any] = []
     try:
-        spool = base / "spool"
-        spool.mkdir()
-        agent = Agent(["--spool-dir", str(spool), "--state-dir", str(base / "state"),
-                       "--sample-interval", "1"], env=fake.env(), log_path=base / "agent.log")
-        started.append(agent)
         port = free_port()
         remediate_url = f"http://127.0.0.1:{port}"
-        am, prom = start_alerting(started, base, remediate_url, password_file, alerts,
-                                  agent.port, slurm_cluster.node_name)
+        am_config, sink = alerting(remediate_url, password_file)
+        started.append(sink)
+        # The agent on a spool of its own (no Slurm look-ups) for the cluster's node.
+        stack = Rig(base, devices=2, rule_files=[alerts], alertmanager=am_config,
+                    scrape=node_scrape(slurm_cluster.node_name))
+        started.append(stack)
+        prom = stack.prom
         remediate_argv = [
             *with_slurm_env(slurm_cluster), str(REPORT), "remediate",
             "--web.listen-address", f"127.0.0.1:{port}", "--web.config.file", str(web_config),
@@ -155,26 +152,23 @@ def rig(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
             "--state-file", str(base / "remediate-state" / "remediate.json")]
         remediate = Daemon("remediate", remediate_argv, port, base)
         started.append(remediate)
-        agent.wait_ready()
         remediate.wait_ready("/-/healthy")
-        am.wait_ready()
-        prom.wait_ready()
         prom.wait_for('up{job="slurm-gpu-exporter"} == 1', timeout=30)
-        state.devices[1].xid_events = [XidEvent(seq=1, xid=79)]  # fallen off the bus
-        fake.write(state)
+        stack.devices[1].xid_events = [XidEvent(seq=1, xid=79)]  # fallen off the bus
+        stack.write_nvml()
         wait_until(lambda: drained(slurm_cluster), 60, "remediate to drain the node",
                    poll=0.5, log=remediate.log)
         reason = node_line(slurm_cluster).split("Reason=", 1)[1]
         print(f"remediate rig, Xid to drained node: {time.monotonic() - began:.1f} s")
-        yield Rig(slurm_cluster, agent, remediate, am, prom, reason, fake, state, alerts,
-                  remediate_argv, started)
+        yield Remediation(slurm_cluster, stack, remediate, reason, alerts, remediate_argv,
+                          started)
     finally:
         for thing in reversed(started):
             thing.stop()
         resume(slurm_cluster)
 
 
-def firing_payload(rig: Rig) -> dict[str, Any]:
+def firing_payload(rig: Remediation) -> dict[str, Any]:
     """The alert as Alertmanager holds it, in its webhook's shape."""
     alerts = http_json(f"{rig.alertmanager.url}/api/v2/alerts")
     ours = [a for a in alerts if a["labels"]["alertname"] == ALERT]
@@ -195,7 +189,7 @@ def utc(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def test_xid_alert_from_alertmanager_drains_the_node_naming_the_alert(rig: Rig) -> None:
+def test_xid_alert_from_alertmanager_drains_the_node_naming_the_alert(rig: Remediation) -> None:
     assert ALERT in rig.drained_reason
     assert "xid 79" in rig.drained_reason and "gpu 1" in rig.drained_reason
     since = active_since(rig.prometheus)
@@ -224,7 +218,7 @@ def evaluated_after(prom: Prometheus, t: float) -> dict[str, Any] | None:
 ACTED_ON = "ignored: acted on this firing of the alert before"
 
 
-def test_second_post_of_the_same_alert_does_not_act_again(rig: Rig) -> None:
+def test_second_post_of_the_same_alert_does_not_act_again(rig: Remediation) -> None:
     resume(rig.cluster)  # the admin reset the GPU and put the node back
     status, body = post(rig, firing_payload(rig))
     assert status == 200 and isinstance(body, dict)
@@ -232,7 +226,7 @@ def test_second_post_of_the_same_alert_does_not_act_again(rig: Rig) -> None:
     assert not drained(rig.cluster)
 
 
-def test_unauthenticated_post_is_refused_and_drains_nothing(rig: Rig) -> None:
+def test_unauthenticated_post_is_refused_and_drains_nothing(rig: Remediation) -> None:
     resume(rig.cluster)
     payload = firing_payload(rig)
     payload["alerts"][0]["fingerprint"] = "forged"
@@ -241,7 +235,7 @@ def test_unauthenticated_post_is_refused_and_drains_nothing(rig: Rig) -> None:
     assert not drained(rig.cluster)
 
 
-def test_hostile_node_labels_resolved_and_other_alerts_drain_nothing(rig: Rig) -> None:
+def test_hostile_node_labels_resolved_and_other_alerts_drain_nothing(rig: Remediation) -> None:
     resume(rig.cluster)
     node = rig.cluster.node_name
     alerts = []
@@ -263,7 +257,7 @@ def test_hostile_node_labels_resolved_and_other_alerts_drain_nothing(rig: Rig) -
     assert status == 400
 
 
-def test_dry_run_mode_drains_nothing(rig: Rig, tmp_path: Path) -> None:
+def test_dry_run_mode_drains_nothing(rig: Remediation, tmp_path: Path) -> None:
     resume(rig.cluster)
     port = free_port()
     dry = Daemon("remediate-dry", [
@@ -286,7 +280,7 @@ def test_dry_run_mode_drains_nothing(rig: Rig, tmp_path: Path) -> None:
 
 
 @pytest.mark.host_release  # episodes in Prometheus; the drain itself is tested on every release
-def test_missed_scrapes_do_not_make_it_a_new_alert_that_drains_again(rig: Rig) -> None:
+def test_missed_scrapes_do_not_make_it_a_new_alert_that_drains_again(rig: Remediation) -> None:
     """The agent stalls (as while it restarts after the GPU reset): its scrapes time out
     and the series go stale, so the alert's condition no longer holds. The rule keeps it
     firing (keep_firing_for), so once the agent is scraped again it is still the alert
@@ -321,7 +315,7 @@ def test_missed_scrapes_do_not_make_it_a_new_alert_that_drains_again(rig: Rig) -
     assert not drained(rig.cluster)
 
 
-def refusals(rig: Rig) -> dict[str, float]:
+def refusals(rig: Remediation) -> dict[str, float]:
     """remediate's refusal counters by reason, from its /metrics."""
     request = urllib.request.Request(f"{rig.remediate.url}/metrics", headers=auth_headers())
     with urllib.request.urlopen(request, timeout=10) as resp:
@@ -334,7 +328,8 @@ def refusals(rig: Rig) -> dict[str, float]:
     return found
 
 
-def test_alerts_forged_through_alertmanagers_api_drain_nothing_and_say_why(rig: Rig) -> None:
+def test_alerts_forged_through_alertmanagers_api_drain_nothing_and_say_why(
+        rig: Remediation) -> None:
     """Issue 33's attack: alerts posted to Alertmanager's open API, which routes them to
     remediate with its credentials. ``ALL`` is no node name; gpu-node-17 and this node's
     SlurmGpuLost are not firing in Prometheus (the real alert here is an Xid)."""
@@ -367,7 +362,7 @@ def test_alerts_forged_through_alertmanagers_api_drain_nothing_and_say_why(rig: 
     assert "refused SlurmGpuLost (node=ALL): not a node name" in log
 
 
-def counted(rig: Rig, outcome: str, reason: str) -> float:
+def counted(rig: Remediation, outcome: str, reason: str) -> float:
     """One of remediate's alert counters, from its /metrics."""
     request = urllib.request.Request(f"{rig.remediate.url}/metrics", headers=auth_headers())
     with urllib.request.urlopen(request, timeout=10) as resp:
@@ -377,7 +372,7 @@ def counted(rig: Rig, outcome: str, reason: str) -> float:
                if line.startswith(series))
 
 
-def post_to_alertmanager(rig: Rig, alerts: list[dict[str, Any]]) -> None:
+def post_to_alertmanager(rig: Remediation, alerts: list[dict[str, Any]]) -> None:
     request = urllib.request.Request(f"{rig.alertmanager.url}/api/v2/alerts", method="POST",
                                      data=json.dumps(alerts).encode(),
                                      headers={"Content-Type": "application/json"})
@@ -385,7 +380,7 @@ def post_to_alertmanager(rig: Rig, alerts: list[dict[str, Any]]) -> None:
         assert resp.status == 200
 
 
-def restart_remediate(rig: Rig) -> None:
+def restart_remediate(rig: Remediation) -> None:
     rig.remediate.stop()
     again = Daemon("remediate-restarted", rig.remediate_argv, rig.remediate.port,
                    rig.remediate.log_path.parent)
@@ -394,7 +389,7 @@ def restart_remediate(rig: Rig) -> None:
     again.wait_ready("/-/healthy")
 
 
-def assert_acted_on_before(rig: Rig, payload: dict[str, Any]) -> None:
+def assert_acted_on_before(rig: Remediation, payload: dict[str, Any]) -> None:
     status, body = post(rig, payload)
     assert not drained(rig.cluster), body
     assert status == 200 and isinstance(body, dict), body
@@ -402,7 +397,7 @@ def assert_acted_on_before(rig: Rig, payload: dict[str, Any]) -> None:
 
 
 @pytest.mark.host_release  # episodes in Prometheus; the drain itself is tested on every release
-def test_a_resumed_node_is_drained_again_only_for_a_new_firing(rig: Rig) -> None:
+def test_a_resumed_node_is_drained_again_only_for_a_new_firing(rig: Remediation) -> None:
     """Issue 42: after the admin resumed the node, posts of the same firing drain
     nothing, whatever their fingerprint, start or extra labels, through remediate's
     restart; once the alert resolved in Prometheus and fires again, it drains."""
@@ -449,8 +444,8 @@ def test_a_resumed_node_is_drained_again_only_for_a_new_firing(rig: Rig) -> None
                                f"node={node}"]
     # A new Xid on the same GPU: the alert fires again, a new firing, from the real
     # rule through Alertmanager.
-    rig.nvml.devices[1].xid_events.append(XidEvent(seq=2, xid=79))
-    rig.fake.write(rig.nvml)
+    rig.stack.devices[1].xid_events.append(XidEvent(seq=2, xid=79))
+    rig.stack.write_nvml()
     wait_until(lambda: drained(rig.cluster), 90, "remediate to drain for the new firing",
                poll=0.5, log=rig.remediate.log)
     second = active_since(prom)
