@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import json
 
-from slurm_gpu_exporter.report.figures.shapes import GpuDetail, JobDetail, JobUsage, NodeDetail
+from slurm_gpu_exporter.report.figures.shapes import (
+    Accounting,
+    GpuDetail,
+    JobDetail,
+    JobUsage,
+    NodeDetail,
+)
 from slurm_gpu_exporter.report.render.text import job_json
 from slurm_gpu_exporter.report.render.values import job_header, job_summary
 
@@ -59,3 +65,58 @@ def test_a_job_with_sm_activity_alone_has_no_tensor_or_dram_line() -> None:
     summary = dict(job_summary(_running_job(gpm_allocated_s=2 * H, sm_active_s=0.5 * H)))
     assert summary["GPU SM active"] == "25.0% over 2.00 GPU-hours with GPM"
     assert "GPU tensor active" not in summary and "GPU DRAM active" not in summary
+
+
+def _ended_job(*, cpu_energy_j: float | None = None, energy_j: float | None = None,
+               unknown_s: float = 0.0, allocated_s: float = 2 * H,
+               accounting: Accounting | None = None) -> JobDetail:
+    """Job 9, one GPU, ended an hour before NOW."""
+    job = JobUsage("9", user="ben", gpus=1, allocated_s=allocated_s, busy_s=allocated_s / 2,
+                   start=NOW - 3 * H, end=NOW - 1 * H, unknown_s=unknown_s)
+    gpu = GpuDetail("0", "GPU-c", allocated_s, allocated_s / 2, energy_j=energy_j)
+    node = NodeDetail("n2", cpus=4, gpus=[gpu], cpu_energy_j=cpu_energy_j)
+    return JobDetail(job, [node], accounting, now=NOW)
+
+
+def test_cpu_and_dram_energy_is_shown_in_kwh_with_its_caveat() -> None:
+    detail = _ended_job(cpu_energy_j=1.8e6, energy_j=7.2e6)  # 0.5 kWh and 2 kWh
+    summary = dict(job_summary(detail))
+    assert summary["CPU and DRAM energy"] == "0.500 kWh (share by CPU time, an estimate)"
+    assert summary["GPU energy"] == "2.000 kWh"
+    (job,) = json.loads(job_json([detail], queries=1))["jobs"]
+    assert job["cpu_energy_kwh"] == 0.5 and job["energy_kwh"] == 2.0
+    # 7.2 MJ over the 2 GPU-hours held: 1000 W
+    assert job["gpu_power_mean_w"] == 1000.0
+
+
+def test_a_job_without_energy_readings_shows_dashes_and_nulls() -> None:
+    detail = _ended_job()
+    summary = dict(job_summary(detail))
+    assert summary["GPU energy"] == "-" and "CPU and DRAM energy" not in summary
+    (job,) = json.loads(job_json([detail], queries=1))["jobs"]
+    assert job["cpu_energy_kwh"] is None and job["energy_kwh"] is None
+    assert job["gpu_power_mean_w"] is None
+
+
+def test_mean_power_counts_the_unmeasured_time_held_even_under_a_second() -> None:
+    # held 0.5 s, none of it measured: 100 J over 0.5 s
+    detail = _ended_job(energy_j=100.0, allocated_s=0.0, unknown_s=0.5)
+    (job,) = json.loads(job_json([detail], queries=1))["jobs"]
+    assert job["gpu_power_mean_w"] == 200.0
+    assert job["unmeasured_gpu_hours"] == 0.5 / 3600
+
+
+def test_unmeasured_gpu_time_is_shown_in_gpu_hours_from_36_seconds() -> None:
+    summary = dict(job_summary(_ended_job(unknown_s=100 * H)))
+    assert summary["GPU time unmeasured"] == (
+        "100.00 GPU-hours (the driver's samples may have been lost: neither busy nor idle)")
+    assert "GPU time unmeasured" in dict(job_summary(_ended_job(unknown_s=36.0)))
+    assert "GPU time unmeasured" not in dict(job_summary(_ended_job(unknown_s=35.9)))
+
+
+def test_a_time_limit_of_zero_or_none_is_a_dash() -> None:
+    for limit in (0.0, None):
+        header = dict(job_header(_ended_job(accounting=Accounting("COMPLETED", limit))))
+        assert header["Time limit"] == "-" and header["State"] == "COMPLETED"
+    header = dict(job_header(_ended_job(accounting=Accounting("TIMEOUT", 90 * 60.0))))
+    assert header["Time limit"] == "1h30m" and header["Run time"] == "2h00m"

@@ -12,7 +12,7 @@ import pytest
 
 from slurm_gpu_exporter.report.figures.usage import UsageGroup, UsageReport
 from slurm_gpu_exporter.report.figures.window import Window
-from slurm_gpu_exporter.report.render.usage import render_usage
+from slurm_gpu_exporter.report.render.usage import render_usage, usage_table
 
 H = 3600.0
 KWH = 3.6e6
@@ -85,7 +85,7 @@ def test_the_terminal_table_in_colour_makes_the_title_bold() -> None:
     plain = render_usage(_report(), "table")
     out = render_usage(_report(), "table", color=True)
     assert out.startswith("\x1b[1m" + TITLE + "\x1b[0m")
-    assert "\x1b[" not in plain
+    assert "\x1b[" not in plain and "\x1b[" not in usage_table(_report())  # plain by default
 
 
 def test_an_empty_window_says_no_job_ended_in_every_text_format() -> None:
