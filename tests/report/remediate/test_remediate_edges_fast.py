@@ -337,3 +337,11 @@ def test_the_book_keeps_the_newest_of_three_over_a_cap_of_two(
 def test_off_nothing_is_asked() -> None:
     slurm = Commands({"40": job("40")})
     assert _on(_requeuer(slurm, RequeuePolicy("off")), [FAULT]) is True
+
+
+def test_the_webhooks_guard_keeps_the_listeners_limits() -> None:
+    from slurm_gpu_exporter.web.connections import ConnectionLimits
+    from slurm_gpu_exporter.web.middleware import GUARD_KEY
+
+    guard = make_app(_rem(Slurm()), _firing)[GUARD_KEY]
+    assert guard.limits == ConnectionLimits()
