@@ -27,6 +27,7 @@ from slurm_gpu_exporter.report.remediate.requeuer import requeue_verdict
 from slurm_gpu_exporter.report.remediate.webhook import make_app
 from slurm_gpu_exporter.report.slurm.squeue import SlurmJob
 from slurm_gpu_exporter.web.config import WebConfig
+from tests.report.remediate.test_remediate_requeue import settle
 from tests.report.remediate.test_remediator_fast import FIRING, Slurm, _rem, alert
 from tests.report.remediate.test_requeue_fast import (
     ALL,
@@ -267,10 +268,7 @@ def test_an_overdue_requeue_runs_at_once_after_a_restart() -> None:
     async def go() -> list[tuple[str, ...]]:
         req = _requeuer(slurm, book=book)
         req.resume()
-        for _ in range(25):  # at most 0.5 s: "at once", not after a second
-            if slurm.calls:
-                break
-            await asyncio.sleep(0.02)
+        await settle(lambda: bool(slurm.calls), timeout=0.5)  # "at once", not after 1 s
         await req.close()
         return slurm.calls
     assert asyncio.run(go())[0] == ("requeue", "40")
