@@ -12,6 +12,7 @@ from urllib.parse import parse_qsl
 
 import pytest
 from aiohttp import web
+from aiohttp.streams import EmptyStreamReader
 from aiohttp.test_utils import make_mocked_request
 from yarl import URL
 
@@ -235,3 +236,59 @@ def test_busy_checkers_and_a_busy_store_share_are_503() -> None:
     error = refused(state, "/api/v1/query?query=up")
     assert (error.status, error.reason, error.message, error.retry_after) == (
         503, "busy", "you have 16 requests at the store; retry in 2 s", 2)
+
+
+def test_an_admins_other_request_goes_to_the_store_as_it_came() -> None:
+    state = State()
+    app = web.Application()
+    app[STATE] = state  # type: ignore[assignment]
+    request = make_mocked_request("POST", "/api/v1/admin/tsdb/snapshot?skip_head=true",
+                                  headers={"Content-Type": "text/plain"}, app=app,
+                                  payload=EmptyStreamReader())
+    request[SCOPE] = ADMIN
+    request[CALLER] = Caller("root", "basic")
+    asyncio.run(api(request))
+    [(endpoint, method, url, caller, admin, kwargs)] = state.upstream_calls.calls
+    assert (endpoint, method, str(url), caller, admin) == (
+        "admin_passthrough", "POST",
+        "http://store:9090/prom/api/v1/admin/tsdb/snapshot?skip_head=true", "root", True)
+    assert kwargs == {"data": b"", "headers": {"Content-Type": "text/plain"}}
+
+
+class Gate(Checks):
+    """Checks that wait for ``opened`` before answering."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def check(self, kind: str, text: str, scope: Scope) -> str:
+        self.entered.set()
+        await self.opened.wait()
+        return await super().check(kind, text, scope)
+
+
+def test_a_query_that_waited_for_its_share_is_refused_if_the_user_was_struck_meanwhile(
+        ) -> None:
+    async def run() -> tuple[object, object]:
+        state = State(checks=Gate())
+        app = web.Application()
+        app[STATE] = state  # type: ignore[assignment]
+
+        def request() -> web.Request:
+            r = make_mocked_request("GET", "/api/v1/query?query=up", app=app)
+            r[SCOPE], r[CALLER] = ALICE, Caller("alice", "basic")
+            return r
+
+        first = asyncio.create_task(api(request()))
+        await state.checks.entered.wait()  # holds alice's one check slot
+        second = asyncio.create_task(api(request()))
+        await asyncio.sleep(0.01)  # waits for the slot
+        state.backoff.strike("alice")  # another of her queries was killed for time
+        state.checks.opened.set()
+        return tuple(await asyncio.gather(first, second, return_exceptions=True))
+
+    first, second = asyncio.run(run())
+    assert isinstance(first, web.Response)
+    assert isinstance(second, Refused) and (second.status, second.reason) == (429, "backoff")
