@@ -100,7 +100,8 @@ def test_make_app_builds_the_state_from_the_config_and_limits() -> None:
     assert isinstance(state.backoff, Backoff)
     assert (state.backoff.first, state.backoff.longest, state.backoff.forget) == (
         2.0, 9.0, 50.0)
-    assert state.check_share.limit == 3  # type: ignore[attr-defined]
+    assert (state.check_share.what, state.check_share.limit) == ("queries being checked", 3)
+    assert state.upstream_calls.limits is limits
 
 
 def _cert_request(headers: dict[str, str], sans: tuple[str, ...]) -> web.Request:

@@ -16,8 +16,11 @@ import pytest
 from aiohttp import web
 
 from slurm_gpu_exporter.proxy import cli
+from slurm_gpu_exporter.proxy import munge as munge_module
 from slurm_gpu_exporter.proxy.config import ProxyConfig
+from slurm_gpu_exporter.proxy.fairness import FairLimits
 from slurm_gpu_exporter.proxy.query.check_worker import answer
+from slurm_gpu_exporter.proxy.state import STATE
 from slurm_gpu_exporter.web.config import WebConfig
 from slurm_gpu_exporter.web.listen import Bound, ListenError
 
@@ -93,12 +96,24 @@ def test_serve_says_whether_it_can_read_the_archive(
 
 
 def test_serve_names_the_munge_audiences_it_takes(
-        listener: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+        listener: dict[str, Any], caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(munge_module.shutil, "which", lambda name: f"/usr/bin/{name}")
     with caplog.at_level(logging.INFO, logger="slurm_gpu_exporter.proxy"):
         serve(munge_socket=Path("/run/m.sock"),
               audiences=frozenset({"https://b.example:1", "https://a.example:1"}))
     assert ("taking munge credentials made for https://a.example:1, https://b.example:1"
             in caplog.messages)
+    decoder = listener["app"][STATE].munge
+    assert decoder.socket == Path("/run/m.sock")
+    assert decoder.audiences == {"https://a.example:1", "https://b.example:1"}
+
+
+def test_serve_hands_the_app_its_limits_and_no_munge_without_a_socket(
+        listener: dict[str, Any]) -> None:
+    serve(limits=FairLimits(checks_per_user=3))
+    state = listener["app"][STATE]
+    assert state.munge is None and state.check_share.limit == 3
 
 
 def test_serve_warns_when_the_file_limit_leaves_fewer_connections(

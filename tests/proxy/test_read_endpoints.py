@@ -164,8 +164,9 @@ def test_a_long_query_goes_up_as_a_post_form() -> None:
     state = State()
     jobs = "|".join(f"j{i}" for i in range(1000))
     ask(state, f'/api/v1/query?query=up{{job=~"{jobs}"}}')
-    endpoint, method, path, form, _, _ = sent(state)
-    assert (endpoint, method, path) == ("query", "POST", "/prom/api/v1/query")
+    endpoint, method, path, form, caller, admin = sent(state)
+    assert (endpoint, method, path, caller, admin) == (
+        "query", "POST", "/prom/api/v1/query", "alice", False)
     assert form == [("query", f'{{__name__="up",job=~"{jobs}",user="alice"}}')]
     [(_, _, _, _, _, kwargs)] = state.upstream_calls.calls
     assert kwargs["headers"] == {"Content-Type": "application/x-www-form-urlencoded"}
