@@ -90,7 +90,9 @@ def test_serve_says_whether_it_can_read_the_archive(
         listener: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="slurm_gpu_exporter.proxy"):
         serve(archive=Archive("no such table: jobs"))
-        serve(archive=Archive(None))
+        archive = Archive(None)
+        serve(archive=archive)
+    assert listener["app"][STATE].archive is archive  # served even before it can be read
     assert "the job archive cannot be read yet: no such table: jobs" in caplog.messages
     assert "serving archived jobs from sqlite:///srv/archive.db" in caplog.messages
 
