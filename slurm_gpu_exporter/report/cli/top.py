@@ -5,7 +5,7 @@ Each frame is the ``job`` report's queries over the job's life (the first frame 
 back 30 days for its start, later ones from the start on) plus ``top.now``'s, a fixed
 number whatever the job's size. A job Prometheus does not know yet but Slurm lists as
 running or pending is waited for (``top.wait``, ``--wait``), after the refusal of another
-user's job. ^C leaves quietly.
+user's job. ^C leaves quietly, at once (``top.interrupt``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from slurm_gpu_exporter.report.render.text import job_table
 from slurm_gpu_exporter.report.render.values import when
 from slurm_gpu_exporter.report.slurm.actions import listed_jobs
 from slurm_gpu_exporter.report.top.frame import frame
+from slurm_gpu_exporter.report.top.interrupt import interrupt_event, until_interrupted
 from slurm_gpu_exporter.report.top.now import STALE_AFTER_S, JobNow, fetch_now
 from slurm_gpu_exporter.report.top.wait import (
     SlurmSays,
@@ -125,34 +126,49 @@ async def _first_frame(prom: PrometheusClient, args: argparse.Namespace, config:
 
 
 async def _top(args: argparse.Namespace, config: Config) -> int:
+    async with prometheus(args) as prom:
+        with interrupt_event() as interrupted:
+            return await _frames(prom, args, config, interrupted)
+
+
+async def _frames(prom: PrometheusClient, args: argparse.Namespace, config: Config,
+                  interrupted: asyncio.Event) -> int:
+    """Draw frames until the job ends (0) or ^C (0, at once, whatever was running)."""
     tty = sys.stdout.isatty()
     color = tty and "NO_COLOR" not in os.environ
-    start: float | None = None
-    async with prometheus(args) as prom:
-        # An array task asked as users know it (1234_5) is followed by its own job id.
-        window = make_window(None, None, None, time.time(), default_since="30d")
-        filters = Filters(cluster=args.cluster, cluster_label=args.cluster_label)
-        args.jobid = (await resolve_array_tasks(prom, window, [args.jobid], filters))[0]
-        got = await _first_frame(prom, args, config)
-        while True:
-            detail, live, at = got
-            start = detail.start
-            if not detail.running or live.stale(at):
-                sys.stdout.write((CLEAR if tty and not args.once else "")
-                                 + job_table([detail], color=color) + _ended(detail) + "\n")
-                return 0
-            width = shutil.get_terminal_size((110, 24)).columns if tty else 110
-            page = frame(detail, live, at, None if args.once else args.interval,
-                         width=max(80, width), color=color)
-            if args.once:
-                sys.stdout.write(page)
-                return 0
-            sys.stdout.write(CLEAR + page if tty else page + "\n")
-            sys.stdout.flush()
-            await asyncio.sleep(max(0.0, args.interval - (time.time() - at)))
-            got = await _frame(prom, args, config, start)
-            if got is None:
-                raise unknown_jobs_error([args.jobid], Window(start or at, time.time()))
+    # An array task asked as users know it (1234_5) is followed by its own job id.
+    window = make_window(None, None, None, time.time(), default_since="30d")
+    filters = Filters(cluster=args.cluster, cluster_label=args.cluster_label)
+    stopped, ids = await until_interrupted(
+        resolve_array_tasks(prom, window, [args.jobid], filters), interrupted)
+    if stopped or ids is None:
+        return 0
+    args.jobid = ids[0]
+    stopped, got = await until_interrupted(_first_frame(prom, args, config), interrupted)
+    while not stopped and got is not None:
+        detail, live, at = got
+        start = detail.start
+        if not detail.running or live.stale(at):
+            sys.stdout.write((CLEAR if tty and not args.once else "")
+                             + job_table([detail], color=color) + _ended(detail) + "\n")
+            return 0
+        width = shutil.get_terminal_size((110, 24)).columns if tty else 110
+        page = frame(detail, live, at, None if args.once else args.interval,
+                     width=max(80, width), color=color)
+        if args.once:
+            sys.stdout.write(page)
+            return 0
+        sys.stdout.write(CLEAR + page if tty else page + "\n")
+        sys.stdout.flush()
+        stopped, _ = await until_interrupted(
+            asyncio.sleep(max(0.0, args.interval - (time.time() - at))), interrupted)
+        if stopped:
+            break
+        stopped, got = await until_interrupted(_frame(prom, args, config, start),
+                                               interrupted)
+        if not stopped and got is None:
+            raise unknown_jobs_error([args.jobid], Window(start or at, time.time()))
+    return 0
 
 
 def _ended(detail: JobDetail) -> str:
