@@ -20,6 +20,7 @@ from slurm_gpu_exporter.report.render.values import (
     GPU_HEADINGS,
     HEADINGS,
     LOW_UTIL_COLUMNS,
+    NUMERIC,
     TOTAL_COLUMNS,
     gpu_rows,
     job_header,
@@ -32,10 +33,6 @@ from slurm_gpu_exporter.report.render.values import (
     show_gpu,
     total_row,
 )
-
-NUMERIC = {"gpus", "gpu_hours", "busy_ratio", "sm_active_ratio", "idle_gpus", "gpu_memory_peak_gib",
-           "wasted_gpu_hours", "jobs", "allocated_hours", "gpu_memory_total_gib", "energy_kwh",
-           "busy_gpu_hours", "sm_active_gpu_hours", "cpu_hours"}
 
 
 def _console(width: int, color: bool) -> tuple[Console, io.StringIO]:

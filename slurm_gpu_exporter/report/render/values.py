@@ -14,12 +14,20 @@ from slurm_gpu_exporter.report.figures.shapes import (
     LowUtilReport,
     Total,
 )
-from slurm_gpu_exporter.report.figures.table import gpm_activities, shown, value_of
+from slurm_gpu_exporter.report.figures.table import FIGURES, gpm_activities, shown, value_of
 
 GIB = 2**30
 
 LOW_UTIL_COLUMNS = ("job", "user", "account", "partition", "gpus", "gpu_hours", "busy_ratio",
                     "idle_gpus", "gpu_memory_peak_gib", "wasted_gpu_hours")
+# Columns printed right-aligned, as numbers: the tables' and usage's (with the GPU-hours
+# of each figure the table gives a usage heading).
+NUMERIC = frozenset({
+    "gpus", "gpu_hours", "busy_ratio", "sm_active_ratio", "idle_gpus", "gpu_memory_peak_gib",
+    "wasted_gpu_hours", "jobs", "allocated_hours", "gpu_memory_total_gib", "energy_kwh",
+    "busy_gpu_hours", "sm_active_gpu_hours", "cpu_hours", "cpu_energy_kwh", "emissions_kg",
+    *(f"{f.name}_gpu_hours" for f in FIGURES if f.usage_heading)})
+
 HEADINGS = {
     "job": "Job", "user": "User", "account": "Account", "partition": "Partition",
     "gpus": "GPUs", "gpu_hours": "GPU-h", "busy_ratio": "Busy", "idle_gpus": "Idle GPUs",
