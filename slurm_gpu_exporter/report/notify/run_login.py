@@ -8,7 +8,7 @@ import urllib.parse
 
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.notify.relay import PLAIN_SMTP, RelayLogin, relay_login
-from slurm_gpu_exporter.report.relay_settings import RelaySettings
+from slurm_gpu_exporter.report.relay_settings import KEYS, RelaySettings
 
 
 def login_for(args: argparse.Namespace, settings: RelaySettings, mails_by_smtp: bool,
@@ -18,10 +18,8 @@ def login_for(args: argparse.Namespace, settings: RelaySettings, mails_by_smtp: 
     anything, or for a dry run, which sends nothing. ReportError (exit 2) when login
     flags come without mail through SMTP (``mails_by_smtp``): a config's keys then
     simply do not apply."""
-    flags = [flag for flag, value in (
-        ("--smtp-starttls", args.smtp_starttls), ("--smtp-ca-file", args.smtp_ca_file),
-        ("--smtp-user", args.smtp_user), ("--smtp-password-file", args.smtp_password_file))
-        if value]
+    # Each key is its flag's argparse name (smtp_ca_file is --smtp-ca-file).
+    flags = [flag for key, (flag, _) in KEYS.items() if getattr(args, key)]
     if dry_run:
         return PLAIN_SMTP
     if flags and not mails_by_smtp:
