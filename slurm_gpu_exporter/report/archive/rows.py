@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -17,7 +18,13 @@ from slurm_gpu_exporter.report.figures.shapes import (
     JobUsage,
     NodeDetail,
 )
-from slurm_gpu_exporter.report.figures.table import Figure, archived, reader, set_value
+from slurm_gpu_exporter.report.figures.table import (
+    Figure,
+    archived,
+    dict_reader,
+    reader,
+    set_value,
+)
 
 # What the archive keeps of each job, node and GPU (figures/table.py). A node's
 # figures go in the job row's ``nodes`` JSON under their field names.
@@ -25,11 +32,23 @@ JOB_FIGURES = tuple(f for f in archived() if f.job_column)
 NODE_FIGURES = tuple(f for f in archived() if f.scope == "node" and f.attr)
 GPU_FIGURES = tuple(f for f in archived() if f.gpu_column)
 # Each figure's value on the detail it is kept from, read the same way every time
-_NODE_READ = {f.attr: reader(NodeDetail, f.attr) for f in NODE_FIGURES}
-_GPU_READ = {f.gpu_column: reader(GpuDetail, f.attr) for f in GPU_FIGURES}
-_JOB_READ = {f.job_column: reader(JobUsage, f.job_attr) if f.job_attr
-             else reader(NodeDetail if f.scope == "node" else GpuDetail, f.attr)
-             for f in JOB_FIGURES}
+_node_figures = dict_reader(NodeDetail, tuple((f.attr, f.attr) for f in NODE_FIGURES))
+_gpu_figures = dict_reader(GpuDetail, tuple((f.gpu_column, f.attr) for f in GPU_FIGURES))
+# a job's own figures (``job_attr``), and those summed over its nodes or GPUs
+_usage_figures = dict_reader(JobUsage, tuple((f.job_column, f.job_attr)
+                                             for f in JOB_FIGURES if f.job_attr))
+
+
+def _summed(fig: Figure) -> Callable[[JobDetail], float | None]:
+    """A figure of the whole job that has none of its own: the sum of its nodes' or
+    GPUs' known values (None where none is known)."""
+    read = reader(NodeDetail if fig.scope == "node" else GpuDetail, fig.attr)
+    if fig.scope == "node":
+        return lambda d: _sum([read(n) for n in d.nodes])
+    return lambda d: _sum([read(g) for n in d.nodes for g in n.gpus])
+
+
+_SUMMED = tuple((f.job_column, _summed(f)) for f in JOB_FIGURES if not f.job_attr)
 
 
 @dataclass
@@ -52,12 +71,12 @@ def job_row(record: ArchiveRecord, archived_at: float) -> dict[str, Any]:
     return {
         "jobid": u.jobid, "cluster": u.cluster, "username": u.user,
         "account": u.account or acct.account, "partition": u.partition, "job_name": u.name,
-        "nodes": json.dumps([{"node": n.node, **{attr: read(n)
-                                                 for attr, read in _NODE_READ.items()}}
+        "nodes": json.dumps([{"node": n.node, **_node_figures(n)}
                              for n in d.nodes]),
         "node_count": len(d.nodes), "gpus": sum(len(n.gpus) for n in d.nodes),
         "gpu_model": ",".join(models),
-        **{f.job_column: _job_value(d, f) for f in JOB_FIGURES},
+        **_usage_figures(u),
+        **{column: summed(d) for column, summed in _SUMMED},
         # Slurm accounting's times where the agent's series had none
         "start_time": d.start, "end_time": d.end,
         "end_month": month_of(d.end), "state": acct.state, "exit_code": acct.exit_code,
@@ -70,17 +89,6 @@ def job_row(record: ArchiveRecord, archived_at: float) -> dict[str, Any]:
         **_array_task(u),
         **_gpu_events(d),
     }
-
-
-def _job_value(detail: JobDetail, fig: Figure) -> float | None:
-    """A figure of the whole job: the job's own (``job_attr``), else the sum of its
-    nodes' or GPUs' known values (None where none is known)."""
-    read = _JOB_READ[fig.job_column]
-    if fig.job_attr:
-        return read(detail.usage)  # type: ignore[no-any-return]
-    if fig.scope == "node":
-        return _sum([read(n) for n in detail.nodes])
-    return _sum([read(g) for n in detail.nodes for g in n.gpus])
 
 
 def _gpu_events(detail: JobDetail) -> dict[str, Any]:
@@ -136,7 +144,7 @@ def gpu_rows_of(record: ArchiveRecord) -> list[dict[str, Any]]:
     u = record.detail.usage
     return [{"jobid": u.jobid, "cluster": u.cluster, "node": n.node, "gpu": g.gpu,
              "uuid": g.uuid, "model": record.gpu_models.get((n.node, g.gpu), ""),
-             **{column: read(g) for column, read in _GPU_READ.items()},
+             **_gpu_figures(g),
              **_gpu_event_columns(g)}
             for n in record.detail.nodes for g in n.gpus]
 

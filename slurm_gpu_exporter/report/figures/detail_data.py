@@ -35,9 +35,9 @@ class DetailDataError(ValueError):
 # Fields added since the first release, left out of the data while they hold their
 # default, so that a reader of an older release still takes the detail whole.
 _LATER_USAGE_FIELDS = {"array_job_id": "", "array_task_id": "", "slowed_s": None,
-                       "slowed_reason": "", "more": {}}
-_LATER_GPU_FIELDS = {"throttled": [], "faults": [], "more": {}}
-_LATER_NODE_FIELDS = {"more": {}}
+                       "slowed_reason": "", "more": None}
+_LATER_GPU_FIELDS = {"throttled": [], "faults": [], "more": None}
+_LATER_NODE_FIELDS = {"more": None}
 MAX_MORE = 100  # figures without a field of their own (figures/table.py), per part
 
 
@@ -54,7 +54,8 @@ def detail_to_data(detail: JobDetail) -> dict[str, Any]:
 
 def _drop_defaults(data: dict[str, Any], later: dict[str, Any]) -> None:
     for name, default in later.items():
-        if name in data and data[name] == default:
+        # an empty ``more`` is as good as none
+        if name in data and (data[name] == default or (name == "more" and not data[name])):
             del data[name]
 
 

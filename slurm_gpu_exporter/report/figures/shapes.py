@@ -43,8 +43,9 @@ class JobUsage:
     # GPU-seconds the GPUs were held back by their most frequent slowing reason (low-util)
     slowed_s: float | None = None
     slowed_reason: str = ""
-    # figures of figures/table.py that have no field of their own, by their field name
-    more: dict[str, float | None] = field(default_factory=dict)
+    # figures of figures/table.py that have no field of their own, by their field name;
+    # None until one is set (a dict each of thousands of jobs, nodes and GPUs cost GC time)
+    more: dict[str, float | None] | None = None
 
     @property
     def shown(self) -> str:
@@ -173,8 +174,9 @@ class GpuDetail:
     unknown_s: float | None = None  # held where the driver's samples may have been lost
     throttled: list[Throttle] = field(default_factory=list)  # by reason the GPU reports
     faults: list[GpuFault] = field(default_factory=list)  # only kinds that happened
-    # figures of figures/table.py that have no field of their own, by their field name
-    more: dict[str, float | None] = field(default_factory=dict)
+    # figures of figures/table.py that have no field of their own, by their field name;
+    # None until one is set (a dict each of thousands of jobs, nodes and GPUs cost GC time)
+    more: dict[str, float | None] | None = None
 
     @property
     def busy_ratio(self) -> float | None:
@@ -217,8 +219,9 @@ class NodeDetail:
     gpus: list[GpuDetail] = field(default_factory=list)
     cpu_energy_j: float | None = None  # CPU package and DRAM (RAPL), the job's share
     target: str = ""  # the Prometheus target (instance) it came from; "" from the archive
-    # figures of figures/table.py that have no field of their own, by their field name
-    more: dict[str, float | None] = field(default_factory=dict)
+    # figures of figures/table.py that have no field of their own, by their field name;
+    # None until one is set (a dict each of thousands of jobs, nodes and GPUs cost GC time)
+    more: dict[str, float | None] | None = None
 
 
 @dataclass

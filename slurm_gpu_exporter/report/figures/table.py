@@ -131,7 +131,9 @@ def figure(name: str) -> Figure:
 def value_of(holder: Any, attr: str) -> Any:
     """A figure's value on a JobUsage, NodeDetail or GpuDetail: its field, or its entry
     in ``more`` where the figure has no field of its own."""
-    return getattr(holder, attr) if hasattr(holder, attr) else holder.more.get(attr)
+    if hasattr(holder, attr):
+        return getattr(holder, attr)
+    return holder.more.get(attr) if holder.more else None
 
 
 def reader(kind: type, attr: str) -> Callable[[Any], Any]:
@@ -139,7 +141,26 @@ def reader(kind: type, attr: str) -> Callable[[Any], Any]:
     figures per GPU of thousands of jobs)."""
     if attr in {f.name for f in fields(kind)}:
         return attrgetter(attr)
-    return lambda holder: holder.more.get(attr)
+    return lambda holder: holder.more.get(attr) if holder.more else None
+
+
+def dict_reader(kind: type, pairs: tuple[tuple[str, str], ...]
+                ) -> Callable[[Any], dict[str, Any]]:
+    """A function making ``{key: value of attr}`` of one dataclass for (key, attr) pairs:
+    an archive row's figures, for each of thousands of jobs, nodes and GPUs. It is
+    compiled once from the rows (as ``dataclasses`` makes ``__init__``), so it costs what
+    a dict written out by hand does (a comprehension over the pairs took twice as long:
+    the GPU rows of 2,000 jobs, 4 ms by hand, took 8.7)."""
+    own = {f.name for f in fields(kind)}
+    items = []
+    for key, attr in pairs:
+        if not (attr.isidentifier() and key.isidentifier()):
+            raise ReportError(f"figure field {attr!r} or key {key!r} is not a name")
+        items.append(f"{key!r}: h.{attr}" if attr in own
+                     else f"{key!r}: h.more.get({attr!r}) if h.more else None")
+    namespace: dict[str, Any] = {}
+    exec(f"def read(h):\n    return {{{', '.join(items)}}}\n", namespace)
+    return namespace["read"]  # type: ignore[no-any-return]
 
 
 def set_value(holder: Any, attr: str, value: Any) -> None:
@@ -147,7 +168,11 @@ def set_value(holder: Any, attr: str, value: Any) -> None:
     if hasattr(holder, attr):
         setattr(holder, attr, value)
     elif value is None:  # not measured: absent, as in a detail that never had it
-        holder.more.pop(attr, None)
+        if holder.more:
+            holder.more.pop(attr, None)
+            holder.more = holder.more or None
+    elif holder.more is None:
+        holder.more = {attr: value}
     else:
         holder.more[attr] = value
 

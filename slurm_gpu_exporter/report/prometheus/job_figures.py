@@ -144,6 +144,7 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
     for gkey in values[HELD]:
         gpus_of.setdefault(gkey[:2], []).append(gkey)
     shown = shown_nodes(got["info"])
+    node_args, gpu_args = _found("node", values), _found("gpu", values)
     for (jobid, instance), info in sorted(infos.items()):
         cluster = info.labels.get(filters.cluster_label, "")
         if (cluster, jobid) not in found:
@@ -156,46 +157,82 @@ def jobs_from_answers(got: dict[str, list[Sample]], filters: Filters
         usage, nodes = found[cluster, jobid]
         key = (jobid, instance)
         node = NodeDetail(node=shown[instance], target=instance,
-                          **_found("node", values, key))
+                          **node_args.get(key, {}))
         for gkey in sorted(gpus_of.get(key, []), key=_gpu_order):
             throttled, faults = events.get(gkey, ([], []))
             node.gpus.append(GpuDetail(gpu=gkey[2], uuid=gkey[3], throttled=throttled,
-                                       faults=faults, **_found("gpu", values, gkey)))
+                                       faults=faults,
+                                       **_device(values, gkey, gpu_args.get(gkey, {}))))
         nodes.append(node)
         add_node(usage, node, {f.name: values[f.name][key] for f in _NODE_FIGURES
                                if key in values[f.name]})
     return found
 
 
-# Per scope, the figures a node or GPU detail holds (read once per detail).
-_HELD_BY = {scope: tuple(f for f in FIGURES if f.scope == scope and f.attr)
-            for scope in ("node", "gpu")}
+# Per scope, the figures a node or GPU detail holds, read once per detail: (name, read
+# by device, a count, field, a field of its own or one of ``more``).
 _FIELDS = {"node": {f.name for f in dataclasses.fields(NodeDetail)},
            "gpu": {f.name for f in dataclasses.fields(GpuDetail)}}
+_HELD_BY = {scope: tuple((f.name, f.shape == "device", f.whole, f.attr, f.attr in _FIELDS[scope])
+                         for f in FIGURES if f.scope == scope and f.attr)
+            for scope in ("node", "gpu")}
 _COMBINED = tuple(f for f in FIGURES if f.combine)
 _NODE_FIGURES = tuple(f for f in FIGURES if f.scope == "node")
-_GPU_READ = {f.name: reader(GpuDetail, f.attr) for f in _COMBINED if f.scope == "gpu"}
 
 
-def _found(scope: str, values: dict[str, dict[tuple[str, ...], float]],
-           key: tuple[str, ...]) -> dict[str, Any]:
-    """The node's or GPU's figures that the answers hold, by field (``more`` holds the
-    others): the detail's constructor arguments."""
-    fields: dict[str, Any] = {}
-    more: dict[str, float] = {}
-    for fig in _HELD_BY[scope]:
-        found = values[fig.name].get((key[1], key[3]) if fig.shape == "device" else key)
-        if found is not None:
-            value = int(found) if fig.whole else found
-            if fig.attr in _FIELDS[scope]:
-                fields[fig.attr] = value
+def _found(scope: str, values: dict[str, dict[tuple[str, ...], float]]
+           ) -> dict[tuple[str, ...], dict[str, Any]]:
+    """Each node's or GPU's figures that the answers hold, by field (``more`` holds the
+    others): the detail's constructor arguments, by its key. A device's figure is
+    read by ``_device``: two jobs' GPUs share it."""
+    found: dict[tuple[str, ...], dict[str, Any]] = {}
+    for name, by_device, whole, attr, own in _HELD_BY[scope]:
+        if by_device:
+            continue
+        for key, value in values[name].items():
+            args = found.get(key)
+            if args is None:
+                args = found[key] = {}
+            if whole:
+                value = int(value)
+            if own:
+                args[attr] = value
+            elif "more" in args:
+                args["more"][attr] = value
             else:
-                more[fig.attr] = value
-    return {**fields, "more": more} if more else fields
+                args["more"] = {attr: value}
+    return found
+
+
+def _device(values: dict[str, dict[tuple[str, ...], float]], gkey: tuple[str, ...],
+            args: dict[str, Any]) -> dict[str, Any]:
+    """A GPU's constructor arguments with its device's figures (by target and UUID)."""
+    for name, by_device, whole, attr, own in _HELD_BY["gpu"]:
+        if by_device and (value := values[name].get((gkey[1], gkey[3]))) is not None:
+            value = int(value) if whole else value
+            if own:
+                args[attr] = value
+            else:
+                args["more"] = {**args.get("more", {}), attr: value}
+    return args
 
 
 def _gpu_order(key: tuple[str, ...]) -> tuple[int, ...]:
     return tuple(int(p) if p.isdigit() else 0 for p in key[2].split("."))
+
+
+_USAGE_FIELDS = {f.name for f in dataclasses.fields(JobUsage)}
+
+
+def _combining(fig: Figure) -> tuple[Any, ...]:
+    """How ``add_node`` adds one figure to the job: (name, from the node, over the GPUs
+    that measure GPM, the GPU's reader, combine, the job's field, a field of its own)."""
+    return (fig.name, fig.scope == "node", fig.combine == "gpm",
+            reader(GpuDetail, fig.attr) if fig.scope == "gpu" else None, fig.combine,
+            fig.job_attr, fig.job_attr in _USAGE_FIELDS)
+
+
+_COMBINING = tuple(_combining(f) for f in _COMBINED)
 
 
 def add_node(usage: JobUsage, node: NodeDetail, node_values: dict[str, float]) -> None:
@@ -203,21 +240,25 @@ def add_node(usage: JobUsage, node: NodeDetail, node_values: dict[str, float]) -
     usage.gpus += len(node.gpus)
     measured = [g for g in node.gpus if g.sm_active_s is not None]  # GPUs with GPM
     usage.gpm_allocated_s += sum(g.allocated_s for g in measured)
-    for fig in _COMBINED:
-        if fig.scope == "node":
-            known = [node_values[fig.name]] if fig.name in node_values else []
+    for name, of_node, gpm, read, combine, attr, own in _COMBINING:
+        if of_node:
+            if name not in node_values:
+                continue
+            known = [node_values[name]]
         else:
-            gpus = measured if fig.combine == "gpm" else node.gpus
-            read = _GPU_READ[fig.name]
-            known = [v for g in gpus if (v := read(g)) is not None]
-        if not known:
-            continue
-        now = value_of(usage, fig.job_attr)
-        if fig.combine in ("sum", "gpm"):
+            known = [v for g in (measured if gpm else node.gpus) if (v := read(g)) is not None]
+            if not known:
+                continue
+        # the builtins where the job has a field (thousands of jobs): the same as value_of
+        now = getattr(usage, attr) if own else value_of(usage, attr)
+        if combine == "sum" or combine == "gpm":
             total = (now or 0.0) + sum(known)
-        elif fig.combine == "max":
+        elif combine == "max":
             total = max([*known, now or 0.0])
         else:  # min
             total = min(known) if now is None else min([*known, now])
-        set_value(usage, fig.job_attr, total)
+        if own:
+            setattr(usage, attr, total)
+        else:
+            set_value(usage, attr, total)
     usage.idle_gpus += sum(1 for g in node.gpus if g.allocated_s > 0 and g.busy_s <= 0)

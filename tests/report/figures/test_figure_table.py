@@ -79,3 +79,50 @@ def test_a_figure_without_a_field_travels_in_more_through_the_detail_data() -> N
     plain = JobDetail(usage=JobUsage(jobid="7"), nodes=[NodeDetail(node="n1")],
                       accounting=None, now=0.0)
     assert "more" not in detail_to_data(plain)["usage"]  # an older reader takes it whole
+
+
+def test_more_is_made_by_the_first_figure_set_and_dropped_with_the_last() -> None:
+    # ``more`` stays None on the thousands of parts that have no such figure (a dict
+    # each costs the archive GC time); setting and clearing one leaves it as it was.
+    from slurm_gpu_exporter.report.figures.detail_data import detail_from_data, detail_to_data
+    from slurm_gpu_exporter.report.figures.shapes import JobDetail
+    from slurm_gpu_exporter.report.figures.table import reader, set_value, value_of
+
+    gpu = GpuDetail(gpu="0", uuid="GPU-a")
+    assert gpu.more is None
+    assert value_of(gpu, "temperature_peak") is None
+    assert reader(GpuDetail, "temperature_peak")(gpu) is None
+    set_value(gpu, "temperature_peak", None)  # not measured: nothing to make
+    assert gpu.more is None
+    set_value(gpu, "temperature_peak", 83.0)
+    set_value(gpu, "clock_peak", 1410.0)
+    assert gpu.more == {"temperature_peak": 83.0, "clock_peak": 1410.0}
+    assert value_of(gpu, "temperature_peak") == reader(GpuDetail, "temperature_peak")(gpu) == 83.0
+    set_value(gpu, "temperature_peak", None)
+    assert gpu.more == {"clock_peak": 1410.0}
+    set_value(gpu, "clock_peak", None)
+    assert gpu.more is None
+    detail = JobDetail(usage=JobUsage(jobid="7"), nodes=[NodeDetail(node="n1", gpus=[gpu])],
+                       accounting=None, now=0.0)
+    assert "more" not in detail_to_data(detail)["nodes"][0]["gpus"][0]
+    assert detail_from_data(detail_to_data(detail)) == detail
+    gpu.more = {}  # an empty one (an older writer's) reads as none
+    assert "more" not in detail_to_data(detail)["nodes"][0]["gpus"][0]
+
+
+def test_a_dict_reader_reads_fields_and_more_as_value_of_does() -> None:
+    # The archive's rows are made by functions compiled from the table's rows: each key
+    # holds what value_of reads, a field or an entry of ``more``, None where absent.
+    from slurm_gpu_exporter.report.figures.table import dict_reader, value_of
+
+    read = dict_reader(GpuDetail, (("busy", "busy_s"), ("peak_c", "temperature_peak")))
+    plain = GpuDetail(gpu="0", uuid="GPU-a", busy_s=12.5)
+    hot = GpuDetail(gpu="1", uuid="GPU-b", busy_s=3.0, more={"temperature_peak": 83.0})
+    assert read(plain) == {"busy": 12.5, "peak_c": None}
+    assert read(hot) == {"busy": 3.0, "peak_c": 83.0}
+    assert read(hot)["peak_c"] == value_of(hot, "temperature_peak")
+    # a name that is not one is refused, never compiled
+    with pytest.raises(ReportError, match="not a name"):
+        dict_reader(GpuDetail, (("busy", "busy_s)or(1"),))
+    with pytest.raises(ReportError, match="not a name"):
+        dict_reader(GpuDetail, (("x'", "busy_s"),))

@@ -246,7 +246,7 @@ def test_a_table_row_with_an_mlflow_name_that_is_no_gpm_activity_goes_in_as_its_
                  mlflow="gpu_temperature_max_celsius")
     monkeypatch.setattr(figures, "FIGURES", (*FIGURES, hot))
     job = _full_job(None)
-    job.usage.more["temperature_max"] = 81.0
+    job.usage.more = {"temperature_max": 81.0}
     metrics = run_metrics(job)
     assert metrics["slurm.gpu_temperature_max_celsius"] == 81.0
     assert metrics["slurm.tensor_active_ratio"] == 0.05
