@@ -10,15 +10,21 @@ the CLI's ``job`` asks Prometheus first).
 ``--part prometheus``: synthetic agent metrics of jobs that ended in the last 2 hours
 (``bench/report.py``'s generator, 60 s samples) in TSDB blocks made with promtool, a
 Prometheus over them, and ``slurm-gpu-report archive --since 2h`` timed end to end for
-100 and 10,000 jobs; the query count must be the same.
+100 and 10,000 jobs; the query count must be the same. Each run's CPU seconds (user and
+system) are kept too: ``--runs N`` runs it N times, and the least CPU is the figure to
+compare (a loaded machine moves walls far more). ``--source DIR`` times another
+checkout's ``slurm-gpu-report`` (``git worktree add DIR REV``) with the same data.
 
-    .venv/bin/python bench/archive.py [--part store|prometheus|all] [--jobs 1000000] [--tag T]
+    .venv/bin/python bench/archive.py [--part store|prometheus|all] [--jobs 1000000]
+        [--prometheus-jobs 100,10000] [--runs 2] [--source DIR] [--tag T]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -42,7 +48,7 @@ from slurm_gpu_exporter.report.figures.shapes import (
     NodeDetail,
 )
 
-REPORT = str(Path(sys.executable).parent / "slurm-gpu-report")
+REPORT = [str(Path(sys.executable).parent / "slurm-gpu-report")]
 WRITE_BATCH = 10_000
 
 
@@ -79,7 +85,7 @@ def _timed_cli(*args: str, runs: int = 3) -> list[float]:
     walls = []
     for _ in range(runs):
         started = time.monotonic()
-        out = subprocess.run([REPORT, *args, "--format", "json"], capture_output=True,
+        out = subprocess.run([*REPORT, *args, "--format", "json"], capture_output=True,
                              text=True, check=False)
         walls.append(time.monotonic() - started)
         if out.returncode != 0:
@@ -122,7 +128,7 @@ def bench_store(jobs: int, work: Path) -> dict[str, object]:
     figures["job_lookup_ms_max"] = round(1000 * max(lookups), 2)
     # What every CLI call pays before its first query: interpreter and imports.
     figures["cli_start_s_median"] = round(statistics.median(
-        _timed_walls([REPORT, "default-config"])), 3)
+        _timed_walls([*REPORT, "default-config"])), 3)
     return figures
 
 
@@ -151,7 +157,19 @@ def _ended_jobs(count: int, end: float, seed: int = 2) -> list[Job]:
     return jobs
 
 
-def bench_prometheus(counts: list[int], work: Path) -> dict[str, object]:
+def _cpu_of_child(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], float, float]:
+    """Run ``argv``; its answer, wall seconds and CPU seconds (user + system), the CPU
+    being what a loaded machine changes least."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return out, wall, cpu
+
+
+def bench_prometheus(counts: list[int], work: Path, runs: int) -> dict[str, object]:
     figures: dict[str, object] = {"archive_budget_s": 30}
     queries = set()
     for count in counts:
@@ -161,23 +179,23 @@ def bench_prometheus(counts: list[int], work: Path) -> dict[str, object]:
         data, samples = build_tsdb(_ended_jobs(count, end), end, run_dir)
         proc, url = start_prometheus(data, run_dir)
         try:
-            walls, stored = [], 0
-            for _ in range(2):  # the second run upserts the same jobs again
-                db = f"sqlite:///{run_dir / 'archive.sqlite'}"
-                started = time.monotonic()
-                out = subprocess.run([REPORT, "archive", "--since", "2h", "--end", f"{end:.0f}",
-                                      "--db", db, "--no-sacct", "--prometheus-url", url,
-                                      "--timeout", "120"], capture_output=True, text=True,
-                                     check=False)
-                walls.append(time.monotonic() - started)
+            walls, cpus, stored = [], [], 0
+            for i in range(max(2, runs)):  # later runs upsert the same jobs again
+                db = f"sqlite:///{run_dir / ('archive.sqlite' if i < 2 else f'again{i}.sqlite')}"
+                out, wall, cpu = _cpu_of_child(
+                    [*REPORT, "archive", "--since", "2h", "--end", f"{end:.0f}", "--db", db,
+                     "--no-sacct", "--prometheus-url", url, "--timeout", "120"])
+                walls.append(wall)
+                cpus.append(cpu)
                 if out.returncode != 0:
                     raise RuntimeError(out.stderr)
                 words = out.stdout.split()
                 stored = int(words[1])
                 queries.add(int(words[words.index("PromQL") - 1]))
                 figures[f"jobs_{count}_queries"] = int(words[words.index("PromQL") - 1])
-            with ArchiveStore(db, write=False) as store:
-                rows = store.counts()
+                if i == 1:
+                    with ArchiveStore(db, write=False) as store:
+                        rows = store.counts()
         finally:
             proc.terminate()
             proc.wait(30)
@@ -186,6 +204,9 @@ def bench_prometheus(counts: list[int], work: Path) -> dict[str, object]:
         figures[f"jobs_{count}_rows_after_two_runs"] = list(rows)
         figures[f"jobs_{count}_archive_wall_s_first"] = round(walls[0], 2)
         figures[f"jobs_{count}_archive_wall_s_again"] = round(walls[1], 2)
+        # every run's CPU (the first into an empty archive): the least is the cost
+        figures[f"jobs_{count}_archive_cpu_s"] = [round(c, 3) for c in cpus]
+        figures[f"jobs_{count}_archive_cpu_s_least"] = round(min(cpus), 3)
     figures["queries_independent_of_jobs"] = len(queries) == 1
     return figures
 
@@ -195,8 +216,17 @@ def main() -> None:
     parser.add_argument("--part", choices=("store", "prometheus", "all"), default="all")
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--prometheus-jobs", default="100,10000")
+    parser.add_argument("--runs", type=int, default=2,
+                        help="archive runs per job count (CPU: the least of them)")
+    parser.add_argument("--source", default="",
+                        help="time the slurm-gpu-report of this checkout (a before/after)")
     parser.add_argument("--tag", default="", help="write results/archive_<tag>.json")
     args = parser.parse_args()
+    if args.source:  # its package ahead of the installed one (-P: not the working directory)
+        global REPORT
+        os.environ["PYTHONPATH"] = str(Path(args.source).resolve())
+        REPORT = [sys.executable, "-P", "-c", "import sys; from slurm_gpu_exporter.report.cli.main "
+                  "import main; sys.exit(main())"]
     name = f"archive_{args.tag}" if args.tag else "archive"
     work = Path(tempfile.mkdtemp(prefix="bench-archive-"))
     figures: dict[str, object] = {}
@@ -213,7 +243,7 @@ def main() -> None:
         if args.part in ("prometheus", "all"):
             counts = [int(c) for c in args.prometheus_jobs.split(",")]
             figures.update({f"prometheus_{k}": v
-                            for k, v in bench_prometheus(counts, work).items()})
+                            for k, v in bench_prometheus(counts, work, args.runs).items()})
         load = Path("/proc/loadavg").read_text().split()[:3]
         figures["loadavg"] = " ".join(load)
     finally:
