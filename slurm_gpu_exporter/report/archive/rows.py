@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -19,10 +18,9 @@ from slurm_gpu_exporter.report.figures.shapes import (
     NodeDetail,
 )
 from slurm_gpu_exporter.report.figures.table import (
-    Figure,
     archived,
     dict_reader,
-    reader,
+    job_reader,
     set_value,
 )
 
@@ -39,16 +37,7 @@ _usage_figures = dict_reader(JobUsage, tuple((f.job_column, f.job_attr)
                                              for f in JOB_FIGURES if f.job_attr))
 
 
-def _summed(fig: Figure) -> Callable[[JobDetail], float | None]:
-    """A figure of the whole job that has none of its own: the sum of its nodes' or
-    GPUs' known values (None where none is known)."""
-    read = reader(NodeDetail if fig.scope == "node" else GpuDetail, fig.attr)
-    if fig.scope == "node":
-        return lambda d: _sum([read(n) for n in d.nodes])
-    return lambda d: _sum([read(g) for n in d.nodes for g in n.gpus])
-
-
-_SUMMED = tuple((f.job_column, _summed(f)) for f in JOB_FIGURES if not f.job_attr)
+_SUMMED = tuple((f.job_column, job_reader(f)) for f in JOB_FIGURES if not f.job_attr)
 
 
 @dataclass
@@ -132,11 +121,6 @@ def _array_task(usage: JobUsage) -> dict[str, str]:
     if usage.shown == usage.jobid:
         return {"array_job_id": "", "array_task_id": ""}
     return {"array_job_id": usage.array_job_id, "array_task_id": usage.array_task_id}
-
-
-def _sum(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return sum(known) if known else None
 
 
 def gpu_rows_of(record: ArchiveRecord) -> list[dict[str, Any]]:

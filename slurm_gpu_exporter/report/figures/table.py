@@ -22,12 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import cache
 from operator import attrgetter
 from typing import Any
 
 from slurm_gpu_exporter.report.errors import ReportError
+from slurm_gpu_exporter.report.figures.shapes import GpuDetail, JobUsage, NodeDetail
 
 SHAPES = ("counter", "peak", "first", "device")
+GIB = 2**30  # bytes
+KWH = 3.6e6  # joules
 SCOPES = ("node", "gpu")
 COMBINE = ("", "sum", "gpm", "max", "min")
 
@@ -44,6 +48,7 @@ class Figure:
     attr: str = ""  # the NodeDetail/GpuDetail field it fills ("" for none)
     job_attr: str = ""  # the JobUsage field the job's value goes to ("" for none)
     combine: str = ""  # COMBINE: how the job's value is made of its nodes' or GPUs'
+    job_sum: bool = False  # the job's value is its nodes' or GPUs' sum (no job_attr)
     whole: bool = False  # a count: int, not float
     split: str = ""  # a label that splits its series (their differences are summed)
     archived: bool = True  # the archive asks for it and keeps it
@@ -55,8 +60,9 @@ class Figure:
     text: str = ""  # how that line shows its value (``{:.0f} °C``); a GPM ratio: a share
     json: str = ""  # its key in `job --format json` (the job's and each GPU's); a GPM
     # activity's is its ratio's
+    json_per: float = 1.0  # that value is the stored one over this (GiB, kWh)
     usage_heading: str = ""  # its `usage` column heading (GPU-hours), "" for none
-    mlflow: str = ""  # its MLflow metric (under ``slurm.``), "" for none
+    mlflow: str = ""  # its MLflow metric (under ``slurm.``; the stored value), "" for none
     mail: str = ""  # its line in the job-end mail, "" for none
 
     @property
@@ -82,9 +88,10 @@ FIGURES: tuple[Figure, ...] = (
            job_attr="end", combine="max", job_column="end_time"),
     Figure("cpus", "slurm_job_cpus", "cpus", "peak", "node", attr="cpus", whole=True),
     Figure("cpu", "slurm_job_cpu_seconds_total", "seconds", "counter", "node", attr="cpu_s",
-           job_column="cpu_s", rollup=True),
+           job_sum=True, job_column="cpu_s", rollup=True),
     Figure("memory_peak", "slurm_job_memory_peak_bytes", "bytes", "peak", "node",
-           attr="memory_peak", job_column="memory_peak"),  # the job's: its nodes' sum
+           attr="memory_peak", job_sum=True, job_column="memory_peak",
+           json="memory_peak_gib", json_per=GIB, mlflow="memory_peak_bytes"),
     Figure("memory_limit", "slurm_job_memory_limit_bytes", "bytes", "peak", "node",
            attr="memory_limit"),
     Figure("allocated", "slurm_job_gpu_allocated_seconds_total", "seconds", "counter", "gpu",
@@ -97,11 +104,13 @@ FIGURES: tuple[Figure, ...] = (
            attr="busy_s", job_attr="busy_s", combine="sum", job_column="busy_s",
            gpu_column="busy_s", rollup=True),
     Figure("energy", "slurm_job_gpu_energy_joules_total", "joules", "counter", "gpu",
-           attr="energy_j", job_column="energy_j", gpu_column="energy_j", rollup=True),
+           attr="energy_j", job_sum=True, job_column="energy_j", gpu_column="energy_j",
+           rollup=True, json="energy_kwh", json_per=KWH, mlflow="gpu_energy_joules"),
     # by RAPL domain (package, dram): the domains' differences summed per node
     Figure("cpu_energy", "slurm_job_cpu_energy_joules_total", "joules", "counter", "node",
-           attr="cpu_energy_j", split="domain", job_column="cpu_energy_j", rollup=True,
-           since=3),
+           attr="cpu_energy_j", split="domain", job_sum=True, job_column="cpu_energy_j",
+           rollup=True, since=3, json="cpu_energy_kwh", json_per=KWH,
+           mlflow="cpu_energy_joules"),
     Figure("sm_active", "slurm_job_gpu_sm_active_seconds_total", "seconds", "counter", "gpu",
            attr="sm_active_s", job_attr="sm_active_s", combine="gpm",
            job_column="sm_active_s", gpu_column="sm_active_s", rollup=True,
@@ -112,7 +121,8 @@ FIGURES: tuple[Figure, ...] = (
          "GPU DRAM active", "DRAM-active GPU-h", "DRAM active"),
     Figure("gpu_memory_peak", "slurm_job_gpu_memory_peak_bytes", "bytes", "peak", "gpu",
            attr="memory_peak", job_attr="gpu_memory_peak", combine="max",
-           job_column="gpu_memory_peak", gpu_column="memory_peak"),
+           job_column="gpu_memory_peak", gpu_column="memory_peak", json="gpu_memory_peak_gib",
+           json_per=GIB, mlflow="gpu_memory_peak_bytes"),
     Figure("gpu_memory_total", "slurm_gpu_memory_total_bytes", "bytes", "device", "gpu",
            attr="memory_total", gpu_column="memory_total"),
 )
@@ -175,6 +185,37 @@ def set_value(holder: Any, attr: str, value: Any) -> None:
         holder.more = {attr: value}
     else:
         holder.more[attr] = value
+
+
+@cache
+def job_reader(fig: Figure) -> Callable[[Any], float | None]:
+    """How the whole job's value of a figure is read from its JobDetail: its own
+    (``job_attr``), the sum of its nodes' or GPUs' known values (``job_sum``; None where
+    none is known), else None. Made once per figure (the archive reads thousands)."""
+    if fig.job_attr:
+        read_usage = reader(JobUsage, fig.job_attr)
+        return lambda detail: read_usage(detail.usage)  # type: ignore[no-any-return]
+    if not fig.job_sum:
+        return lambda detail: None
+    read = reader(NodeDetail if fig.scope == "node" else GpuDetail, fig.attr)
+    if fig.scope == "node":
+        return lambda detail: _known_sum([read(n) for n in detail.nodes])
+    return lambda detail: _known_sum([read(g) for n in detail.nodes for g in n.gpus])
+
+
+def _known_sum(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def job_value(detail: Any, fig: Figure) -> float | None:
+    """The whole job's value of a figure (see ``job_reader``)."""
+    return job_reader(fig)(detail)
+
+
+def json_value(value: float | None, fig: Figure) -> float | None:
+    """A stored value as ``job --format json`` shows it (GiB, kWh)."""
+    return value / fig.json_per if value is not None and fig.json_per != 1.0 else value
 
 
 def shown() -> tuple[Figure, ...]:

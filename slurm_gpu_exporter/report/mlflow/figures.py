@@ -11,7 +11,7 @@ import math
 import re
 
 from slurm_gpu_exporter.report.figures.shapes import JobDetail
-from slurm_gpu_exporter.report.figures.table import FIGURES, value_of
+from slurm_gpu_exporter.report.figures.table import FIGURES, job_value
 
 PREFIX = "slurm."
 # A throttle reason as part of a metric's name: what MLflow keys allow, bounded.
@@ -43,14 +43,10 @@ def run_metrics(detail: JobDetail) -> dict[str, float]:
         # the GPM activities as shares of the time held on GPUs that measure them, the
         # other figures of the table as the job's values
         **{f.mlflow: usage.activity_ratio(f.job_attr) if f.combine == "gpm"
-           else value_of(usage, f.job_attr) for f in FIGURES if f.mlflow},
-        "gpu_memory_peak_bytes": usage.gpu_memory_peak,
-        "gpu_energy_joules": detail.energy_j,
-        "cpu_energy_joules": detail.cpu_energy_j,
+           else job_value(detail, f) for f in FIGURES if f.mlflow},
         "emissions_grams": detail.emissions_gco2e,
         "run_time_seconds": detail.elapsed_s,
         "cpu_efficiency_ratio": detail.cpu_efficiency,
-        "memory_peak_bytes": detail.memory_peak,
         "unmeasured_gpu_hours": usage.unknown_s / 3600,
     }
     if throttled_s and usage.allocated_s > 0:

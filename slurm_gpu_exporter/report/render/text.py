@@ -13,7 +13,12 @@ from rich.table import Table
 
 from slurm_gpu_exporter.report.figures.job_events import fault_lines, throttle_lines
 from slurm_gpu_exporter.report.figures.shapes import JobDetail, LowUtilReport
-from slurm_gpu_exporter.report.figures.table import gpm_activities, shown, value_of
+from slurm_gpu_exporter.report.figures.table import (
+    gpm_activities,
+    job_value,
+    json_value,
+    shown,
+)
 from slurm_gpu_exporter.report.render.inert import csv_cell, markdown, terminal
 from slurm_gpu_exporter.report.render.values import (
     GPU_COLUMNS,
@@ -187,17 +192,10 @@ def _job_values(detail: JobDetail) -> dict[str, Any]:
         "run_time_s": detail.elapsed_s,
         "time_limit_s": detail.accounting.time_limit_s if detail.accounting else None,
         "cpus": detail.cpus, "cpu_efficiency": detail.cpu_efficiency,
-        "memory_peak_gib": detail.memory_peak / gib if detail.memory_peak is not None
-        else None,
         "memory_request_gib": detail.memory_request / gib if detail.memory_request else None,
         "gpus": usage.gpus, "gpu_hours": usage.gpu_hours, "busy_ratio": usage.busy_ratio,
         "sm_active_ratio": usage.sm_active_ratio, "idle_gpus": usage.idle_gpus,
         **{f.ratio: usage.activity_ratio(f.job_attr) for f in gpm_activities()},
-        "gpu_memory_peak_gib": usage.gpu_memory_peak / gib
-        if usage.gpu_memory_peak is not None else None,
-        "energy_kwh": detail.energy_kwh,
-        "cpu_energy_kwh": detail.cpu_energy_j / 3.6e6 if detail.cpu_energy_j is not None
-        else None,
         "emissions_gco2e": detail.emissions_gco2e,
         "unmeasured_gpu_hours": usage.unknown_s / 3600,
         # mean power per GPU held: the energy over the GPU-seconds held, measured or not
@@ -206,7 +204,9 @@ def _job_values(detail: JobDetail) -> dict[str, Any]:
         # what slowed the GPUs and what went wrong on them, as the report's lines say it
         "gpu_throttled": [f"GPU {name}: {text}" for name, text in throttle_lines(detail)],
         "gpu_errors": fault_lines(detail),
-        **{f.json: value_of(usage, f.job_attr) for f in shown() if f.job_attr},
+        # the table's figures that the job has a value of, in the table's order
+        **{f.json: json_value(job_value(detail, f), f) for f in shown()
+           if f.job_attr or f.job_sum},
     }
 
 

@@ -14,7 +14,13 @@ from slurm_gpu_exporter.report.figures.shapes import (
     LowUtilReport,
     Total,
 )
-from slurm_gpu_exporter.report.figures.table import FIGURES, gpm_activities, shown, value_of
+from slurm_gpu_exporter.report.figures.table import (
+    FIGURES,
+    gpm_activities,
+    json_value,
+    shown,
+    value_of,
+)
 
 GIB = 2**30
 
@@ -189,14 +195,12 @@ def gpu_rows(detail: JobDetail) -> list[dict[str, Any]]:
                 **{f.ratio: gpu.activity_ratio(f.attr) for f in gpm_activities()},
                 "power_mean_w": gpu.power_mean_w,
                 "allocated_hours": gpu.allocated_s / 3600,
-                "gpu_memory_peak_gib": gpu.memory_peak / GIB if gpu.memory_peak is not None
-                else None,
                 "gpu_memory_total_gib": gpu.memory_total / GIB if gpu.memory_total else None,
-                "energy_kwh": gpu.energy_j / 3.6e6 if gpu.energy_j is not None else None,
                 "slowed_ratio": slowed_ratio(gpu), "throttled": throttled_data(gpu),
                 "errors": [{"kind": f.kind, "detail": f.detail, "count": f.count,
                             "last": f.last} for f in gpu.faults],
-                **{f.json: value_of(gpu, f.attr) for f in shown() if f.scope == "gpu"},
+                **{f.json: json_value(value_of(gpu, f.attr), f) for f in shown()
+                   if f.scope == "gpu"},
             })
     return rows
 

@@ -38,8 +38,13 @@ def test_each_row_names_real_shapes_and_fields(fig) -> None:  # type: ignore[no-
         assert not attr or attr in {f.name for f in dataclasses.fields(holder)} \
             or not hasattr(holder, attr)
     assert bool(fig.combine) == bool(fig.job_attr)
+    assert not (fig.job_sum and fig.job_attr)  # the job's own, or its parts' sum
     assert not fig.label or fig.combine == "gpm" or (fig.text and fig.json)
-    assert not fig.mlflow or fig.job_attr
+    # a job's MLflow metric and JSON key need a job value (the GPU rows' JSON the GPU's)
+    assert not fig.mlflow or fig.job_attr or fig.job_sum
+    assert not fig.json or fig.job_attr or fig.job_sum or fig.scope == "gpu"
+    # the archive's job column holds the job's value
+    assert not fig.job_column or fig.job_attr or fig.job_sum
 
 
 @pytest.mark.parametrize("fig", [f for f in FIGURES if f.archived], ids=lambda f: f.name)
