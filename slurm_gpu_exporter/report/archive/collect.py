@@ -23,12 +23,9 @@ from slurm_gpu_exporter.report.figures.table import archived
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, gather
 from slurm_gpu_exporter.report.prometheus.emissions import apply_series_factor
+from slurm_gpu_exporter.report.prometheus.figure_promql import figure_queries
 from slurm_gpu_exporter.report.prometheus.gpu_events import events_query
-from slurm_gpu_exporter.report.prometheus.job_figures import (
-    INFO,
-    figure_queries,
-    jobs_from_answers,
-)
+from slurm_gpu_exporter.report.prometheus.job_figures import INFO, jobs_from_answers
 from slurm_gpu_exporter.report.prometheus.queries import Filters, selector, with_node
 
 BATCH_JOBS = 500

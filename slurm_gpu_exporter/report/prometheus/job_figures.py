@@ -10,24 +10,27 @@ The answers become the per-node and per-GPU detail by the rows alone: a figure's
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 from slurm_gpu_exporter.report.figures.shapes import GpuDetail, JobUsage, NodeDetail
 from slurm_gpu_exporter.report.figures.table import (
     FIGURES,
     Figure,
-    figure,
     reader,
     set_value,
     value_of,
 )
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample, gather
+from slurm_gpu_exporter.report.prometheus.figure_promql import (
+    BASELINE_LOOKBACK,
+    DEVICE_KEYS,
+    HELD,
+    figure_queries,
+)
 from slurm_gpu_exporter.report.prometheus.gpu_events import events_query, gpu_events
 from slurm_gpu_exporter.report.prometheus.nodes import shown_nodes
 from slurm_gpu_exporter.report.prometheus.queries import (
-    BASELINE_LOOKBACK,
     Filters,
     jobid_regex,
     selector,
@@ -36,42 +39,7 @@ from slurm_gpu_exporter.report.prometheus.queries import (
 
 NODE_KEYS = ("jobid", "instance")
 GPU_KEYS = ("jobid", "instance", "gpu", "uuid")
-DEVICE_KEYS = ("instance", "uuid")
 INFO = "slurm_job_info"
-HELD = "allocated"  # the figure whose series are the GPUs a job held
-
-Select = Callable[[str], str]  # a metric name -> its selector
-
-
-def figure_query(fig: Figure, s: Select, d: str, device: Select, held: bool) -> str:
-    """The figure's value over the window ``d``: ``s`` selects the jobs' series,
-    ``device`` a device's; ``held`` keeps a device's series to the GPUs the jobs held."""
-    if fig.shape == "device":
-        query = (f"max by ({', '.join(DEVICE_KEYS)}) "
-                 f"(last_over_time({device(fig.metric)}[{d}]))")
-        if held:
-            query += (f" and on ({', '.join(DEVICE_KEYS)}) "
-                      f"last_over_time({s(figure(HELD).metric)}[{d}])")
-        return query
-    over = "min_over_time" if fig.shape == "first" else "max_over_time"
-    return f"{over}({s(fig.metric)}[{d}])"
-
-
-def baseline_query(fig: Figure, s: Select, d: str) -> str:
-    """A counter's value at the window's start."""
-    return f"last_over_time({s(fig.metric)}[{BASELINE_LOOKBACK}] offset {d})"
-
-
-def figure_queries(figures: tuple[Figure, ...], s: Select, d: str, device: Select,
-                   held: bool, baselines: bool) -> dict[str, str]:
-    """One query per figure by its name, and ``<name>_base`` after each counter's."""
-    queries = {}
-    for fig in figures:
-        queries[fig.name] = figure_query(fig, s, d, device, held)
-        if baselines and fig.shape == "counter":
-            queries[f"{fig.name}_base"] = baseline_query(fig, s, d)
-    return queries
-
 
 def job_queries(window: Window, jobids: list[str], filters: Filters) -> dict[str, str]:
     """The instant queries of ``job``: per node and GPU, for the given jobs."""

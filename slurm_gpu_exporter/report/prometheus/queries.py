@@ -20,9 +20,10 @@ from slurm_gpu_exporter.model.ids import JOB_ID_CHARS
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.figures.gpu_events import SLOWING
 from slurm_gpu_exporter.report.figures.shapes import JobUsage
-from slurm_gpu_exporter.report.figures.table import figure
+from slurm_gpu_exporter.report.figures.table import figure, set_value
 from slurm_gpu_exporter.report.figures.window import Window
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample, gather
+from slurm_gpu_exporter.report.prometheus.figure_promql import BASELINE_LOOKBACK, per_job_queries
 from slurm_gpu_exporter.report.prometheus.gpu_events import THROTTLED
 from slurm_gpu_exporter.report.prometheus.nodes import NODE_INFO, join_node
 
@@ -33,10 +34,11 @@ ENERGY = figure("energy").metric
 CPU_ENERGY = figure("cpu_energy").metric  # by domain: package, dram
 SM_ACTIVE = figure("sm_active").metric
 CPU = figure("cpu").metric
-GPU_MEMORY_PEAK = figure("gpu_memory_peak").metric
-# How far before the window's start a counter's value still counts as its value there.
-BASELINE_LOOKBACK = "5m"
 TIMELINE_POINTS = 120
+# The job figures low-util asks, summed by job (figures/table.py): what GPUs it held, how
+# busy they were, their memory peak. Asked in two groups to keep the queries' order.
+LOW_UTIL_HELD = ("allocated", "busy")
+LOW_UTIL_PEAKS = ("gpu_memory_peak",)
 
 _JOBID_RE = re.compile(JOB_ID_CHARS)
 
@@ -103,18 +105,12 @@ def low_util_queries(window: Window, filters: Filters) -> dict[str, str]:
                 f"array_task_id) "
                 f"(last_over_time({s('slurm_job_info')}[{d}]))",
         "gpus": f"sum by ({by}) (max_over_time({s('slurm_job_gpus')}[{d}]))",
-        "allocated": f"sum by ({by}) (max_over_time({s(ALLOCATED)}[{d}]))",
-        "allocated_base": f"sum by ({by}) "
-                          f"(last_over_time({s(ALLOCATED)}[{BASELINE_LOOKBACK}] offset {d}))",
-        "busy": f"sum by ({by}) (max_over_time({s(BUSY)}[{d}]))",
-        "busy_base": f"sum by ({by}) "
-                     f"(last_over_time({s(BUSY)}[{BASELINE_LOOKBACK}] offset {d}))",
+        **per_job_queries(LOW_UTIL_HELD, s, d, by),
         # GPUs never busy since their job started in the window. A job that started
         # before also has GPUs whose counter stood still in the window; those are
         # counted by idle_before_query, over those jobs alone.
         "idle_gpus": f"count by ({by}) (max_over_time({s(BUSY)}[{d}]) == 0)",
-        "gpu_memory_peak": f"max by ({by}) "
-                           f"(max_over_time({s(GPU_MEMORY_PEAK)}[{d}]))",
+        **per_job_queries(LOW_UTIL_PEAKS, s, d, by),
         "slowed": f"sum by ({by}, reason) (max_over_time({slowed}[{d}]) - (last_over_time("
                   f"{slowed}[{BASELINE_LOOKBACK}] offset {d}) or max_over_time({slowed}[{d}])"
                   " * 0))",
@@ -171,11 +167,14 @@ async def fetch_usage(prom: PrometheusClient, window: Window, filters: Filters
             name=labels.get("name", ""), array_job_id=labels.get("array_job_id", ""),
             array_task_id=labels.get("array_task_id", ""),
             gpus=int(value("gpus", key) or 0),
-            allocated_s=max(0.0, allocated.value - (value("allocated_base", key) or 0.0)),
-            busy_s=max(0.0, (value("busy", key) or 0.0) - (value("busy_base", key) or 0.0)),
             idle_gpus=int(value("idle_gpus", key) or 0) + int(before.value if before else 0),
-            gpu_memory_peak=value("gpu_memory_peak", key),
         )
+        for name in (*LOW_UTIL_HELD, *LOW_UTIL_PEAKS):  # a counter less its baseline
+            fig, now = figure(name), value(name, key)
+            if fig.shape == "counter":
+                now = max(0.0, (now or 0.0) - (value(f"{name}_base", key) or 0.0))
+            if now is not None:
+                set_value(job, fig.job_attr, now)
         job.slowed_reason, job.slowed_s = slowed.get(key, ("", None))
         if job.allocated_s <= 0:
             continue  # lingered into the window after it ended: held nothing here

@@ -131,3 +131,22 @@ def test_a_dict_reader_reads_fields_and_more_as_value_of_does() -> None:
         dict_reader(GpuDetail, (("busy", "busy_s)or(1"),))
     with pytest.raises(ReportError, match="not a name"):
         dict_reader(GpuDetail, (("x'", "busy_s"),))
+
+
+def test_low_util_asks_its_figures_summed_by_job_as_their_rows_combine_them() -> None:
+    from slurm_gpu_exporter.report.prometheus.figure_promql import per_job_queries
+
+    got = per_job_queries(("busy", "gpu_memory_peak"), lambda m: f"{m}{{}}", "1h",
+                          "jobid, cluster")
+    assert got == {
+        "busy": "sum by (jobid, cluster) (max_over_time(slurm_job_gpu_busy_seconds_total{}"
+                "[1h]))",
+        "busy_base": "sum by (jobid, cluster) (last_over_time("
+                     "slurm_job_gpu_busy_seconds_total{}[5m] offset 1h))",
+        "gpu_memory_peak": "max by (jobid, cluster) (max_over_time("
+                           "slurm_job_gpu_memory_peak_bytes{}[1h]))",
+    }
+    # a device's gauge, or a figure a job does not combine, has no per-job value
+    for name in ("gpu_memory_total", "energy"):
+        with pytest.raises(ReportError, match="no per-job value"):
+            per_job_queries((name,), lambda m: m, "1h", "jobid")
