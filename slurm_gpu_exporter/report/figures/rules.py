@@ -21,6 +21,7 @@ from slurm_gpu_exporter.report.figures.defaults import DEFAULT_CONFIG
 from slurm_gpu_exporter.report.figures.gpu_events import WORDING
 from slurm_gpu_exporter.report.figures.job_events import fault_lines, slowdown, xid_errors
 from slurm_gpu_exporter.report.figures.shapes import JobDetail, JobUsage
+from slurm_gpu_exporter.report.figures.table import FIGURES, job_shown
 from slurm_gpu_exporter.report.relay_settings import (
     NO_SETTINGS,
     RelaySettings,
@@ -137,14 +138,17 @@ def job_facts(detail: JobDetail, config: Config) -> dict[str, Any]:
         "gpu_busy_ratio": usage.busy_ratio, "idle_gpus": usage.idle_gpus,
         "used_gpus": usage.gpus - usage.idle_gpus,
         "wasted_gpu_hours": usage.wasted_gpu_hours,
-        "gpu_memory_peak_gib": _gib(usage.gpu_memory_peak),
-        "memory_peak_gib": _gib(detail.memory_peak),
         "memory_request_gib": _gib(detail.memory_request),
         "cpu_efficiency": detail.cpu_efficiency, "cpus": detail.cpus,
         "finished": 0 if detail.running else 1,
         "runtime_s": detail.elapsed_s,
         "runtime": hms(detail.elapsed_s) if detail.elapsed_s is not None else "?",
-        "energy_kwh": detail.energy_kwh, "emissions_gco2e": detail.emissions_gco2e,
+        "emissions_gco2e": detail.emissions_gco2e,
+        # every job figure of figures/table.py under its `job --format json` key
+        # (gpu_memory_peak_gib, memory_peak_gib, energy_kwh, ...), and the GPM
+        # activities as shares of the time held on GPUs that measure them
+        **job_shown(detail),
+        **{f.ratio: usage.activity_ratio(f.job_attr) for f in FIGURES if f.combine == "gpm"},
     }
     if detail.memory_peak is not None and detail.memory_request:
         facts["memory_used_ratio"] = detail.memory_peak / detail.memory_request

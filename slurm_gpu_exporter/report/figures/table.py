@@ -218,6 +218,13 @@ def json_value(value: float | None, fig: Figure) -> float | None:
     return value / fig.json_per if value is not None and fig.json_per != 1.0 else value
 
 
+def job_shown(detail: Any) -> dict[str, float | None]:
+    """The job's figures as ``job --format json`` shows them, by their JSON keys (GiB,
+    kWh), in the table's order: those the job has a value of (``JobDetail``)."""
+    return {f.json: json_value(job_value(detail, f), f) for f in shown()
+            if f.job_attr or f.job_sum}
+
+
 def shown() -> tuple[Figure, ...]:
     """The figures other than the GPM activities that `job` shows (``json``)."""
     return tuple(f for f in FIGURES if f.json and f.combine != "gpm")

@@ -13,12 +13,7 @@ from rich.table import Table
 
 from slurm_gpu_exporter.report.figures.job_events import fault_lines, throttle_lines
 from slurm_gpu_exporter.report.figures.shapes import JobDetail, LowUtilReport
-from slurm_gpu_exporter.report.figures.table import (
-    gpm_activities,
-    job_value,
-    json_value,
-    shown,
-)
+from slurm_gpu_exporter.report.figures.table import gpm_activities, job_shown
 from slurm_gpu_exporter.report.render.inert import csv_cell, markdown, terminal
 from slurm_gpu_exporter.report.render.values import (
     GPU_COLUMNS,
@@ -204,9 +199,7 @@ def _job_values(detail: JobDetail) -> dict[str, Any]:
         # what slowed the GPUs and what went wrong on them, as the report's lines say it
         "gpu_throttled": [f"GPU {name}: {text}" for name, text in throttle_lines(detail)],
         "gpu_errors": fault_lines(detail),
-        # the table's figures that the job has a value of, in the table's order
-        **{f.json: json_value(job_value(detail, f), f) for f in shown()
-           if f.job_attr or f.job_sum},
+        **job_shown(detail),  # the table's figures that the job has a value of
     }
 
 

@@ -168,3 +168,37 @@ def test_templates_cannot_reach_attributes() -> None:
         render_template("{user.__class__}", {"user": "alice"})
     with pytest.raises(ReportError, match="unknown fact"):
         render_template("{nope}", {"user": "alice"})
+
+
+def test_every_job_figure_of_the_table_is_a_fact_a_note_can_test(tmp_path: Path) -> None:
+    # The facts take the table's figures under their JSON keys (GiB, kWh) and the GPM
+    # activities as shares, so a site's note can test any of them.
+    gib, kwh = 2**30, 3.6e6
+    gpu = GpuDetail("0", "GPU-x", allocated_s=7200, busy_s=7000, energy_j=0.5 * kwh,
+                    sm_active_s=3600, tensor_active_s=360)
+    detail = JobDetail(
+        usage=JobUsage("9", user="bob", gpus=1, allocated_s=7200, busy_s=7000,
+                       gpu_memory_peak=6 * gib, gpm_allocated_s=7200, sm_active_s=3600,
+                       tensor_active_s=360),
+        nodes=[NodeDetail("n1", cpus=4, memory_peak=3 * gib, cpu_energy_j=0.25 * kwh,
+                          gpus=[gpu]),
+               NodeDetail("n2", cpus=4, memory_peak=1 * gib)],
+        accounting=None, now=10_000.0)
+    facts = job_facts(detail, CONFIG)
+    assert facts["gpu_memory_peak_gib"] == 6.0
+    assert facts["memory_peak_gib"] == 4.0  # both nodes
+    assert facts["energy_kwh"] == 0.5
+    assert facts["cpu_energy_kwh"] == 0.25
+    assert facts["sm_active_ratio"] == 0.5
+    assert facts["tensor_active_ratio"] == 0.05
+    assert facts["dram_active_ratio"] is None  # not measured: no share, never 0
+    path = tmp_path / "report.toml"
+    path.write_text("""
+[[notes]]
+name = "tensor-cores-idle"
+when = [{fact = "sm_active_ratio", op = ">=", value = 0.3},
+        {fact = "tensor_active_ratio", op = "<", value = 0.1}]
+message = "SM {sm_active_ratio:.0%} busy, tensor cores {tensor_active_ratio:.0%}"
+""")
+    config = load_config(str(path))
+    assert "SM 50% busy, tensor cores 5%" in notes_for(facts, config.notes)
