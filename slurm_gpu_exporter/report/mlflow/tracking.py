@@ -15,6 +15,7 @@ the caller skips that run alone.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -74,13 +75,12 @@ class TrackingServer:
         self.url = redact(url).rstrip("/")  # requests go here; the credentials go apart
         self.requests = 0
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._headers, self._auth = _credentials(environ, _userinfo(url))
+        self._headers = _credentials(environ, _userinfo(url))
         self._ssl = _ssl(environ) if url.startswith("https:") else True
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> TrackingServer:
-        self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers,
-                                              auth=self._auth)
+        self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -174,16 +174,31 @@ class TrackingServer:
 
 
 def _credentials(environ: Mapping[str, str], in_url: tuple[str, str] | None
-                 ) -> tuple[dict[str, str], aiohttp.BasicAuth | None]:
+                 ) -> dict[str, str]:
+    """The Authorization header of MLflow's variables, else of the URI's user:password
+    (aiohttp drops it on a redirect to another origin)."""
     token = environ.get("MLFLOW_TRACKING_TOKEN")
     if token:
-        return {"Authorization": f"Bearer {token}"}, None
+        return {"Authorization": f"Bearer {token}"}
     user = environ.get("MLFLOW_TRACKING_USERNAME")
     if user:
-        return {}, aiohttp.BasicAuth(user, environ.get("MLFLOW_TRACKING_PASSWORD", ""))
+        return _basic(user, environ.get("MLFLOW_TRACKING_PASSWORD", ""))
     if in_url is not None:
-        return {}, aiohttp.BasicAuth(*in_url)
-    return {}, None
+        return _basic(*in_url)
+    return {}
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    """HTTP Basic credentials, Latin-1 as MLflow's own client (requests) sends them."""
+    if ":" in user:
+        raise ReportError("the MLflow user name must not hold ':' (HTTP Basic "
+                          "authentication splits user and password there)")
+    try:
+        pair = f"{user}:{password}".encode("latin-1")
+    except UnicodeEncodeError:
+        raise ReportError("the MLflow user name and password must be Latin-1 text (HTTP "
+                          "Basic authentication as MLflow's client sends it)") from None
+    return {"Authorization": "Basic " + base64.b64encode(pair).decode("ascii")}
 
 
 def _ssl(environ: Mapping[str, str]) -> ssl.SSLContext | bool:
