@@ -19,6 +19,7 @@ import logging
 from dataclasses import dataclass, field
 
 from slurm_gpu_exporter.report.enforce.policy import span
+from slurm_gpu_exporter.report.figures.table import figure
 from slurm_gpu_exporter.report.prometheus.client import PrometheusClient, Sample, gather
 from slurm_gpu_exporter.report.prometheus.nodes import NODE_INFO_LABEL, node_name, series_node
 from slurm_gpu_exporter.report.prometheus.queries import (
@@ -34,7 +35,7 @@ from slurm_gpu_exporter.report.prometheus.queries import (
 MIN_COVERAGE = 0.8
 # A series or an agent sample older than this is stale.
 STALE_AFTER_S = 180.0
-START = "slurm_job_start_time_seconds"
+START = figure("start").metric  # the job figures' series: figures/table.py
 LAST_SAMPLE = "slurm_gpu_exporter_last_sample_timestamp_seconds"
 SOURCE_UP = "slurm_gpu_exporter_source_up"
 
