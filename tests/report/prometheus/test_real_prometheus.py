@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import wait_until
 from tests.support.agent import Agent, series
 from tests.support.daemons import Prometheus
+from tests.support.rig import Rig, Scrape
 
 pytestmark = pytest.mark.prometheus
 
@@ -39,30 +41,22 @@ class Node:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """Two rigs, one simulated node each: the first without a Prometheus, the second's
+    Prometheus scraping both agents as one job."""
     work = tmp_path_factory.mktemp("report-prom")
     started = time.time()
-    agents = [Agent(["--simulate", "--sample-interval", str(SAMPLE_INTERVAL_S)],
-                    log_path=work / f"agent{i}.log") for i in range(2)]
-    prom = None
-    try:
-        for agent in agents:
-            agent.wait_ready()
-        prom = Prometheus("prometheus", {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "slurm-gpu", "static_configs": [
-                {"targets": [f"127.0.0.1:{a.port}" for a in agents]}]}],
-        }, work)
-        prom.wait_ready()
-        prom.wait_for("count(count by (instance) (slurm_job_gpu_busy_seconds_total)) == 2",
-                      timeout=30)
-        # Long enough that the bursty job (3 s busy every 30 s) is under 15 % busy.
-        time.sleep(max(0.0, started + 25 - time.time()))
-        yield Node(agents, prom, started)
-    finally:
-        if prom is not None:
-            prom.stop()
-        for agent in agents:
-            agent.stop()
+    with Rig(work / "node0", simulate=True, sample_interval=SAMPLE_INTERVAL_S,
+             scrapes={}) as first:
+        both = Scrape(configs=lambda address: [{"job_name": "slurm-gpu", "static_configs": [
+            {"targets": [first.address, address]}]}])
+        with Rig(work / "node1", simulate=True, sample_interval=SAMPLE_INTERVAL_S,
+                 scrape=both) as second:
+            second.prom.wait_for(
+                "count(count by (instance) (slurm_job_gpu_busy_seconds_total)) == 2",
+                timeout=30)
+            # Long enough that the bursty job (3 s busy every 30 s) is under 15 % busy.
+            time.sleep(max(0.0, started + 25 - time.time()))
+            yield Node([first.agent, second.agent], second.prom, started)
 
 
 def report(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
@@ -73,20 +67,19 @@ def report(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
 def scraped_snapshot(node: Node) -> tuple[float, list[str]]:
     """A moment at which Prometheus' latest sample of each agent is the snapshot the
     agent serves now; returns it with the agents' expositions."""
-    for _ in range(20):
+
+    def caught_up() -> tuple[float, list[str]] | None:
         texts = [a.metrics() for a in node.agents]
         stamps = {series(t, LAST_SAMPLE)[0][1] for t in texts}
-        deadline = time.monotonic() + SAMPLE_INTERVAL_S
-        while time.monotonic() < deadline:
-            at = time.time()
-            got = {float(r["value"][1]) for r in node.prometheus.vector(LAST_SAMPLE, at)}
-            if got == stamps:
-                # Both agents still serve what we read: nothing moved in between.
-                if [a.metrics() for a in node.agents] == texts:
-                    return at, texts
-                break
-            time.sleep(0.2)
-    raise AssertionError("Prometheus never caught up with the agents' snapshots")
+        at = time.time()
+        got = {float(r["value"][1]) for r in node.prometheus.vector(LAST_SAMPLE, at)}
+        # Both agents still serve what we read: nothing moved in between.
+        if got == stamps and [a.metrics() for a in node.agents] == texts:
+            return at, texts
+        return None
+
+    return wait_until(caught_up, 20 * SAMPLE_INTERVAL_S,
+                      "Prometheus to catch up with the agents' snapshots", poll=0.2)
 
 
 def agent_ratios(texts: list[str]) -> dict[str, tuple[float, float]]:
