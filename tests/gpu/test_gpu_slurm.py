@@ -30,13 +30,15 @@ def test_slurm_job_gpus_are_attributed_by_real_pid_and_idle_gpu_shows_zero(
     agent = None
     try:
         slurm_cluster.wait_state(jobid, "RUNNING", timeout=30)
-        pids: set[int] = set()
-        deadline = time.monotonic() + 15
-        while len(pids) < 2 and time.monotonic() < deadline:  # the script, then its sleeps
+
+        def sleeps() -> set[int] | None:  # the script, then its sleeps
             pids = {p for p in slurm_cluster.job_pids(jobid, "batch")
                     if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"}
-            time.sleep(0.1)
-        assert len(pids) == 2, "the job's two processes did not start"
+            return pids if len(pids) >= 2 else None
+
+        pids = wait_until(sleeps, 15, "the job's two processes to start", poll=0.1,
+                          log=slurm_cluster.log_tail)
+        assert len(pids) == 2, f"the job has more than its two processes: {pids}"
         record = json.loads((slurm_cluster.spool_dir / f"{jobid}.json").read_text())
         held = [int(i) for i in record["job_gpus"].split(",")]  # Slurm index = minor
         assert len(held) == 3
