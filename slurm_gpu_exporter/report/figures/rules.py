@@ -129,6 +129,9 @@ def hms(seconds: float) -> str:
     return f"{days}-{text}" if days else text
 
 
+_GPM = tuple(f for f in FIGURES if f.combine == "gpm")  # activities shown as shares
+
+
 def job_facts(detail: JobDetail, config: Config) -> dict[str, Any]:
     """The named facts the notes can test and print, for one job."""
     usage = detail.usage
@@ -148,7 +151,7 @@ def job_facts(detail: JobDetail, config: Config) -> dict[str, Any]:
         # (gpu_memory_peak_gib, memory_peak_gib, energy_kwh, ...), and the GPM
         # activities as shares of the time held on GPUs that measure them
         **job_shown(detail),
-        **{f.ratio: usage.activity_ratio(f.job_attr) for f in FIGURES if f.combine == "gpm"},
+        **{f.ratio: usage.activity_ratio(f.job_attr) for f in _GPM},
     }
     if detail.memory_peak is not None and detail.memory_request:
         facts["memory_used_ratio"] = detail.memory_peak / detail.memory_request
