@@ -42,8 +42,11 @@ class Condition:
     value: float
 
     def holds(self, facts: Mapping[str, Any]) -> bool:
+        # A number only: not None (unknown), text, a bool (its own type) or NaN. Tested
+        # by type: the archive tests every note of thousands of jobs.
         value = facts.get(self.fact)
-        if not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value):
+        kind = type(value)
+        if (kind is not float and kind is not int) or value != value:
             return False
         return OPERATORS[self.op](value, self.value)
 
@@ -56,7 +59,12 @@ class Rule:
     stop: bool = False
 
     def applies(self, facts: Mapping[str, Any]) -> bool:
-        return all(c.holds(facts) for c in self.when)
+        # a loop: all() over a generator made notes_for 50 % slower (archive: every
+        # note of thousands of jobs)
+        for condition in self.when:  # noqa: SIM110
+            if not condition.holds(facts):
+                return False
+        return True
 
 
 @dataclass(frozen=True)

@@ -202,3 +202,17 @@ message = "SM {sm_active_ratio:.0%} busy, tensor cores {tensor_active_ratio:.0%}
 """)
     config = load_config(str(path))
     assert "SM 50% busy, tensor cores 5%" in notes_for(facts, config.notes)
+
+
+@pytest.mark.parametrize(("value", "holds"), [
+    (0, True), (0.5, True), (-3, True),
+    (None, False), ("0", False), (True, False), (False, False), (float("nan"), False),
+])
+def test_a_condition_holds_only_for_a_number(value: Any, holds: bool) -> None:
+    # Unknown (None), text, a bool (an int in Python) and NaN never satisfy a condition,
+    # whichever way it compares.
+    from slurm_gpu_exporter.report.figures.rules import Condition
+
+    assert Condition("x", "<", 1.0).holds({"x": value}) is holds
+    assert Condition("x", ">=", -5.0).holds({"x": value}) is holds
+    assert Condition("x", "!=", 7.0).holds({"x": value}) is holds  # NaN != 7 is True
