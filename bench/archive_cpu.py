@@ -8,11 +8,13 @@ last 2 hours) are fetched once per child, then ``archive()`` (reading the answer
 building the details and rows, the SQLite upserts and roll-up) runs ``--runs`` times
 in process, each into a new archive, and its CPU seconds (``time.process_time``) are
 kept. Each checkout named runs in its own child, turn by turn for ``--rounds``, so a
-load that comes and goes falls on all of them alike.
+load that comes and goes falls on all of them alike. Short turns compare best: this
+machine's speed drifts by 15 % within minutes (the yardstick), so ``--runs 3 --rounds
+20`` beats ``--runs 12 --rounds 5``.
 
     git worktree add /tmp/before REV
     .venv/bin/python bench/archive_cpu.py --jobs 2000 --source before=/tmp/before \\
-        --source now=. [--rounds 3] [--runs 12] [--tag T]
+        --source now=. [--rounds 20] [--runs 3] [--tag T]
 """
 
 from __future__ import annotations
@@ -74,8 +76,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--source", action="append", required=True,
                         help="NAME=DIR: a checkout to time (give two or more)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--runs", type=int, default=12, help="archive() runs per child")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=3, help="archive() runs per child")
     parser.add_argument("--tag", default="", help="write results/archive_cpu_<tag>.json")
     args = parser.parse_args()
 
