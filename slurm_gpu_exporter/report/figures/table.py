@@ -220,15 +220,14 @@ def json_value(value: float | None, fig: Figure) -> float | None:
 
 # job_shown's figures with their readers, made once: the archive's notes read them for
 # each of thousands of jobs (hashing a Figure for each call doubled their cost)
-_JOB_SHOWN = tuple((f.json, job_reader(f), f.json_per) for f in FIGURES
+_JOB_SHOWN = tuple((f, job_reader(f)) for f in FIGURES
                    if f.json and f.combine != "gpm" and (f.job_attr or f.job_sum))
 
 
 def job_shown(detail: Any) -> dict[str, float | None]:
     """The job's figures as ``job --format json`` shows them, by their JSON keys (GiB,
     kWh), in the table's order: those the job has a value of (``JobDetail``)."""
-    return {key: value / per if (value := read(detail)) is not None and per != 1.0 else value
-            for key, read, per in _JOB_SHOWN}
+    return {f.json: json_value(read(detail), f) for f, read in _JOB_SHOWN}
 
 
 def shown() -> tuple[Figure, ...]:
