@@ -15,7 +15,6 @@ the caller skips that run alone.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -26,6 +25,7 @@ from urllib.parse import unquote
 
 import aiohttp
 
+from slurm_gpu_exporter.report.basic_credentials import basic_authorization
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.inert_text import plain
 
@@ -189,16 +189,11 @@ def _credentials(environ: Mapping[str, str], in_url: tuple[str, str] | None
 
 
 def _basic(user: str, password: str) -> dict[str, str]:
-    """HTTP Basic credentials, Latin-1 as MLflow's own client (requests) sends them."""
+    """HTTP Basic credentials; a user name with ':' cannot be sent."""
     if ":" in user:
         raise ReportError("the MLflow user name must not hold ':' (HTTP Basic "
                           "authentication splits user and password there)")
-    try:
-        pair = f"{user}:{password}".encode("latin-1")
-    except UnicodeEncodeError:
-        raise ReportError("the MLflow user name and password must be Latin-1 text (HTTP "
-                          "Basic authentication as MLflow's client sends it)") from None
-    return {"Authorization": "Basic " + base64.b64encode(pair).decode("ascii")}
+    return {"Authorization": basic_authorization(user, password)}
 
 
 def _ssl(environ: Mapping[str, str]) -> ssl.SSLContext | bool:

@@ -13,7 +13,6 @@ Every failure of a query becomes a ReportError with one line that says what to d
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import math
@@ -27,6 +26,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from slurm_gpu_exporter.model.munge_wire import authorization
+from slurm_gpu_exporter.report.basic_credentials import basic_authorization
 from slurm_gpu_exporter.report.errors import ReportError
 from slurm_gpu_exporter.report.prometheus.retry import (
     DEFAULT_MAX_CONCURRENT,
@@ -117,8 +117,8 @@ class PrometheusClient:
         if self.conn.bearer_token:
             headers["Authorization"] = f"Bearer {self.conn.bearer_token}"
         if self.conn.username is not None:
-            pair = f"{self.conn.username}:{self.conn.password or ''}".encode()
-            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+            headers["Authorization"] = basic_authorization(self.conn.username,
+                                                           self.conn.password or "")
         self._session = aiohttp.ClientSession(
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=self.conn.timeout_s),

@@ -367,3 +367,19 @@ def test_a_wrong_password_from_the_environment_is_never_printed(rig: Rig) -> Non
                    env=_signed_in((ADMIN[0], SECRET)))
     assert done.returncode == 3 and "answered 401" in done.stderr, done.stderr
     assert SECRET not in done.stdout + done.stderr
+
+
+def test_a_password_beyond_ascii_signs_in_to_the_real_server(rig: Rig) -> None:
+    # MLflow's server reads Basic credentials as UTF-8; the writer must send them so.
+    import asyncio
+
+    from slurm_gpu_exporter.report.mlflow.tracking import TrackingServer
+
+    user = ("umlaut", "grünes-Gras-€-42")
+    rig.mlflow.create_user(*user)
+
+    async def sign_in() -> list[str]:
+        env = {"MLFLOW_TRACKING_USERNAME": user[0], "MLFLOW_TRACKING_PASSWORD": user[1]}
+        async with TrackingServer(rig.mlflow.url, 30.0, env) as tracking:
+            return await tracking.experiment_ids()
+    assert "0" in asyncio.run(sign_in())
