@@ -12,8 +12,8 @@ load that comes and goes falls on all of them alike. Short turns compare best: t
 machine's speed drifts by 15 % within minutes (the yardstick), so ``--runs 3 --rounds
 20`` beats ``--runs 12 --rounds 5``.
 
-    git worktree add /tmp/before REV
-    .venv/bin/python bench/archive_cpu.py --jobs 2000 --source before=/tmp/before \\
+    git worktree add ../before REV
+    .venv/bin/python bench/archive_cpu.py --jobs 2000 --source before=../before \\
         --source now=. [--rounds 20] [--runs 3] [--tag T]
 """
 
